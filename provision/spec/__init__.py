@@ -1,0 +1,7 @@
+"""The cluster spec: models, loading with line-numbered errors, cross-field checks, nodes."""
+
+from provision.spec.loader import load_profiles, load_spec
+from provision.spec.models import Profile, Spec
+from provision.spec.nodes import Node, expand_nodes
+
+__all__ = ["Node", "Profile", "Spec", "expand_nodes", "load_profiles", "load_spec"]

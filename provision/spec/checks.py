@@ -1,0 +1,370 @@
+"""Cross-field checks: what no single field can know. Each problem names its key path and says
+what to do about it."""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+from collections.abc import Callable
+
+from provision.spec.loader import load_profiles
+from provision.spec.models import BURST_PROVIDERS, CLOUD_PROVIDERS, Spec
+from provision.spec.nodes import Loc, expand_nodes_checked
+
+Problem = tuple[Loc, str]
+
+
+def check_spec(spec: Spec) -> list[Problem]:
+    problems: list[Problem] = []
+    for check in CHECKS:
+        problems.extend(check(spec))
+    _, node_problems = expand_nodes_checked(spec)
+    problems.extend(node_problems)
+    if not problems:
+        problems.extend(_check_nodes(spec))
+    return problems
+
+
+def _check_head(spec: Spec) -> list[Problem]:
+    heads = [i for i, p in enumerate(spec.pools) if p.role == "head"]
+    if not heads:
+        return [(("pools",), "no pool has role 'head': add one (it runs the controller)")]
+    return [
+        (
+            ("pools", i, "role"),
+            f"a second head pool ({spec.pools[i].name}); the cluster has one head pool: "
+            f"put every controller node in pool '{spec.pools[heads[0]].name}' "
+            "(count: 2 for a backup)",
+        )
+        for i in heads[1:]
+    ]
+
+
+def _check_compute(spec: Spec) -> list[Problem]:
+    if any(p.role == "compute" for p in spec.pools):
+        return []
+    return [(("pools",), "no pool has role 'compute': add one for the jobs to run on")]
+
+
+def _check_pools(spec: Spec) -> list[Problem]:
+    problems: list[Problem] = []
+    profiles = load_profiles(spec.profiles)
+    seen: dict[str, int] = {}
+    for i, pool in enumerate(spec.pools):
+        at: Loc = ("pools", i)
+        if pool.name in seen:
+            problems.append(((*at, "name"), f"pool name '{pool.name}' is used twice: rename one"))
+        seen.setdefault(pool.name, i)
+        if (pool.count is None) == (pool.hosts is None):
+            problems.append((at, "give the pool either 'count' or 'hosts', not both or neither"))
+        if pool.hosts is not None:
+            for key in ("first_address", "first_bmc_address", "hostname_prefix"):
+                if key in pool.model_fields_set:
+                    problems.append(
+                        (
+                            (*at, key),
+                            f"'{key}' applies to counted pools: remove it "
+                            "and give each host its own values",
+                        )
+                    )
+        profile = profiles.get(pool.profile)
+        if profile is None:
+            close = difflib.get_close_matches(pool.profile, sorted(profiles), n=1)
+            hint = f"did you mean '{close[0]}'?" if close else "see `provision profiles`"
+            problems.append(((*at, "profile"), f"unknown profile '{pool.profile}': {hint}"))
+        else:
+            if pool.provider not in profile.providers:
+                problems.append(
+                    (
+                        (*at, "provider"),
+                        f"profile '{pool.profile}' exists on {', '.join(profile.providers)}"
+                        f", not on '{pool.provider}': change the provider or the profile",
+                    )
+                )
+            have = profile.gpu.count if profile.gpu else 0
+            if pool.gpus is not None and pool.gpus != have:
+                problems.append(
+                    (
+                        (*at, "gpus"),
+                        f"profile '{pool.profile}' has {have} GPUs per node, the pool says "
+                        f"{pool.gpus}: fix gpus or pick the right profile",
+                    )
+                )
+        if pool.elastic:
+            if pool.provider not in BURST_PROVIDERS:
+                problems.append(
+                    (
+                        (*at, "elastic"),
+                        f"provider '{pool.provider}' cannot create nodes on demand: elastic "
+                        f"pools need one of {', '.join(BURST_PROVIDERS)}",
+                    )
+                )
+            if pool.role != "compute":
+                problems.append(
+                    (
+                        (*at, "elastic"),
+                        f"only compute pools can be elastic, this one is '{pool.role}'",
+                    )
+                )
+        if pool.provider == "static" and not pool.elastic:
+            missing = (
+                pool.first_address is None
+                if pool.hosts is None
+                else any(h.address is None for h in pool.hosts)
+            )
+            if missing:
+                problems.append(
+                    (
+                        at,
+                        "static nodes already exist, so the spec must give their "
+                        "addresses: set first_address, or an address on every host",
+                    )
+                )
+        if pool.provider in CLOUD_PROVIDERS:
+            for key in ("first_address", "first_bmc_address"):
+                if key in pool.model_fields_set:
+                    problems.append(
+                        ((*at, key), f"the cloud assigns {pool.provider} addresses: remove '{key}'")
+                    )
+            if pool.region is None:
+                problems.append((at, f"{pool.provider} pools need 'region'"))
+        elif pool.region is not None or pool.zone is not None:
+            problems.append(
+                (
+                    (*at, "region" if pool.region else "zone"),
+                    f"region and zone apply to cloud pools, not '{pool.provider}'",
+                )
+            )
+    return problems
+
+
+def _check_networks(spec: Spec) -> list[Problem]:
+    nets: list[tuple[Loc, ipaddress.IPv4Network]] = [
+        (("network", "management", "cidr"), spec.network.management.cidr)
+    ]
+    if spec.network.bmc:
+        nets.append((("network", "bmc", "cidr"), spec.network.bmc.cidr))
+    if spec.network.fabric.subnet:
+        nets.append((("network", "fabric", "subnet"), spec.network.fabric.subnet))
+    if spec.scheduler == "kubernetes":
+        nets.append((("kubernetes", "pod_cidr"), spec.kubernetes.pod_cidr))
+        nets.append((("kubernetes", "service_cidr"), spec.kubernetes.service_cidr))
+    problems: list[Problem] = []
+    for a in range(len(nets)):
+        for b in range(a):
+            if nets[a][1].overlaps(nets[b][1]):
+                other = ".".join(str(p) for p in nets[b][0])
+                problems.append(
+                    (
+                        nets[a][0],
+                        f"{nets[a][1]} overlaps {other} ({nets[b][1]}): "
+                        "give each network its own range",
+                    )
+                )
+    if spec.network.fabric.kind != "ethernet" and spec.network.fabric.subnet is None:
+        problems.append(
+            (
+                ("network", "fabric"),
+                f"a {spec.network.fabric.kind} fabric needs 'subnet' for its IP addresses",
+            )
+        )
+    return problems
+
+
+def _check_scheduler(spec: Spec) -> list[Problem]:
+    problems: list[Problem] = []
+    other = "kubernetes" if spec.scheduler == "slurm" else "slurm"
+    if other in spec.model_fields_set:
+        problems.append(
+            (
+                (other,),
+                f"'{other}' settings given but scheduler is '{spec.scheduler}': "
+                "remove them or change the scheduler",
+            )
+        )
+    names = {p.name: p for p in spec.pools}
+    dp = spec.slurm.default_partition
+    if dp is not None and (dp not in names or names[dp].role != "compute"):
+        problems.append(
+            (
+                ("slurm", "default_partition"),
+                f"'{dp}' is not a compute pool: use one of "
+                + ", ".join(p.name for p in spec.pools if p.role == "compute"),
+            )
+        )
+    if spec.scheduler == "kubernetes" and spec.kubernetes.ha:
+        heads = sum(_pool_size(spec, i) for i, p in enumerate(spec.pools) if p.role == "head")
+        if heads < 3:
+            problems.append(
+                (
+                    ("kubernetes", "ha"),
+                    f"an HA control plane needs at least 3 head nodes (etcd quorum), the "
+                    f"spec has {heads}: raise the head pool's count or set ha: false",
+                )
+            )
+    return problems
+
+
+def _pool_size(spec: Spec, i: int) -> int:
+    pool = spec.pools[i]
+    return len(pool.hosts) if pool.hosts is not None else pool.count or 0
+
+
+def _check_security(spec: Spec) -> list[Problem]:
+    problems: list[Problem] = []
+    for i, cidr in enumerate(spec.security.admin_cidrs):
+        if cidr.prefixlen == 0 and not spec.security.allow_admin_from_anywhere:
+            problems.append(
+                (
+                    ("security", "admin_cidrs", i),
+                    "0.0.0.0/0 opens SSH to the whole internet: name your admin networks, "
+                    "or set security.allow_admin_from_anywhere: true if you mean it",
+                )
+            )
+    names = [a.name for a in spec.security.admins]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            problems.append((("security", "admins", i, "name"), f"admin '{name}' is listed twice"))
+    pools = {p.name for p in spec.pools}
+    for i, rule in enumerate(spec.security.firewall_rules):
+        for j, pool in enumerate(rule.pools or []):
+            if pool not in pools:
+                problems.append(
+                    (("security", "firewall_rules", i, "pools", j), f"no pool named '{pool}'")
+                )
+    return problems
+
+
+def _check_storage(spec: Spec) -> list[Problem]:
+    problems: list[Problem] = []
+    roles = {p.name: p.role for p in spec.pools}
+    for i, export in enumerate(spec.storage.exports):
+        if export.pool not in roles:
+            problems.append((("storage", "exports", i, "pool"), f"no pool named '{export.pool}'"))
+        elif roles[export.pool] not in ("storage", "head"):
+            problems.append(
+                (
+                    ("storage", "exports", i, "pool"),
+                    f"'{export.pool}' is a {roles[export.pool]} pool: exports are served "
+                    "by storage or head pools",
+                )
+            )
+    for i, mount in enumerate(spec.storage.mounts):
+        server, sep, remote = mount.source.partition(":")
+        if not sep or not server or not remote.startswith("/"):
+            problems.append(
+                (("storage", "mounts", i, "source"), f"'{mount.source}' should be 'server:/path'")
+            )
+        for j, pool in enumerate(mount.pools or []):
+            if pool not in roles:
+                problems.append((("storage", "mounts", i, "pools", j), f"no pool named '{pool}'"))
+    return problems
+
+
+def _check_nodes(spec: Spec) -> list[Problem]:
+    nodes, _ = expand_nodes_checked(spec)
+    problems: list[Problem] = []
+    known = {n.name for n in nodes}
+    for i, mount in enumerate(spec.storage.mounts):
+        server = mount.source.partition(":")[0]
+        if server and server not in known and not _is_address(server):
+            close = difflib.get_close_matches(server, sorted(known), n=1)
+            hint = f": did you mean '{close[0]}'?" if close else ": use a node name or an address"
+            problems.append(
+                (
+                    ("storage", "mounts", i, "source"),
+                    f"'{server}' is not a node of this cluster{hint}",
+                )
+            )
+    names: dict[str, Loc] = {}
+    addresses: dict[ipaddress.IPv4Address, str] = {}
+    mgmt = spec.network.management.cidr
+    bmc = spec.network.bmc.cidr if spec.network.bmc else None
+    for node in nodes:
+        if node.name in names:
+            problems.append(
+                (
+                    node.loc,
+                    f"host name '{node.name}' is used twice (also at "
+                    f"{_fmt(names[node.name])}): every node needs its own name",
+                )
+            )
+        names.setdefault(node.name, node.loc)
+        field = "address" if "hosts" in node.loc else "first_address"
+        if node.address is not None:
+            if node.address in (mgmt.network_address, mgmt.broadcast_address):
+                problems.append(
+                    (
+                        (*node.loc, field),
+                        f"{node.name}'s address {node.address} is the network or broadcast address "
+                        f"of {mgmt}: pick a host address",
+                    )
+                )
+            elif node.address not in mgmt:
+                problems.append(
+                    (
+                        (*node.loc, field),
+                        f"{node.name}'s address {node.address} is outside the management "
+                        f"network {mgmt}",
+                    )
+                )
+            elif node.address in addresses:
+                problems.append(
+                    (
+                        (*node.loc, field),
+                        f"{node.name} and {addresses[node.address]} "
+                        f"share the address {node.address}",
+                    )
+                )
+            addresses.setdefault(node.address, node.name)
+        if node.bmc_address is not None:
+            bfield = "bmc_address" if "hosts" in node.loc else "first_bmc_address"
+            if bmc is None:
+                problems.append(
+                    (
+                        (*node.loc, bfield),
+                        "BMC addresses need network.bmc.cidr: add the out-of-band network",
+                    )
+                )
+            elif node.bmc_address not in bmc:
+                problems.append(
+                    (
+                        (*node.loc, bfield),
+                        f"{node.name}'s BMC address "
+                        f"{node.bmc_address} is outside network.bmc.cidr {bmc}",
+                    )
+                )
+    return _first_per_loc(problems)
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _first_per_loc(problems: list[Problem]) -> list[Problem]:
+    seen: set[Loc] = set()
+    out = []
+    for loc, msg in problems:
+        if loc not in seen:
+            seen.add(loc)
+            out.append((loc, msg))
+    return out
+
+
+def _fmt(loc: Loc) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
+CHECKS: list[Callable[[Spec], list[Problem]]] = [
+    _check_head,
+    _check_compute,
+    _check_pools,
+    _check_networks,
+    _check_scheduler,
+    _check_security,
+    _check_storage,
+]

@@ -1,0 +1,372 @@
+"""The cluster spec: pydantic models that are the single source of truth.
+
+The JSON Schema (`provision schema`), the spec reference in README.md, the rendered Ansible
+variables and every rendered file come from these classes. Checks that need more than one field
+live in `checks.py`, next to them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import re
+from datetime import date
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+OsName = Literal["ubuntu22.04", "ubuntu24.04", "debian12", "rocky9"]
+SchedulerKind = Literal["slurm", "kubernetes"]
+ProviderKind = Literal["static", "lab", "aws", "gcp", "azure"]
+PoolRole = Literal["head", "login", "compute", "storage"]
+FabricKind = Literal["infiniband", "roce", "ethernet"]
+
+CLOUD_PROVIDERS: tuple[ProviderKind, ...] = ("aws", "gcp", "azure")
+# Providers that can create a node when a job waits and remove it when idle.
+BURST_PROVIDERS: tuple[ProviderKind, ...] = ("lab", "aws", "gcp", "azure")
+
+_HOSTNAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
+_POOL_RE = re.compile(r"^[a-z][a-z0-9]{0,30}$")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+){0,3}$")
+_SSH_KEY_TYPES = (
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+)
+
+
+def _hostname(value: str) -> str:
+    if not _HOSTNAME_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid host name: use lower-case letters, digits and '-', "
+            "starting with a letter, at most 63 characters"
+        )
+    return value
+
+
+def _hostname_prefix(value: str) -> str:
+    if not re.fullmatch(r"[a-z][a-z0-9-]{0,50}", value):
+        raise ValueError(
+            f"{value!r} is not a valid host name prefix: lower-case letters, digits and '-', "
+            "starting with a letter"
+        )
+    return value
+
+
+def _pool_name(value: str) -> str:
+    if not _POOL_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid pool name: use lower-case letters and digits, "
+            "starting with a letter, at most 31 characters"
+        )
+    return value
+
+
+def _user_name(value: str) -> str:
+    if not _USER_RE.match(value):
+        raise ValueError(f"{value!r} is not a valid user name: use lower-case letters, digits, '_'")
+    return value
+
+
+def _version(value: str) -> str:
+    if not _VERSION_RE.match(value):
+        raise ValueError(f"{value!r} is not a version: write it like 550 or 12.4 or 2.21.5")
+    return value
+
+
+def _ssh_public_key(value: str) -> str:
+    if "PRIVATE KEY" in value:
+        raise ValueError(
+            "this is a private key: put only public keys (the .pub file) in the spec, "
+            "and remove the private key from the file now"
+        )
+    parts = value.split()
+    if len(parts) < 2 or parts[0] not in _SSH_KEY_TYPES:
+        raise ValueError(
+            "not an SSH public key: expected '<type> <base64> [comment]' with type one of "
+            + ", ".join(_SSH_KEY_TYPES)
+        )
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("the SSH public key's base64 part is damaged") from None
+    # The blob starts with its own length-prefixed key type; a mismatch means a pasting error.
+    inner_len = int.from_bytes(blob[:4], "big") if len(blob) >= 4 else -1
+    if inner_len < 0 or blob[4 : 4 + inner_len].decode("ascii", "replace") != parts[0]:
+        raise ValueError(f"the SSH public key's data does not match its type {parts[0]}")
+    return value
+
+
+def _abs_path(value: str) -> str:
+    if not value.startswith("/") or "//" in value or "/../" in value + "/":
+        raise ValueError(f"{value!r} must be an absolute, normalised path like /home")
+    return value
+
+
+def _port_range(value: int | str) -> str:
+    text = str(value)
+    m = re.fullmatch(r"([0-9]{1,5})(?:-([0-9]{1,5}))?", text)
+    if not m:
+        raise ValueError(f"{text!r} is not a port or port range: write 8080 or 60001-63000")
+    low = int(m.group(1))
+    high = int(m.group(2) or low)
+    if not (1 <= low <= high <= 65535):
+        raise ValueError(f"{text!r}: ports run 1-65535 and a range goes low-high")
+    return text if low != high else str(low)
+
+
+Hostname = Annotated[str, AfterValidator(_hostname)]
+HostnamePrefix = Annotated[str, AfterValidator(_hostname_prefix)]
+PoolName = Annotated[str, AfterValidator(_pool_name)]
+UserName = Annotated[str, AfterValidator(_user_name)]
+Version = Annotated[str, AfterValidator(_version)]
+SshPublicKey = Annotated[str, AfterValidator(_ssh_public_key)]
+AbsPath = Annotated[str, AfterValidator(_abs_path)]
+PortRange = Annotated[int | str, AfterValidator(_port_range)]
+
+
+class Model(BaseModel):
+    """Base for every spec model: unknown keys are errors, so typos never pass silently."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- hardware profiles (data files in provision/profiles/) ---------------------------------
+
+
+class GpuSpec(Model):
+    model: str = Field(description="GPU model, e.g. H100-SXM5-80GB")
+    slurm_type: str = Field(description="GRES type name used in gres.conf, e.g. h100")
+    count: int = Field(ge=1, le=16, description="GPUs per node")
+    memory_gib: int = Field(ge=1, description="memory per GPU in GiB")
+    nvlink: bool = Field(description="GPUs are linked by NVLink")
+    nvswitch: bool = Field(description="NVLink runs through NVSwitch (needs the fabric manager)")
+
+
+class HcaSpec(Model):
+    model: str = Field(description="adapter model, e.g. ConnectX-7")
+    count: int = Field(ge=1, description="adapters of this kind per node")
+    rate_gbps: int = Field(ge=1, description="line rate per adapter port in Gb/s")
+    kind: Literal["infiniband", "roce", "ethernet", "efa"] = Field(description="link layer")
+    purpose: Literal["compute", "storage", "management"] = "compute"
+
+
+class CpuSpec(Model):
+    model: str
+    sockets: int = Field(ge=1)
+    cores_per_socket: int = Field(ge=1)
+    threads_per_core: int = Field(ge=1, le=8)
+
+
+class PriceSpec(Model):
+    usd_per_hour: float = Field(gt=0, description="on-demand price per node-hour in USD")
+    region: str = Field(description="region the price was read for")
+    as_of: date = Field(description="the day the price was read")
+    source: str = Field(description="where the price was read")
+
+
+class Profile(Model):
+    """A hardware profile: what one node of a pool is."""
+
+    description: str
+    providers: list[ProviderKind] = Field(min_length=1, description="where this hardware exists")
+    cpu: CpuSpec
+    memory_gib: int = Field(ge=1)
+    gpu: GpuSpec | None = None
+    hcas: list[HcaSpec] = []
+    max_power_w: int = Field(ge=1, description="maximum power draw of one node in watts")
+    instance_type: str | None = Field(default=None, description="cloud instance or VM size")
+    price: PriceSpec | None = None
+
+
+# --- the cluster spec ----------------------------------------------------------------------
+
+
+class ManagementNetwork(Model):
+    cidr: ipaddress.IPv4Network = Field(description="management network; node addresses live here")
+    domain: str | None = Field(default=None, description="DNS domain appended in /etc/hosts")
+
+
+class BmcNetwork(Model):
+    cidr: ipaddress.IPv4Network = Field(description="out-of-band network of the nodes' BMCs")
+
+
+class Fabric(Model):
+    kind: FabricKind = Field(description="high-speed interconnect between compute nodes")
+    subnet: ipaddress.IPv4Network | None = Field(
+        default=None, description="IPoIB or RoCE subnet; absent for a plain Ethernet fabric"
+    )
+
+
+class Networks(Model):
+    """The cluster's networks; they must not overlap."""
+
+    management: ManagementNetwork = Field(description="the network Ansible and the daemons use")
+    bmc: BmcNetwork | None = Field(default=None, description="out-of-band network, if any")
+    fabric: Fabric = Field(
+        default=Fabric(kind="ethernet"), description="high-speed network between compute nodes"
+    )
+    time_servers: list[str] = Field(
+        default=[], description="NTP servers the head pool follows; other nodes follow the head"
+    )
+
+
+class Host(Model):
+    name: Hostname = Field(description="host name")
+    address: ipaddress.IPv4Address | None = Field(default=None, description="management address")
+    bmc_address: ipaddress.IPv4Address | None = Field(default=None, description="BMC address")
+
+
+class Pool(Model):
+    """A group of identical nodes with one role."""
+
+    name: PoolName = Field(description="pool name; also the Slurm partition and Ansible group")
+    role: PoolRole = Field(description="what the nodes do: head runs the controller")
+    profile: str = Field(description="hardware profile name (see `provision profiles`)")
+    provider: ProviderKind = Field(default="static", description="where the nodes come from")
+    count: int | None = Field(default=None, ge=1, le=100_000, description="nodes in the pool")
+    hosts: list[Host] | None = Field(
+        default=None, min_length=1, description="explicit nodes (instead of count)"
+    )
+    hostname_prefix: HostnamePrefix | None = Field(
+        default=None, description="names are prefix + zero-padded index; default the pool name"
+    )
+    index_width: int = Field(default=3, ge=1, le=6, description="digits in generated names")
+    first_address: ipaddress.IPv4Address | None = Field(
+        default=None, description="address of the first counted node; the rest follow in order"
+    )
+    first_bmc_address: ipaddress.IPv4Address | None = Field(
+        default=None, description="BMC address of the first counted node"
+    )
+    gpus: int | None = Field(
+        default=None, ge=0, description="GPUs per node you expect; must agree with the profile"
+    )
+    elastic: bool = Field(
+        default=False, description="nodes are created when jobs wait and removed when idle"
+    )
+    region: str | None = Field(default=None, description="cloud region (cloud providers)")
+    zone: str | None = Field(default=None, description="cloud zone (cloud providers)")
+
+
+class SlurmSettings(Model):
+    """Slurm: accounting, the default partition and extra slurm.conf keys."""
+
+    accounting: bool = Field(default=False, description="slurmdbd with MariaDB on the head pool")
+    default_partition: str | None = Field(
+        default=None, description="pool whose partition is the default; first compute pool if unset"
+    )
+    srun_port_range: PortRange = Field(
+        default="60001-63000", description="ports srun listens on (SrunPortRange)"
+    )
+    config: dict[str, str | int | bool] = Field(
+        default={}, description="extra slurm.conf keys; they override the rendered defaults"
+    )
+
+
+class KubernetesSettings(Model):
+    ha: bool = Field(default=False, description="highly available control plane (3+ head nodes)")
+    pod_cidr: ipaddress.IPv4Network = Field(
+        default=ipaddress.IPv4Network("10.244.0.0/16"), description="pod network"
+    )
+    service_cidr: ipaddress.IPv4Network = Field(
+        default=ipaddress.IPv4Network("10.96.0.0/12"), description="service network"
+    )
+
+
+class Software(Model):
+    nvidia_driver: Version | None = Field(
+        default=None, description="driver branch (550) or exact version (550.90.07)"
+    )
+    cuda: Version | None = Field(default=None, description="CUDA toolkit version (12.4)")
+    cudnn: Version | None = Field(default=None, description="cuDNN version (9.1)")
+    nccl: Version | None = Field(default=None, description="NCCL version (2.21.5)")
+    slurm: Version | None = Field(default=None, description="Slurm version (23.11)")
+
+
+class AdminUser(Model):
+    name: UserName = Field(description="login name")
+    ssh_keys: list[SshPublicKey] = Field(
+        min_length=1, description="public keys; the only way in (no passwords)"
+    )
+    sudo: bool = Field(default=True, description="passwordless sudo")
+
+
+class FirewallRule(Model):
+    name: PoolName = Field(description="short name; appears as a comment in the rule set")
+    port: PortRange = Field(description="port or range, like 8888 or 30000-32767")
+    protocol: Literal["tcp", "udp"] = "tcp"
+    sources: list[ipaddress.IPv4Network | Literal["cluster", "admin"]] = Field(
+        min_length=1, description="CIDRs, 'cluster' (all node addresses) or 'admin'"
+    )
+    pools: list[str] | None = Field(default=None, description="pools it applies to; all if unset")
+
+
+class Security(Model):
+    """Admin networks and users, and the firewall's extra rules."""
+
+    admin_cidrs: list[ipaddress.IPv4Network] = Field(
+        min_length=1, description="networks allowed to reach SSH and the admin services"
+    )
+    allow_admin_from_anywhere: bool = Field(
+        default=False, description="opt-in needed before an admin CIDR may be 0.0.0.0/0"
+    )
+    admins: list[AdminUser] = Field(default=[], description="admin users on every node")
+    firewall_rules: list[FirewallRule] = Field(
+        default=[], description="extra ports to open, beyond the services the cluster runs"
+    )
+
+
+class SshAccess(Model):
+    user: UserName = Field(default="root", description="user Ansible logs in as (sudo if not root)")
+    port: int = Field(default=22, ge=1, le=65535, description="SSH port")
+    private_key_file: str | None = Field(
+        default=None, description="path to the private key; the lab generates its own"
+    )
+
+
+class Export(Model):
+    pool: str = Field(description="pool whose nodes serve this export")
+    path: AbsPath = Field(description="directory to export")
+    options: str = Field(
+        default="rw,sync,no_subtree_check,no_root_squash", description="NFS export options"
+    )
+
+
+class Mount(Model):
+    source: str = Field(description="'server:/path': a node name or address, then the export")
+    path: AbsPath = Field(description="mount point")
+    pools: list[str] | None = Field(default=None, description="pools that mount it; all if unset")
+    fstype: Literal["nfs", "nfs4"] = "nfs4"
+    options: str = Field(default="defaults,_netdev", description="mount options")
+
+
+class Storage(Model):
+    exports: list[Export] = Field(default=[], description="directories nodes serve over NFS")
+    mounts: list[Mount] = Field(default=[], description="what nodes mount")
+
+
+class Spec(Model):
+    """A GPU cluster: where its nodes come from and what runs on them."""
+
+    name: Hostname = Field(description="cluster name; names the state directory and resources")
+    os: OsName = Field(description="operating system every node runs")
+    scheduler: SchedulerKind = Field(default="slurm", description="workload manager")
+    slurm: SlurmSettings = Field(default=SlurmSettings(), description="Slurm settings")
+    kubernetes: KubernetesSettings = Field(
+        default=KubernetesSettings(), description="Kubernetes settings"
+    )
+    network: Networks = Field(description="management, out-of-band and fabric networks")
+    pools: list[Pool] = Field(min_length=1, description="groups of identical nodes")
+    software: Software = Field(default=Software(), description="pinned software versions")
+    security: Security = Field(description="who may reach the nodes, and how")
+    ssh: SshAccess = Field(default=SshAccess(), description="how Ansible logs in to the nodes")
+    storage: Storage = Field(default=Storage(), description="shared file systems")
+    profiles: dict[str, Profile] = Field(
+        default={}, description="extra hardware profiles, by name, beside the built-in ones"
+    )

@@ -1,0 +1,140 @@
+"""Expand a spec's pools into Node records: names, roles and, where known, addresses."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, replace
+
+from provision.spec.models import PoolRole, ProviderKind, Spec
+
+# Lab nodes get addresses from the management network starting at this host offset; the
+# workstation owns the gateway (.1) and the low addresses stay free for it and the user.
+LAB_FIRST_HOST_OFFSET = 11
+
+Loc = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    pool: str
+    role: PoolRole
+    provider: ProviderKind
+    address: ipaddress.IPv4Address | None
+    bmc_address: ipaddress.IPv4Address | None
+    elastic: bool
+    loc: Loc  # where in the spec this node comes from (for error messages)
+
+
+def expand_nodes(spec: Spec) -> list[Node]:
+    nodes, _ = expand_nodes_checked(spec)
+    return nodes
+
+
+def expand_nodes_checked(spec: Spec) -> tuple[list[Node], list[tuple[Loc, str]]]:
+    """Nodes in spec order, and the problems met while naming and addressing them."""
+    problems: list[tuple[Loc, str]] = []
+    nodes: list[Node] = []
+    mgmt = spec.network.management.cidr
+    for p_idx, pool in enumerate(spec.pools):
+        if pool.hosts is not None:
+            for h_idx, host in enumerate(pool.hosts):
+                nodes.append(
+                    Node(
+                        host.name,
+                        pool.name,
+                        pool.role,
+                        pool.provider,
+                        host.address,
+                        host.bmc_address,
+                        pool.elastic,
+                        ("pools", p_idx, "hosts", h_idx),
+                    )
+                )
+            continue
+        if pool.count is None:
+            continue  # reported by the checks: a pool needs count or hosts
+        prefix = pool.hostname_prefix or pool.name
+        if len(str(pool.count)) > pool.index_width:
+            problems.append(
+                (
+                    ("pools", p_idx, "index_width"),
+                    f"{pool.count} nodes need {len(str(pool.count))} digits: raise index_width",
+                )
+            )
+        for i in range(pool.count):
+            address = _nth(
+                pool.first_address, i, mgmt, ("pools", p_idx, "first_address"), problems, pool.count
+            )
+            bmc_cidr = spec.network.bmc.cidr if spec.network.bmc else None
+            bmc = _nth(
+                pool.first_bmc_address,
+                i,
+                bmc_cidr,
+                ("pools", p_idx, "first_bmc_address"),
+                problems,
+                pool.count,
+            )
+            nodes.append(
+                Node(
+                    f"{prefix}{i + 1:0{pool.index_width}d}",
+                    pool.name,
+                    pool.role,
+                    pool.provider,
+                    address,
+                    bmc,
+                    pool.elastic,
+                    ("pools", p_idx),
+                )
+            )
+    return _assign_lab_addresses(spec, nodes, problems), problems
+
+
+def _nth(
+    first: ipaddress.IPv4Address | None,
+    i: int,
+    cidr: ipaddress.IPv4Network | None,
+    loc: Loc,
+    problems: list[tuple[Loc, str]],
+    count: int,
+) -> ipaddress.IPv4Address | None:
+    if first is None:
+        return None
+    address = first + i
+    if cidr is not None and address not in cidr and i == count - 1:
+        problems.append((loc, f"{count} addresses from {first} run past the end of {cidr}"))
+    return address
+
+
+def _assign_lab_addresses(
+    spec: Spec, nodes: list[Node], problems: list[tuple[Loc, str]]
+) -> list[Node]:
+    mgmt = spec.network.management.cidr
+    used = {n.address for n in nodes if n.address is not None}
+    candidates = (
+        mgmt.network_address + k for k in range(LAB_FIRST_HOST_OFFSET, mgmt.num_addresses)
+    )
+    out = []
+    for node in nodes:
+        if node.provider == "lab" and node.address is None:
+            address = next(
+                (a for a in candidates if a not in used and a != mgmt.broadcast_address), None
+            )
+            if address is None:
+                problems.append(
+                    (
+                        ("network", "management", "cidr"),
+                        f"{mgmt} has no free address left for lab node {node.name}: "
+                        "use a larger network",
+                    )
+                )
+            else:
+                used.add(address)
+                node = replace(node, address=address)
+        out.append(node)
+    return out
+
+
+def cluster_nodes(nodes: list[Node]) -> list[Node]:
+    """Nodes that exist for the life of the cluster (everything but elastic burst nodes)."""
+    return [n for n in nodes if not n.elastic]

@@ -1,0 +1,105 @@
+"""YAML reading that keeps line numbers, refuses duplicate keys and names the file on errors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.constructor import DuplicateKeyError
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from provision.errors import Issue, SpecError
+
+
+def _yaml() -> YAML:
+    yaml = YAML(typ="rt")
+    yaml.allow_duplicate_keys = False
+    return yaml
+
+
+def read_yaml(path: Path, display: str | None = None) -> Any:
+    """Parse a YAML file into ruamel's round-trip nodes, which carry their line numbers."""
+    name = display or str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([Issue(name, None, "", "file not found")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([Issue(name, None, "", f"cannot read: {exc}")]) from None
+    try:
+        doc = _yaml().load(text)
+    except DuplicateKeyError as exc:
+        mark = exc.problem_mark
+        key = (exc.problem or "").split('"')[1] if '"' in (exc.problem or "") else "?"
+        line = mark.line + 1 if mark else None
+        raise SpecError(
+            [Issue(name, line, key, "duplicate key: keep one of the two entries")]
+        ) from None
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        what = exc.problem or exc.context or "invalid YAML"
+        raise SpecError([Issue(name, line, "", f"YAML syntax error: {what}")]) from None
+    except YAMLError as exc:
+        raise SpecError([Issue(name, None, "", f"YAML syntax error: {exc}")]) from None
+    if doc is None:
+        raise SpecError([Issue(name, None, "", "the file is empty")])
+    return doc
+
+
+def plain(node: Any) -> Any:
+    """Round-trip nodes to plain dicts, lists and scalars (what pydantic should see)."""
+    if isinstance(node, CommentedMap):
+        return {str(k): plain(v) for k, v in node.items()}
+    if isinstance(node, CommentedSeq):
+        return [plain(v) for v in node]
+    if isinstance(node, bool) or node is None:
+        return node
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    return node
+
+
+def locate(doc: Any, loc: Sequence[str | int]) -> tuple[int | None, list[str | int]]:
+    """Follow a key path into the parsed document.
+
+    Returns the line of the deepest element found and the part of the path that exists in the
+    document (pydantic adds type tags like 'function-after[...]' to its paths; those are
+    dropped). A missing last key points at the line of its parent.
+    """
+    node = doc
+    line: int | None = getattr(getattr(doc, "lc", None), "line", None)
+    line = line + 1 if line is not None else None
+    found: list[str | int] = []
+    for part in loc:
+        if isinstance(node, CommentedMap) and part in node:
+            line = node.lc.key(part)[0] + 1
+            node = node[part]
+            found.append(part)
+        elif isinstance(node, CommentedSeq) and isinstance(part, int) and 0 <= part < len(node):
+            line = node.lc.item(part)[0] + 1
+            node = node[part]
+            found.append(part)
+        elif isinstance(part, str) and "[" not in part and isinstance(node, CommentedMap):
+            # a key that should be there but is not: name it, keep the parent's line
+            found.append(part)
+            break
+    return line, found
+
+
+def format_path(parts: Sequence[str | int]) -> str:
+    """('pools', 2, 'count') -> 'pools[2].count'"""
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + part
+    return out
