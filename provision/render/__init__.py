@@ -1,0 +1,208 @@
+"""Render every file a cluster needs from its spec, without touching a host.
+
+`render(cluster)` is pure: the same spec (and node addresses) gives byte-identical files.
+`write_render(files, out)` puts them in a build directory, replacing each file atomically and
+removing files an earlier render made that this one no longer does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from ruamel.yaml import YAML
+
+from provision import REPO_ROOT
+from provision.render.context import Cluster
+from provision.render.firewall import address_sets, pool_rules
+from provision.render.slurm import gres_conf_context, slurm_conf_context
+
+TEMPLATES = REPO_ROOT / "templates"
+MANIFEST = ".provision-render.json"
+# Where the roles install the rendered nftables sets file on each node.
+NFT_SETS_PATH = "/etc/nftables.d/provision-sets.nft"
+
+_ENV = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+    autoescape=False,
+)
+
+
+def _template(name: str, **context: Any) -> str:
+    return _ENV.get_template(name).render(**context)
+
+
+def render(cluster: Cluster) -> dict[str, str]:
+    """Relative path -> file content, for every artifact of the cluster."""
+    header = cluster.header
+    files: dict[str, str] = {
+        "inventory/hosts.yml": render_inventory(cluster),
+        "inventory/group_vars/all.yml": render_group_vars(cluster),
+        "files/hosts": _template(
+            "hosts.j2",
+            header=header,
+            nodes=[n for n in cluster.nodes if n.address is not None],
+            domain=cluster.spec.network.management.domain,
+        ),
+        "files/nftables/sets.nft": _template(
+            "nftables-sets.nft.j2", header=header, sets=address_sets(cluster)
+        ),
+    }
+    for pool, rules in pool_rules(cluster).items():
+        lines = []
+        for rule in rules:
+            for source in rule.sources:
+                match = f"ip saddr @{source}" if "/" not in source else f"ip saddr {source}"
+                lines.append(
+                    f'{match} {rule.protocol} dport {rule.ports} accept comment "{rule.service}"'
+                )
+        role = next(p.pool.role for p in cluster.pools if p.name == pool)
+        files[f"files/nftables/{pool}.nft"] = _template(
+            "nftables.nft.j2",
+            header=header,
+            pool=pool,
+            role=role,
+            sets_path=NFT_SETS_PATH,
+            rule_lines=lines,
+        )
+    if cluster.spec.scheduler == "slurm":
+        files["files/slurm/slurm.conf"] = _template(
+            "slurm.conf.j2", header=header, **slurm_conf_context(cluster)
+        )
+        files["files/slurm/gres.conf"] = _template(
+            "gres.conf.j2", header=header, **gres_conf_context(cluster)
+        )
+        files["files/slurm/cgroup.conf"] = _template("cgroup.conf.j2", header=header)
+    return dict(sorted(files.items()))
+
+
+def render_inventory(cluster: Cluster) -> str:
+    spec = cluster.spec
+    lasting = cluster.lasting_nodes
+    groups: list[dict[str, Any]] = []
+    for role in ("head", "login", "compute", "storage"):
+        hosts = [(n.name, n.address) for n in lasting if n.role == role]
+        groups.append({"name": role, "vars": [], "hosts": hosts})
+    for view in cluster.pools:
+        gpu = view.profile.gpu
+        gvars = [
+            ("provision_pool", view.name),
+            ("provision_profile", json.dumps(view.pool.profile)),
+            ("provision_provider", view.pool.provider),
+            ("provision_gpus", gpu.count if gpu else 0),
+        ]
+        hosts = [(n.name, None) for n in view.nodes if not n.elastic]
+        groups.append({"name": f"pool_{view.name}", "vars": gvars, "hosts": hosts})
+    for provider in sorted({p.pool.provider for p in cluster.pools}):
+        hosts = [(n.name, None) for n in lasting if n.provider == provider]
+        groups.append({"name": f"provider_{provider}", "vars": [], "hosts": hosts})
+    return _template(
+        "inventory.yml.j2",
+        header=cluster.header,
+        ssh_user=spec.ssh.user,
+        ssh_port=spec.ssh.port,
+        become=spec.ssh.user != "root",
+        groups=groups,
+    )
+
+
+def group_vars(cluster: Cluster) -> dict[str, Any]:
+    """Variables for every host: only what the spec sets; the roles own their defaults."""
+    spec = cluster.spec
+    out: dict[str, Any] = {
+        "provision_cluster": spec.name,
+        "provision_os": spec.os,
+        "provision_scheduler": spec.scheduler,
+        "provision_files_dir": "{{ inventory_dir }}/../files",
+        "provision_nft_sets_path": NFT_SETS_PATH,
+    }
+    if spec.network.management.domain:
+        out["common_domain"] = spec.network.management.domain
+    if spec.network.time_servers:
+        out["common_time_servers"] = list(spec.network.time_servers)
+    out["common_time_allow"] = [str(spec.network.management.cidr)]
+    if spec.security.admins:
+        out["common_admin_users"] = [
+            {"name": a.name, "sudo": a.sudo, "ssh_keys": list(a.ssh_keys)}
+            for a in spec.security.admins
+        ]
+    if spec.scheduler == "slurm" and "accounting" in spec.slurm.model_fields_set:
+        out["slurm_accounting"] = spec.slurm.accounting
+    software = spec.software
+    for field in sorted(software.model_fields_set):
+        value = getattr(software, field)
+        if value is not None:
+            out[f"{field}_version"] = value
+    if "fabric" in spec.network.model_fields_set:
+        out["provision_fabric"] = spec.network.fabric.kind
+    return out
+
+
+def render_group_vars(cluster: Cluster) -> str:
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = False
+    yaml.width = 4096
+    buf = io.StringIO()
+    yaml.dump(group_vars(cluster), buf)
+    return f"---\n# {cluster.header}\n" + buf.getvalue()
+
+
+def write_render(files: dict[str, str], out: Path) -> list[str]:
+    """Write files under `out`; return the paths that changed. Files an earlier render wrote
+    and this one does not are removed; files the render does not own are never touched."""
+    out.mkdir(parents=True, exist_ok=True)
+    manifest_path = out / MANIFEST
+    previous: dict[str, str] = {}
+    if manifest_path.exists():
+        previous = json.loads(manifest_path.read_text()).get("files", {})
+    changed = []
+    digests = {}
+    for rel, content in files.items():
+        digest = hashlib.sha256(content.encode()).hexdigest()
+        digests[rel] = digest
+        target = out / rel
+        if target.exists() and target.read_text(encoding="utf-8") == content:
+            continue
+        _atomic_write(target, content)
+        changed.append(rel)
+    for rel in sorted(set(previous) - set(files)):
+        stale = out / rel
+        if stale.exists():
+            stale.unlink()
+            changed.append(rel)
+    _atomic_write(manifest_path, json.dumps({"files": digests}, indent=1, sort_keys=True) + "\n")
+    return changed
+
+
+def _atomic_write(target: Path, content: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(content)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_render(directory: Path) -> dict[str, str]:
+    """The files a render wrote into `directory` (by its manifest), or {} if none."""
+    manifest_path = directory / MANIFEST
+    if not manifest_path.exists():
+        return {}
+    names = json.loads(manifest_path.read_text()).get("files", {})
+    return {
+        rel: (directory / rel).read_text() for rel in sorted(names) if (directory / rel).exists()
+    }

@@ -1,0 +1,103 @@
+"""The firewall rule set: which services run where and who may reach them.
+
+One source, several enforcement points: nftables on the nodes (rendered here) and, later, the
+cloud security groups, which are built from the same `pool_rules`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from provision.render.context import Cluster
+
+# Address sets every rule refers to by name. They live in their own file so that nodes joining
+# (elastic burst nodes) are added with `nft add element` without touching the rules.
+ADMIN = "admin"
+CLUSTER = "cluster_nodes"
+HEADS = "head_nodes"
+COMPUTE = "compute_nodes"
+
+SLURMCTLD_PORT = "6817"
+SLURMD_PORT = "6818"
+SLURMDBD_PORT = "6819"
+MARIADB_PORT = "3306"
+NFS_PORT = "2049"
+
+
+@dataclass(frozen=True)
+class Rule:
+    service: str
+    protocol: str  # tcp or udp
+    ports: str  # "22" or "60001-63000"
+    sources: tuple[str, ...]  # set names above, or CIDRs
+
+
+def address_sets(cluster: Cluster) -> dict[str, list[str]]:
+    admin = sorted({str(c) for c in cluster.spec.security.admin_cidrs}, key=_addr_key)
+
+    def addresses(role: str | None) -> list[str]:
+        found = {
+            str(n.address)
+            for n in cluster.nodes
+            if n.address is not None and (role is None or n.role == role)
+        }
+        return sorted(found, key=_addr_key)
+
+    return {
+        ADMIN: admin,
+        CLUSTER: addresses(None),
+        HEADS: addresses("head"),
+        COMPUTE: addresses("compute"),
+    }
+
+
+def _addr_key(text: str) -> tuple[int, ...]:
+    addr, _, prefix = text.partition("/")
+    return (*(int(x) for x in addr.split(".")), int(prefix or 32))
+
+
+def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
+    """Input rules per pool, in a fixed order (SSH first, the spec's own rules last)."""
+    spec = cluster.spec
+    srun = str(spec.slurm.srun_port_range)
+    exporting = {e.pool for e in spec.storage.exports}
+    out: dict[str, list[Rule]] = {}
+    for view in cluster.pools:
+        role = view.pool.role
+        rules = [Rule("ssh from admin networks", "tcp", "22", (ADMIN,))]
+        if spec.scheduler == "slurm":
+            if role == "head":
+                rules.append(Rule("slurmctld", "tcp", SLURMCTLD_PORT, (CLUSTER,)))
+                if spec.slurm.accounting:
+                    rules.append(Rule("slurmdbd", "tcp", SLURMDBD_PORT, (CLUSTER,)))
+                    rules.append(Rule("mariadb for slurmdbd", "tcp", MARIADB_PORT, (HEADS,)))
+            if role == "compute":
+                rules.append(Rule("slurmd", "tcp", SLURMD_PORT, (CLUSTER,)))
+                rules.append(
+                    Rule(
+                        "job traffic between compute nodes (MPI, NCCL)",
+                        "tcp",
+                        "1024-65535",
+                        (COMPUTE,),
+                    )
+                )
+            if role in ("head", "login", "compute"):
+                rules.append(Rule("srun port range", "tcp", srun, (CLUSTER,)))
+        else:
+            if role == "head":
+                rules.append(Rule("kube-apiserver", "tcp", "6443", (ADMIN, CLUSTER)))
+                rules.append(Rule("etcd", "tcp", "2379-2380", (HEADS,)))
+            rules.append(Rule("kubelet", "tcp", "10250", (HEADS,)))
+            rules.append(Rule("pod network (VXLAN)", "udp", "4789", (CLUSTER,)))
+            if role == "compute":
+                rules.append(Rule("NodePort services", "tcp", "30000-32767", (CLUSTER,)))
+        if view.name in exporting:
+            rules.append(Rule("nfs", "tcp", NFS_PORT, (CLUSTER,)))
+        for extra in spec.security.firewall_rules:
+            if extra.pools is None or view.name in extra.pools:
+                sources = tuple(
+                    {"cluster": CLUSTER, "admin": ADMIN}.get(str(s), str(s)) for s in extra.sources
+                )
+                rules.append(Rule(extra.name, extra.protocol, str(extra.port), sources))
+        out[view.name] = rules
+    return out

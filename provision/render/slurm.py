@@ -1,0 +1,130 @@
+"""slurm.conf, gres.conf and cgroup.conf from the spec: one NodeName and one PartitionName line
+per pool, with compressed hostlists, so the files grow with pools, not with nodes."""
+
+from __future__ import annotations
+
+from provision.render.context import Cluster, PoolView
+from provision.render.firewall import SLURMCTLD_PORT, SLURMD_PORT
+
+# Memory Slurm may hand to jobs: what the profile lists, less what the OS and daemons keep.
+# A node whose RealMemory is above what slurmd finds is drained, so stay under.
+REAL_MEMORY_FRACTION = 0.95
+
+# Elastic nodes: how long a node may sit idle before it is removed, and how long it may take
+# to come up.
+SUSPEND_TIME_S = 600
+RESUME_TIMEOUT_S = 900
+
+
+def _fmt(value: str | int | bool) -> str:
+    if isinstance(value, bool):
+        return "YES" if value else "NO"
+    return str(value)
+
+
+def slurm_settings(cluster: Cluster) -> list[tuple[str, str]]:
+    """Global slurm.conf keys in a fixed order; the spec's slurm.config overrides or adds."""
+    spec = cluster.spec
+    heads = cluster.head_nodes
+    settings: dict[str, str | int | bool] = {
+        "ClusterName": spec.name,
+        "SlurmUser": "slurm",
+        "AuthType": "auth/munge",
+        "SlurmctldPort": SLURMCTLD_PORT,
+        "SlurmdPort": SLURMD_PORT,
+        "SrunPortRange": str(spec.slurm.srun_port_range),
+        "StateSaveLocation": "/var/spool/slurmctld",
+        "SlurmdSpoolDir": "/var/spool/slurmd",
+        "SlurmctldPidFile": "/run/slurmctld.pid",
+        "SlurmdPidFile": "/run/slurmd.pid",
+        "SlurmctldLogFile": "/var/log/slurm/slurmctld.log",
+        "SlurmdLogFile": "/var/log/slurm/slurmd.log",
+        "ProctrackType": "proctrack/cgroup",
+        "TaskPlugin": "task/affinity,task/cgroup",
+        "JobAcctGatherType": "jobacct_gather/cgroup",
+        "SelectType": "select/cons_tres",
+        "SelectTypeParameters": "CR_Core_Memory",
+        "GresTypes": "gpu",
+        "MpiDefault": "none",
+        "ReturnToService": 2,
+        "SlurmctldTimeout": 120,
+        "SlurmdTimeout": 300,
+        "InactiveLimit": 0,
+        "MinJobAge": 300,
+        "KillWait": 30,
+        "Waittime": 0,
+    }
+    if spec.slurm.accounting:
+        settings["AccountingStorageType"] = "accounting_storage/slurmdbd"
+        settings["AccountingStorageHost"] = heads[0].name
+        settings["AccountingStorageTRES"] = "gres/gpu"
+    if any(n.elastic for n in cluster.nodes):
+        settings["SuspendTime"] = SUSPEND_TIME_S
+        settings["ResumeTimeout"] = RESUME_TIMEOUT_S
+        settings["CommunicationParameters"] = "NoAddrCache"
+        settings["TreeWidth"] = 65533
+    settings.update(spec.slurm.config)
+    pairs = [("SlurmctldHost", h.name) for h in heads]
+    return pairs + [(k, _fmt(v)) for k, v in settings.items()]
+
+
+def node_line(view: PoolView) -> str:
+    prof = view.profile
+    cpu = prof.cpu
+    cpus = cpu.sockets * cpu.cores_per_socket * cpu.threads_per_core
+    parts = [
+        f"NodeName={view.hostlist}",
+        f"CPUs={cpus}",
+        "Boards=1",
+        f"SocketsPerBoard={cpu.sockets}",
+        f"CoresPerSocket={cpu.cores_per_socket}",
+        f"ThreadsPerCore={cpu.threads_per_core}",
+        f"RealMemory={int(prof.memory_gib * 1024 * REAL_MEMORY_FRACTION)}",
+    ]
+    if prof.gpu:
+        parts.append(f"Gres=gpu:{prof.gpu.slurm_type}:{prof.gpu.count}")
+    features = [view.pool.profile.replace(".", "_"), view.pool.provider]
+    if view.pool.elastic:
+        features.append("elastic")
+    parts.append("Feature=" + ",".join(features))
+    parts.append("State=CLOUD" if view.pool.elastic else "State=UNKNOWN")
+    return " ".join(parts)
+
+
+def partition_line(view: PoolView, default: bool) -> str:
+    parts = [
+        f"PartitionName={view.name}",
+        f"Nodes={view.hostlist}",
+        f"Default={'YES' if default else 'NO'}",
+        "MaxTime=INFINITE",
+        "State=UP",
+    ]
+    return " ".join(parts)
+
+
+def default_partition(cluster: Cluster) -> str:
+    chosen = cluster.spec.slurm.default_partition
+    if chosen:
+        return chosen
+    return cluster.pools_with_role("compute")[0].name
+
+
+def slurm_conf_context(cluster: Cluster) -> dict[str, object]:
+    compute = cluster.pools_with_role("compute")
+    default = default_partition(cluster)
+    return {
+        "settings": slurm_settings(cluster),
+        "node_lines": [node_line(v) for v in compute],
+        "partition_lines": [partition_line(v, v.name == default) for v in compute],
+    }
+
+
+def gres_conf_context(cluster: Cluster) -> dict[str, object]:
+    lines = []
+    for view in cluster.pools_with_role("compute"):
+        gpu = view.profile.gpu
+        if gpu is None:
+            continue
+        files = "/dev/nvidia0" if gpu.count == 1 else f"/dev/nvidia[0-{gpu.count - 1}]"
+        lines.append(f"NodeName={view.hostlist} Name=gpu Type={gpu.slurm_type} File={files}")
+    return {"gres_lines": lines}

@@ -1,0 +1,164 @@
+"""Rendering: goldens for every artifact of every example, determinism, real-parser checks."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from provision.render import render, write_render
+from provision.render.context import Cluster
+from provision.spec import load_spec
+
+from .conftest import EXAMPLES, ROOT
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _render(example: Path) -> dict[str, str]:
+    return render(Cluster(load_spec(example)))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_golden(example: Path, update_goldens: bool) -> None:
+    files = _render(example)
+    golden_dir = GOLDEN / example.stem
+    if update_goldens:
+        shutil.rmtree(golden_dir, ignore_errors=True)
+        for rel, content in files.items():
+            (golden_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (golden_dir / rel).write_text(content)
+        return
+    expected = {str(p.relative_to(golden_dir)): p.read_text()
+                for p in sorted(golden_dir.rglob("*")) if p.is_file()}
+    assert sorted(files) == sorted(expected), "after a deliberate change: make goldens"
+    for rel, content in files.items():
+        assert content == expected[rel], f"{example.stem}/{rel} differs from its golden copy"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_deterministic(example: Path) -> None:
+    assert _render(example) == _render(example)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_inventory_and_vars_are_valid_yaml(example: Path) -> None:
+    files = _render(example)
+    yaml = YAML(typ="safe", pure=True)
+    inventory = yaml.load(files["inventory/hosts.yml"])
+    groups = inventory["all"]["children"]
+    spec = load_spec(example)
+    for pool in spec.pools:
+        assert f"pool_{pool.name}" in groups
+    variables = yaml.load(files["inventory/group_vars/all.yml"])
+    assert variables["provision_cluster"] == spec.name
+
+
+def test_inventory_parsed_by_ansible(tmp_path: Path) -> None:
+    """The real ansible-inventory reads the rendered inventory and sees every host and var."""
+    import json
+
+    files = _render(ROOT / "examples" / "dgx-superpod.yaml")
+    write_render(files, tmp_path)
+    ansible_inventory = Path(sys.executable).parent / "ansible-inventory"
+    assert ansible_inventory.exists(), "ansible-core is a dependency"
+    out = subprocess.run(
+        [str(ansible_inventory), "-i", str(tmp_path / "inventory" / "hosts.yml"), "--list"],
+        check=True, capture_output=True, text=True,
+    )
+    data = json.loads(out.stdout)
+    assert len(data["compute"]["hosts"]) == 32
+    assert data["_meta"]["hostvars"]["gpu001"]["ansible_host"] == "10.10.1.1"
+    assert data["_meta"]["hostvars"]["gpu001"]["provision_gpus"] == 8
+    assert data["_meta"]["hostvars"]["gpu001"]["ansible_become"] is True
+    assert data["_meta"]["hostvars"]["login01"]["provision_cluster"] == "superpod"
+
+
+def test_elastic_nodes_are_cloud_state_not_inventory() -> None:
+    files = _render(ROOT / "examples" / "cloud-burst.yaml")
+    assert "aws-h100-001" not in files["inventory/hosts.yml"]
+    assert ("NodeName=aws-h100-[001-016] CPUs=192 Boards=1 SocketsPerBoard=2 CoresPerSocket=48 "
+            "ThreadsPerCore=2 RealMemory=1992294 Gres=gpu:h100:8 "
+            "Feature=aws-p5_48xlarge,aws,elastic State=CLOUD") in files["files/slurm/slurm.conf"]
+    assert "SuspendTime=600" in files["files/slurm/slurm.conf"]
+
+
+def test_slurm_conf_grows_with_pools_not_nodes(tmp_path: Path) -> None:
+    small = (ROOT / "examples" / "dgx-superpod.yaml").read_text()
+    big = small.replace("count: 32", "count: 999").replace("first_address: 10.10.1.1",
+                                                            "first_address: 10.10.4.1")
+    (tmp_path / "big.yaml").write_text(big)
+    a = _render(ROOT / "examples" / "dgx-superpod.yaml")["files/slurm/slurm.conf"]
+    b = _render(tmp_path / "big.yaml")["files/slurm/slurm.conf"]
+    assert len(a.splitlines()) == len(b.splitlines())
+    assert "NodeName=gpu[001-999]" in b
+
+
+def test_slurm_config_overrides(tmp_path: Path) -> None:
+    text = (ROOT / "examples" / "lab.yaml").read_text().replace(
+        "  accounting: true\n",
+        "  accounting: true\n  config:\n    ProctrackType: proctrack/linuxproc\n"
+        "    PrologFlags: Contain\n    EnforcePartLimits: true\n")
+    (tmp_path / "lab.yaml").write_text(text)
+    conf = _render(tmp_path / "lab.yaml")["files/slurm/slurm.conf"]
+    assert "ProctrackType=proctrack/linuxproc" in conf
+    assert "ProctrackType=proctrack/cgroup" not in conf
+    assert "PrologFlags=Contain" in conf
+    assert "EnforcePartLimits=YES" in conf
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_nftables_rules_parse(example: Path, tmp_path: Path) -> None:
+    """nft itself checks every rendered rule set (needs nft and CAP_NET_ADMIN, as in CI)."""
+    nft = shutil.which("nft") or ("/usr/sbin/nft" if Path("/usr/sbin/nft").exists() else None)
+    if nft is None:
+        pytest.skip("nft is not installed (the README's test command installs it)")
+    files = _render(example)
+    sets = tmp_path / "sets.nft"
+    sets.write_text(files["files/nftables/sets.nft"])
+    for rel, content in files.items():
+        if not rel.startswith("files/nftables/") or rel.endswith("sets.nft"):
+            continue
+        ruleset = tmp_path / Path(rel).name
+        ruleset.write_text(content.replace("/etc/nftables.d/provision-sets.nft", str(sets)))
+        out = subprocess.run([nft, "-c", "-f", str(ruleset)], capture_output=True, text=True)
+        if out.returncode != 0 and "Operation not permitted" in out.stderr:
+            pytest.skip("nft -c needs CAP_NET_ADMIN")
+        assert out.returncode == 0, f"{rel}: {out.stderr}"
+
+
+def test_firewall_admits_only_what_the_spec_allows() -> None:
+    files = _render(ROOT / "examples" / "lab.yaml")
+    head = files["files/nftables/head.nft"]
+    compute = files["files/nftables/compute.nft"]
+    assert "policy drop;" in head and "policy drop;" in compute
+    assert 'ip saddr @admin tcp dport 22 accept' in head
+    assert 'ip saddr @cluster_nodes tcp dport 6817 accept comment "slurmctld"' in head
+    assert 'ip saddr @head_nodes tcp dport 3306 accept' in head
+    assert "6818" not in head and "6817" not in compute
+    assert 'ip saddr @cluster_nodes tcp dport 6818 accept comment "slurmd"' in compute
+    sets = files["files/nftables/sets.nft"]
+    admin = sets.split("set admin {")[1].split("}")[0]
+    assert "10.77.0.1/32" in admin and "10.77.0.11" not in admin
+    cluster = sets.split("set cluster_nodes {")[1].split("}")[0]
+    assert "10.77.0.1/32" not in cluster and "10.77.0.1," not in cluster  # workstation
+    assert all(a in cluster for a in ("10.77.0.11", "10.77.0.12", "10.77.0.13"))
+
+
+def test_write_render_replaces_and_prunes_only_its_own(tmp_path: Path) -> None:
+    files = _render(ROOT / "examples" / "lab.yaml")
+    (tmp_path / "notes.txt").write_text("mine")
+    changed = write_render(files, tmp_path)
+    assert sorted(changed) == sorted(files)
+    assert write_render(files, tmp_path) == []  # nothing to do the second time
+    fewer = {k: v for k, v in files.items() if not k.startswith("files/slurm/")}
+    changed = write_render(fewer, tmp_path)
+    assert sorted(changed) == sorted(k for k in files if k.startswith("files/slurm/"))
+    assert not (tmp_path / "files" / "slurm" / "slurm.conf").exists()
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    (tmp_path / "files" / "hosts").write_text("edited by hand\n")
+    assert write_render(fewer, tmp_path) == ["files/hosts"]  # hand edits are put back
