@@ -1,0 +1,379 @@
+"""`provision`: thin CLI over the library. Exit codes: 0 ok, 1 operation failed, 2 invalid input."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from provision import REPO_ROOT, __version__
+from provision.errors import ProvisionError, SpecError
+
+if TYPE_CHECKING:
+    from provision.verify import CheckResult
+
+T = TypeVar("T")
+
+DEFAULT_SPEC = REPO_ROOT / "examples" / "lab.yaml"
+
+app = typer.Typer(
+    name="provision",
+    help="Build, run and verify GPU clusters from one declarative spec.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _console(stderr: bool) -> Console:
+    # Lines never wrap (an error is one line, whatever the width); tables get room in logs.
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 160
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+
+
+out = _console(stderr=False)
+err = _console(stderr=True)
+
+SpecArg = Annotated[
+    Path,
+    typer.Argument(
+        help="cluster spec (YAML); default: the embedded lab, examples/lab.yaml", show_default=False
+    ),
+]
+StateOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="root of the per-cluster state directories "
+        "[default: $PROVISION_STATE_DIR or .provision]",
+        show_default=False,
+    ),
+]
+
+
+def _state_root(value: Path | None) -> Path:
+    from provision.state import default_root
+
+    return value if value is not None else default_root()
+
+
+def _guard(fn: Callable[[], T]) -> T:
+    """Run a verb; report our errors in one line each with the right exit code, no traceback."""
+    try:
+        return fn()
+    except SpecError as exc:
+        for issue in exc.issues:
+            err.print(str(issue), markup=False)
+        raise typer.Exit(2) from None
+    except ProvisionError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("interrupted: run the same command again to continue")
+        raise typer.Exit(1) from None
+    except typer.Exit:
+        raise
+    except Exception as exc:
+        if os.environ.get("PROVISION_DEBUG"):
+            traceback.print_exc()
+        else:
+            err.print(
+                f"internal error: {type(exc).__name__}: {exc} "
+                "(set PROVISION_DEBUG=1 for the traceback)",
+                markup=False,
+            )
+        raise typer.Exit(1) from None
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="print the version and exit")] = False,
+) -> None:
+    if version:
+        out.print(f"provision {__version__}")
+        raise typer.Exit(0)
+
+
+@app.command()
+def validate(spec: SpecArg = DEFAULT_SPEC) -> None:
+    """Check a spec; print one line saying what the cluster is."""
+
+    def run() -> None:
+        from provision.render.context import Cluster
+        from provision.spec import load_spec
+
+        cluster = Cluster(load_spec(spec))
+        out.print(f"{spec}: valid: {describe(cluster)}", markup=False)
+
+    _guard(run)
+
+
+def describe(cluster: object) -> str:
+    from provision.render.context import Cluster
+
+    assert isinstance(cluster, Cluster)
+    s = cluster.spec
+    roles: dict[str, int] = {}
+    for n in cluster.nodes:
+        roles[n.role] = roles.get(n.role, 0) + 1
+    role_text = ", ".join(f"{c} {r}" for r, c in roles.items())
+    gpus = sum((v.profile.gpu.count if v.profile.gpu else 0) * len(v.nodes) for v in cluster.pools)
+    providers = ", ".join(sorted({p.provider for p in s.pools}))
+    elastic = sum(1 for n in cluster.nodes if n.elastic)
+    extra = f", {elastic} of them elastic" if elastic else ""
+    return (
+        f"cluster '{s.name}': {s.scheduler} on {s.os}, {len(cluster.nodes)} nodes "
+        f"({role_text}{extra}) in {len(s.pools)} pools on {providers}, {gpus} GPUs, "
+        f"{s.network.fabric.kind} fabric"
+    )
+
+
+@app.command()
+def render(
+    spec: SpecArg = DEFAULT_SPEC,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="where to write [default: the cluster's state dir, <state>/<name>/build]",
+            show_default=False,
+        ),
+    ] = None,
+    state_dir: StateOpt = None,
+) -> None:
+    """Render the inventory, group_vars and every config file, touching no host."""
+
+    def run() -> None:
+        from provision.render import render as render_files
+        from provision.render import write_render
+        from provision.render.context import Cluster
+        from provision.spec import load_spec
+        from provision.state import State
+
+        loaded = load_spec(spec)
+        target = out_dir or State(_state_root(state_dir), loaded.name).build
+        files = render_files(Cluster(loaded))
+        changed = write_render(files, target)
+        out.print(
+            f"rendered {len(files)} files into {target} ({len(changed)} changed)", markup=False
+        )
+        for path in changed:
+            out.print(f"  {path}", markup=False)
+
+    _guard(run)
+
+
+@app.command()
+def plan(
+    spec: SpecArg = DEFAULT_SPEC,
+    diff: Annotated[
+        bool, typer.Option("--diff", help="show unified diffs of changed files")
+    ] = False,
+    state_dir: StateOpt = None,
+) -> None:
+    """Show what apply would create and change, the peak power and the cloud cost."""
+
+    def run() -> None:
+        from provision.plan import HOURS_PER_MONTH, make_plan
+        from provision.render.context import Cluster
+        from provision.spec import load_spec
+        from provision.state import State
+
+        loaded = load_spec(spec)
+        cluster = Cluster(loaded)
+        p = make_plan(cluster, State(_state_root(state_dir), loaded.name))
+        out.print(f"[bold]{describe(cluster)}[/bold]")
+
+        nodes = Table(title="Nodes")
+        for col in ("provider", "create", "existing", "on demand (elastic)"):
+            nodes.add_column(col)
+        from provision.render.context import compress
+
+        for pp in p.providers:
+            nodes.add_row(
+                pp.provider,
+                f"{len(pp.create)} {pp.what}(s) {compress(pp.create)}" if pp.create else "-",
+                f"{len(pp.existing)} {compress(pp.existing)}" if pp.existing else "-",
+                f"up to {len(pp.on_demand)} {compress(pp.on_demand)}" if pp.on_demand else "-",
+            )
+        out.print(nodes)
+
+        groups = Table(title="Ansible groups")
+        groups.add_column("group")
+        groups.add_column("hosts")
+        for group, hosts in p.groups.items():
+            groups.add_row(group, hosts)
+        out.print(groups)
+
+        base = "the last apply" if not p.first_apply else "nothing (first apply)"
+        files = Table(title=f"Rendered files compared with {base}")
+        files.add_column("file")
+        files.add_column("change")
+        for change in p.changes:
+            files.add_row(change.path, change.kind)
+        out.print(files)
+        out.print(f"{len(p.changes)} file(s) would change, {p.unchanged} unchanged")
+        if diff:
+            for change in p.changes:
+                out.print(change.diff, markup=False, end="")
+
+        power = Table(title="Peak power")
+        for col in ("pool", "profile", "nodes", "kW/node", "kW"):
+            power.add_column(col, justify="right" if col != "pool" else "left")
+        for pw in p.power:
+            power.add_row(
+                pw.pool + (" (elastic, at most)" if pw.elastic else ""),
+                pw.profile,
+                str(pw.nodes),
+                f"{pw.kw_per_node:.2f}",
+                f"{pw.kw:.1f}",
+            )
+        power.add_row("total", "", "", "", f"{p.total_kw:.1f}", style="bold")
+        out.print(power)
+
+        if p.cost:
+            cost = Table(title=f"Cloud cost at on-demand list prices ({HOURS_PER_MONTH} h/month)")
+            for col in ("pool", "instance", "nodes", "USD/node-h", "USD/h", "USD/month", "price"):
+                cost.add_column(col)
+            for c in p.cost:
+                cost.add_row(
+                    c.pool + (" (elastic, at most)" if c.elastic else ""),
+                    c.instance_type,
+                    str(c.nodes),
+                    f"{c.usd_per_node_hour:,.2f}",
+                    f"{c.usd_per_hour:,.2f}",
+                    f"{c.usd_per_month:,.0f}",
+                    f"{c.price_region}, {c.price_as_of}",
+                )
+            total_h = sum(c.usd_per_hour for c in p.cost)
+            cost.add_row(
+                "total",
+                "",
+                "",
+                "",
+                f"{total_h:,.2f}",
+                f"{total_h * HOURS_PER_MONTH:,.0f}",
+                "",
+                style="bold",
+            )
+            out.print(cost)
+
+    _guard(run)
+
+
+@app.command()
+def apply(
+    spec: SpecArg = DEFAULT_SPEC,
+    state_dir: StateOpt = None,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="skip verify after apply")] = False,
+) -> None:
+    """Create the nodes, render, run the roles (playbooks/site.yml) and verify."""
+
+    def run() -> None:
+        from provision.lifecycle import apply as do_apply
+
+        report = do_apply(spec, _state_root(state_dir), out, verify=not no_verify)
+        failed = _print_checks(report.checks) if report.checks else 0
+        if failed:
+            raise typer.Exit(1)
+        out.print(f"apply: done ({report.run.changed} change(s))")
+
+    _guard(run)
+
+
+@app.command()
+def verify(spec: SpecArg = DEFAULT_SPEC, state_dir: StateOpt = None) -> None:
+    """Run the live acceptance checks against the cluster."""
+
+    def run() -> None:
+        from provision.lifecycle import verify as do_verify
+
+        failed = _print_checks(do_verify(spec, _state_root(state_dir)))
+        if failed:
+            raise typer.Exit(1)
+
+    _guard(run)
+
+
+def _print_checks(results: Sequence[CheckResult]) -> int:
+    failed = 0
+    for r in results:
+        mark = "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]"
+        failed += not r.passed
+        out.print(f"{mark} {r.check} {r.target}: ", end="")
+        out.print(r.evidence, markup=False)
+    out.print(f"verify: {len(results) - failed} passed, {failed} failed")
+    return failed
+
+
+@app.command()
+def destroy(
+    spec: SpecArg = DEFAULT_SPEC,
+    state_dir: StateOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
+) -> None:
+    """Remove what apply created (lab containers, cloud instances) and the cluster's state."""
+
+    def run() -> None:
+        from provision.lifecycle import destroy as do_destroy
+        from provision.spec import load_spec
+
+        name = load_spec(spec).name
+        if not yes and not typer.confirm(f"destroy cluster '{name}' and its state?"):
+            raise typer.Exit(1)
+        removed = do_destroy(spec, _state_root(state_dir), out)
+        out.print(f"destroy: cluster '{name}' removed ({len(removed)} node(s) deleted)")
+
+    _guard(run)
+
+
+@app.command()
+def schema(
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="the spec reference as Markdown")
+    ] = False,
+) -> None:
+    """Print the spec's JSON Schema (for editor completion) or its Markdown reference."""
+    from provision.spec import Spec
+    from provision.spec.reference import markdown as reference
+
+    if markdown:
+        sys.stdout.write(reference())
+    else:
+        sys.stdout.write(json.dumps(Spec.model_json_schema(), indent=2, sort_keys=True) + "\n")
+
+
+@app.command()
+def profiles() -> None:
+    """List the built-in hardware profiles."""
+
+    def run() -> None:
+        from provision.spec.loader import builtin_profiles
+
+        table = Table(title="Hardware profiles")
+        for col in ("profile", "providers", "GPUs", "max kW", "USD/h"):
+            table.add_column(col)
+        for name, p in builtin_profiles().items():
+            gpu = f"{p.gpu.count}x {p.gpu.model}" if p.gpu else "-"
+            price = f"{p.price.usd_per_hour:.2f}" if p.price else "-"
+            table.add_row(name, ",".join(p.providers), gpu, f"{p.max_power_w / 1000:.1f}", price)
+        out.print(table)
+
+    _guard(run)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

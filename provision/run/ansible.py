@@ -1,0 +1,197 @@
+"""Run a playbook through ansible-runner against a rendered inventory, with live progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from provision import REPO_ROOT
+from provision.errors import OperationError
+from provision.state import State
+
+PLAYBOOKS = REPO_ROOT / "playbooks"
+ANSIBLE_CFG = REPO_ROOT / "ansible.cfg"
+
+EventHandler = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class HostResult:
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+    first_failure: str = ""
+
+    @property
+    def status(self) -> str:
+        if self.unreachable:
+            return "unreachable"
+        if self.failed:
+            return "failed"
+        return "ok"
+
+
+@dataclass
+class RunResult:
+    rc: int
+    status: str
+    hosts: dict[str, HostResult] = field(default_factory=dict)
+    seconds: float = 0.0
+    log_dir: Path | None = None
+
+    @property
+    def failed_hosts(self) -> list[str]:
+        return sorted(h for h, r in self.hosts.items() if r.status != "ok")
+
+    @property
+    def changed(self) -> int:
+        return sum(r.changed for r in self.hosts.values())
+
+
+def ssh_common_args(state: State) -> str:
+    """Host keys: learned on first contact, checked ever after, kept per cluster."""
+    return " ".join(
+        [
+            "-o StrictHostKeyChecking=accept-new",
+            f"-o UserKnownHostsFile={shlex.quote(str(state.known_hosts.resolve()))}",
+        ]
+    )
+
+
+def run_playbook(
+    playbook: str,
+    state: State,
+    private_key: Path | None,
+    on_event: EventHandler | None = None,
+    limit: str | None = None,
+    tags: str | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> RunResult:
+    import ansible_runner  # heavy import; only the verbs that run Ansible pay for it
+
+    state.ensure()
+    inventory = state.build / "inventory" / "hosts.yml"
+    if not inventory.exists():
+        raise OperationError(f"no rendered inventory at {inventory}: run `provision render` first")
+    ident = time.strftime("%Y%m%d-%H%M%S") + f"-{playbook.removesuffix('.yml')}"
+    # ansible-playbook lives beside the Python running provision (a venv need not be active)
+    bindir = str(Path(sys.executable).parent)
+    envvars = {
+        "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+        "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
+        "ANSIBLE_ROLES_PATH": str(REPO_ROOT / "roles"),
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        "ANSIBLE_SSH_COMMON_ARGS": ssh_common_args(state),
+        "ANSIBLE_NOCOLOR": "1",
+        **(extra_env or {}),
+    }
+    cmdline = []
+    if private_key is not None:
+        cmdline += ["--private-key", shlex.quote(str(private_key.resolve()))]
+    if tags:
+        cmdline += ["--tags", shlex.quote(tags)]
+
+    result = RunResult(rc=-1, status="starting")
+
+    def handle(event: dict[str, Any]) -> bool:
+        _count(result, event)
+        if on_event is not None:
+            on_event(event)
+        return True
+
+    started = time.monotonic()
+    private_data_dir = state.dir / "runner"
+    private_data_dir.mkdir(mode=0o700, exist_ok=True)
+    runner = ansible_runner.run(
+        private_data_dir=str(private_data_dir.resolve()),
+        artifact_dir=str(state.logs.resolve()),
+        ident=ident,
+        project_dir=str(PLAYBOOKS),
+        playbook=playbook,
+        inventory=str(inventory.resolve()),
+        envvars=envvars,
+        cmdline=" ".join(cmdline) or None,
+        limit=limit,
+        fact_cache=str(state.facts.resolve()),
+        event_handler=handle,
+        quiet=True,
+        suppress_env_files=True,
+        rotate_artifacts=20,
+    )
+    result.rc = runner.rc
+    result.status = runner.status
+    result.seconds = time.monotonic() - started
+    result.log_dir = state.logs / ident
+    _scrub_environment(result.log_dir)
+    if runner.rc != 0 and not result.hosts and not _stats(runner):
+        raise OperationError(
+            f"Ansible did not run: {_tail(result.log_dir / 'stdout')} (log: {result.log_dir})"
+        )
+    for host, stats in _stats(runner).items():
+        entry = result.hosts.setdefault(host, HostResult())
+        entry.ok, entry.changed = stats["ok"], stats["changed"]
+        entry.failed, entry.unreachable = stats["failures"], stats["dark"]
+        entry.skipped = stats["skipped"]
+    os.chmod(state.logs, 0o700)  # run logs may hold host details: keep them to the owner
+    return result
+
+
+def _scrub_environment(log_dir: Path) -> None:
+    """ansible-runner records the whole environment of the run; keep only Ansible's settings,
+    so credentials in the user's environment never land in a log."""
+    command = log_dir / "command"
+    if not command.exists():
+        return
+    data = json.loads(command.read_text(encoding="utf-8"))
+    env = data.get("env") or {}
+    data["env"] = {k: v for k, v in env.items() if k.startswith("ANSIBLE_") or k == "PATH"}
+    command.write_text(json.dumps(data), encoding="utf-8")
+
+
+def _tail(path: Path) -> str:
+    if not path.exists():
+        return "no output"
+    lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    return " ".join(lines[-3:])[:300] or "no output"
+
+
+def _stats(runner: Any) -> dict[str, dict[str, int]]:
+    raw = runner.stats or {}
+    out: dict[str, dict[str, int]] = {}
+    for key in ("ok", "changed", "failures", "dark", "skipped"):
+        for host, count in (raw.get(key) or {}).items():
+            out.setdefault(host, {"ok": 0, "changed": 0, "failures": 0, "dark": 0, "skipped": 0})
+            out[host][key] = count
+    return out
+
+
+def _count(result: RunResult, event: dict[str, Any]) -> None:
+    kind = event.get("event", "")
+    data = event.get("event_data", {})
+    host = data.get("host")
+    if not host or kind not in ("runner_on_failed", "runner_on_unreachable"):
+        return
+    if kind == "runner_on_failed" and data.get("ignore_errors"):
+        return
+    entry = result.hosts.setdefault(host, HostResult())
+    if not entry.first_failure:
+        entry.first_failure = failure_message(data)
+
+
+def failure_message(data: dict[str, Any]) -> str:
+    """One line saying which task failed and why (no_log results stay censored)."""
+    res = data.get("res") or {}
+    msg = res.get("msg") or res.get("stderr") or res.get("reason") or ""
+    if res.get("censored"):
+        msg = "output hidden because the task handles secrets (no_log)"
+    msg = " ".join(str(msg).split())
+    return f"{data.get('task', '?')}: {msg[:300]}" if msg else str(data.get("task", "?"))

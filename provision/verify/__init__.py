@@ -1,0 +1,181 @@
+"""Live acceptance checks, run after apply and on demand: one result per check and node, with
+the evidence. Parsers of command output are pure functions in `parsers.py`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision.render.context import Cluster
+from provision.spec.nodes import Node
+from provision.state import State
+from provision.verify import parsers
+from provision.verify.remote import Remote
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    check: str
+    target: str
+    passed: bool
+    evidence: str
+
+
+@dataclass
+class VerifyContext:
+    cluster: Cluster
+    state: State
+    rendered_hosts: str
+
+
+NodeCheck = Callable[[VerifyContext, Node, Remote], list[CheckResult]]
+
+
+def connect_all(
+    cluster: Cluster, state: State, key_file: Path | None, nodes: list[Node]
+) -> tuple[dict[str, Remote], list[CheckResult]]:
+    """Open one SSH session per node, in parallel; unreachable nodes become failed results."""
+    spec = cluster.spec
+
+    def attempt(node: Node) -> tuple[Node, Remote | None, CheckResult]:
+        remote = Remote(
+            node.name, str(node.address), spec.ssh.user, spec.ssh.port, key_file, state.known_hosts
+        )
+        try:
+            remote.connect()
+        except Exception as exc:  # any failure to reach a node is a finding, not a crash
+            return (
+                node,
+                None,
+                CheckResult(
+                    "ssh", node.name, False, f"{node.address}:{spec.ssh.port}: {_one_line(exc)}"
+                ),
+            )
+        return (
+            node,
+            remote,
+            CheckResult(
+                "ssh",
+                node.name,
+                True,
+                f"{spec.ssh.user}@{node.address} in {remote.connect_seconds:.2f}s",
+            ),
+        )
+
+    remotes: dict[str, Remote] = {}
+    results = []
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(nodes)))) as pool:
+        for node, remote, result in pool.map(attempt, nodes):
+            results.append(result)
+            if remote is not None:
+                remotes[node.name] = remote
+    return remotes, results
+
+
+def run_node_checks(
+    ctx: VerifyContext, remotes: dict[str, Remote], nodes: list[Node], checks: list[NodeCheck]
+) -> list[CheckResult]:
+    def one(node: Node) -> list[CheckResult]:
+        remote = remotes.get(node.name)
+        if remote is None:
+            return []
+        out: list[CheckResult] = []
+        for check in checks:
+            try:
+                out.extend(check(ctx, node, remote))
+            except Exception as exc:  # a broken session fails this node's check, not the run
+                out.append(
+                    CheckResult(
+                        check.__name__.removeprefix("check_"), node.name, False, _one_line(exc)
+                    )
+                )
+        return out
+
+    results: list[CheckResult] = []
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(nodes)))) as pool:
+        for batch in pool.map(one, nodes):
+            results.extend(batch)
+    return results
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:200]
+
+
+# --- checks of the common role ---------------------------------------------------------------
+
+
+def check_hostname(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
+    out = remote.run("hostname")
+    got = out.stdout.strip()
+    return [CheckResult("hostname", node.name, got == node.name, f"hostname is {got!r}")]
+
+
+def check_hosts_file(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
+    out = remote.run("cat /etc/hosts")
+    missing = parsers.missing_host_lines(ctx.rendered_hosts, out.stdout)
+    evidence = (
+        f"all {len(parsers.host_entries(ctx.rendered_hosts))} cluster entries present"
+        if not missing
+        else f"missing: {'; '.join(missing[:3])}"
+    )
+    return [CheckResult("/etc/hosts", node.name, not missing, evidence)]
+
+
+def check_time_sync(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
+    service = "chronyd" if ctx.cluster.spec.os == "rocky9" else "chrony"
+    out = remote.run(f"systemctl is-active {service}")
+    state = out.stdout.strip() or out.stderr.strip()
+    return [CheckResult("time sync", node.name, state == "active", f"{service} is {state}")]
+
+
+def check_admin_users(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
+    results = []
+    for admin in ctx.cluster.spec.security.admins:
+        out = remote.run(
+            f"getent passwd {admin.name} >/dev/null && cat ~{admin.name}/.ssh/authorized_keys",
+            sudo=True,
+        )
+        if out.rc != 0:
+            results.append(
+                CheckResult(
+                    f"admin {admin.name}", node.name, False, "user or authorized_keys missing"
+                )
+            )
+            continue
+        missing = parsers.missing_keys(list(admin.ssh_keys), out.stdout)
+        results.append(
+            CheckResult(
+                f"admin {admin.name}",
+                node.name,
+                not missing,
+                f"{len(admin.ssh_keys)} key(s) authorized"
+                if not missing
+                else f"{len(missing)} key(s) not authorized",
+            )
+        )
+    return results
+
+
+COMMON_CHECKS: list[NodeCheck] = [
+    check_hostname,
+    check_hosts_file,
+    check_time_sync,
+    check_admin_users,
+]
+
+
+def verify_cluster(cluster: Cluster, state: State, key_file: Path | None) -> list[CheckResult]:
+    nodes = [n for n in cluster.lasting_nodes if n.address is not None]
+    rendered = state.build / "files" / "hosts"
+    ctx = VerifyContext(cluster, state, rendered.read_text() if rendered.exists() else "")
+    remotes, results = connect_all(cluster, state, key_file, nodes)
+    try:
+        results += run_node_checks(ctx, remotes, nodes, COMMON_CHECKS)
+    finally:
+        for remote in remotes.values():
+            remote.close()
+    return results

@@ -1,0 +1,41 @@
+"""Pure functions over command output, tested on recorded output in tests/data/."""
+
+from __future__ import annotations
+
+
+def host_entries(hosts_text: str) -> list[tuple[str, tuple[str, ...]]]:
+    """(address, names) for every entry of an /etc/hosts file, comments dropped."""
+    entries = []
+    for raw in hosts_text.splitlines():
+        line = raw.split("#", 1)[0].split()
+        if len(line) >= 2:
+            entries.append((line[0], tuple(line[1:])))
+    return entries
+
+
+def missing_host_lines(rendered: str, actual: str) -> list[str]:
+    """Rendered entries that /etc/hosts on the node does not carry (same address, same names)."""
+    have = set(host_entries(actual))
+    return [
+        f"{addr} {' '.join(names)}"
+        for addr, names in host_entries(rendered)
+        if (addr, names) not in have
+    ]
+
+
+def missing_keys(wanted: list[str], authorized_keys: str) -> list[str]:
+    """Keys (type and base64, comment ignored) absent from an authorized_keys file."""
+    have = set()
+    for line in authorized_keys.splitlines():
+        parts = line.split()
+        # options may come first: find the key type
+        for i, part in enumerate(parts[:-1]):
+            if part.startswith(("ssh-", "ecdsa-", "sk-")):
+                have.add((part, parts[i + 1]))
+                break
+    out = []
+    for key in wanted:
+        parts = key.split()
+        if (parts[0], parts[1]) not in have:
+            out.append(key)
+    return out

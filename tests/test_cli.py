@@ -1,0 +1,126 @@
+"""The CLI as a user runs it: real processes, real exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+BAD = Path(__file__).parent / "data" / "bad_specs"
+
+
+def provision(*args: str, cwd: Path | None = None, stdin: str | None = None,
+              ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "provision", *args],
+        capture_output=True, text=True, cwd=cwd or ROOT, input=stdin, timeout=300,
+    )
+
+
+def test_validate_ok() -> None:
+    r = provision("validate", "examples/dgx-superpod.yaml")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") == 1
+    assert "cluster 'superpod': slurm on ubuntu22.04, 36 nodes" in r.stdout
+    assert "256 GPUs" in r.stdout
+
+
+def test_validate_default_is_the_lab() -> None:
+    r = provision("validate")
+    assert r.returncode == 0
+    assert "cluster 'lab'" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["02-typo-key.yaml", "03-duplicate-key.yaml",
+                                  "32-yaml-syntax.yaml", "12-admin-world.yaml"])
+def test_validate_bad_exits_2_without_traceback(name: str) -> None:
+    r = provision("validate", str(BAD / name))
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr + r.stdout
+    assert r.stderr.startswith(f"{BAD / name}:")
+    assert r.stdout == ""
+
+
+def test_missing_spec_exits_2() -> None:
+    r = provision("validate", "nope.yaml")
+    assert (r.returncode, r.stderr.strip()) == (2, "nope.yaml: file not found")
+
+
+def test_unknown_verb_exits_2() -> None:
+    assert provision("frobnicate").returncode == 2
+
+
+def test_render_to_out_and_default_state_dir(tmp_path: Path) -> None:
+    r = provision("render", str(ROOT / "examples" / "lab.yaml"), "--out", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "b" / "files" / "slurm" / "slurm.conf").exists()
+    r = provision("render", str(ROOT / "examples" / "lab.yaml"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / ".provision" / "lab" / "build" / "inventory" / "hosts.yml").exists()
+    again = provision("render", str(ROOT / "examples" / "lab.yaml"), cwd=tmp_path)
+    assert "(0 changed)" in again.stdout
+
+
+def test_plan_prints_power_cost_and_diff(tmp_path: Path) -> None:
+    r = provision("plan", "examples/cloud-burst.yaml", "--state-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "Peak power" in r.stdout and "338.7" in r.stdout
+    assert "2,373.20" in r.stdout  # USD per hour with every elastic node up
+    r = provision("plan", "examples/lab.yaml", "--diff", "--state-dir", str(tmp_path))
+    assert "+++ build/files/slurm/slurm.conf" in r.stdout
+
+
+def test_schema_is_json() -> None:
+    r = provision("schema")
+    assert r.returncode == 0
+    assert json.loads(r.stdout)["title"] == "Spec"
+
+
+def test_apply_unreachable_static_host_fails_with_its_name(tmp_path: Path) -> None:
+    """A real Ansible run against a host that refuses SSH: exit 1, the host named, no apply
+    recorded; nothing is left half-done to confuse the next plan."""
+    spec = tmp_path / "c.yaml"
+    spec.write_text(
+        "name: unreach\nos: debian12\nnetwork: {management: {cidr: 127.0.0.0/24}}\n"
+        "pools:\n"
+        "  - {name: head, role: head, profile: cpu-node,\n"
+        "     hosts: [{name: h1, address: 127.0.0.2}]}\n"
+        "  - {name: cpu, role: compute, profile: cpu-node,\n"
+        "     hosts: [{name: c1, address: 127.0.0.3}]}\n"
+        "security: {admin_cidrs: [127.0.0.1/32]}\nssh: {port: 1}\n"
+    )
+    r = provision("apply", str(spec), "--state-dir", str(tmp_path / "state"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    assert "apply failed on: c1, h1" in r.stderr
+    assert "unreachable" in r.stdout
+    assert not (tmp_path / "state" / "unreach" / "applied").exists()
+    assert (tmp_path / "state" / "unreach" / "build" / "inventory" / "hosts.yml").exists()
+
+
+def test_verify_before_apply_is_a_usage_error(tmp_path: Path) -> None:
+    r = provision("verify", "examples/dgx-superpod.yaml", "--state-dir", str(tmp_path))
+    assert r.returncode == 2
+    assert "run apply first" in r.stderr
+
+
+def test_destroy_static_forgets_state_only(tmp_path: Path) -> None:
+    provision("render", "examples/dgx-superpod.yaml", "--state-dir", str(tmp_path))
+    assert (tmp_path / "superpod").exists()
+    r = provision("destroy", "examples/dgx-superpod.yaml", "--state-dir", str(tmp_path), "--yes")
+    assert r.returncode == 0, r.stderr
+    assert "static hosts are left as they are" in r.stdout
+    assert not (tmp_path / "superpod").exists()
+
+
+def test_destroy_asks_first(tmp_path: Path) -> None:
+    provision("render", "examples/dgx-superpod.yaml", "--state-dir", str(tmp_path))
+    r = provision("destroy", "examples/dgx-superpod.yaml", "--state-dir", str(tmp_path),
+                  stdin="n\n")
+    assert r.returncode == 1
+    assert (tmp_path / "superpod").exists()

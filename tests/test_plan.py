@@ -1,0 +1,62 @@
+"""plan: nodes per provider, groups, file changes against the last apply, power and cost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from provision.plan import HOURS_PER_MONTH, make_plan
+from provision.render import render, write_render
+from provision.render.context import Cluster
+from provision.spec import load_spec
+from provision.state import State
+
+from .conftest import ROOT
+
+
+def test_superpod_power() -> None:
+    cluster = Cluster(load_spec(ROOT / "examples" / "dgx-superpod.yaml"))
+    plan = make_plan(cluster, State(Path("/nonexistent"), "superpod"))
+    by_pool = {p.pool: p for p in plan.power}
+    assert by_pool["gpu"].nodes == 32
+    assert by_pool["gpu"].kw == pytest.approx(32 * 10.2)
+    assert plan.total_kw == pytest.approx(32 * 10.2 + 4 * 1.1)
+    assert plan.cost == []
+    assert plan.first_apply
+    assert plan.groups["compute"] == "gpu[001-032]"
+    assert plan.providers[0].provider == "static"
+    assert len(plan.providers[0].existing) == 36
+
+
+def test_cloud_cost() -> None:
+    cluster = Cluster(load_spec(ROOT / "examples" / "cloud-burst.yaml"))
+    plan = make_plan(cluster, State(Path("/nonexistent"), "burst"))
+    cost = {c.pool: c for c in plan.cost}
+    assert set(cost) == {"awsh100", "gcph100", "azh100"}
+    assert cost["awsh100"].instance_type == "p5.48xlarge"
+    assert cost["awsh100"].usd_per_hour == pytest.approx(16 * 55.04)
+    assert cost["azh100"].usd_per_month == pytest.approx(8 * 98.32 * HOURS_PER_MONTH)
+    assert all(c.elastic for c in cost.values())
+    providers = {p.provider: p for p in plan.providers}
+    assert len(providers["aws"].on_demand) == 16 and not providers["aws"].create
+    assert plan.lasting_kw == pytest.approx(1.1 + 4 * 2.8)
+
+
+def test_changes_against_last_apply(tmp_path: Path) -> None:
+    spec_path = ROOT / "examples" / "lab.yaml"
+    cluster = Cluster(load_spec(spec_path))
+    state = State(tmp_path, "lab")
+    write_render(render(cluster), state.applied)
+    assert make_plan(cluster, state).changes == []
+
+    grown = tmp_path / "lab3.yaml"
+    grown.write_text(spec_path.read_text().replace("count: 2", "count: 3"))
+    plan = make_plan(Cluster(load_spec(grown)), state)
+    changed = {c.path: c for c in plan.changes}
+    assert changed["files/slurm/slurm.conf"].kind == "changed"
+    assert "+NodeName=compute[001-003]" in changed["files/slurm/slurm.conf"].diff
+    assert "-NodeName=compute[001-002]" in changed["files/slurm/slurm.conf"].diff
+    assert "+10.77.0.14 compute003.lab.internal compute003" in changed["files/hosts"].diff
+    assert "files/nftables/head.nft" not in changed  # rules refer to sets, not addresses
+    assert plan.unchanged > 0

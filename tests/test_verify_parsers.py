@@ -1,0 +1,36 @@
+"""Parsers of node output, fed real recorded output from tests/data/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from provision.verify.parsers import host_entries, missing_host_lines, missing_keys
+
+DATA = Path(__file__).parent / "data"
+KEY_A = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFxsWi/kWC/jwkJ3ZrWg1zvAFVA3skOEzrF8xvZk54Zh "
+         "alice@example.org")
+KEY_B = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIH0kRR1l5bfCvEikwjKUxuaIOnYhCnjHhNimCrYIzaQ1 "
+         "bob@example.org")
+
+
+def test_host_entries_of_a_real_hosts_file() -> None:
+    entries = host_entries((DATA / "etc-hosts-static-node.txt").read_text())
+    assert ("127.0.0.1", ("localhost",)) in entries
+    assert ("10.78.0.11", ("pt1.test.internal", "pt1")) in entries
+    assert all(not addr.startswith("#") for addr, _ in entries)
+
+
+def test_missing_host_lines() -> None:
+    actual = (DATA / "etc-hosts-static-node.txt").read_text()
+    rendered = "# header\n10.78.0.12 pt2.test.internal pt2\n10.78.0.99 ghost\n"
+    assert missing_host_lines(rendered, actual) == ["10.78.0.99 ghost"]
+
+
+def test_missing_keys_ignores_comments_and_options() -> None:
+    authorized = (
+        "# managed\n"
+        'from="10.0.0.0/8",no-pty ' + KEY_A.replace("alice@example.org", "other comment") + "\n"
+    )
+    assert missing_keys([KEY_A], authorized) == []
+    assert missing_keys([KEY_A, KEY_B], authorized) == [KEY_B]
+    assert missing_keys([KEY_A], "") == [KEY_A]
