@@ -1,0 +1,190 @@
+"""The lab's base image, built here from Debian packages (no registry needed) and reused.
+
+debootstrap makes a minimal bookworm root with systemd, sshd and python3; the machine's own apt
+sources go in, so apt inside the nodes reaches the same mirror. The image tag carries a hash of
+this recipe, so a change to it builds a new image and an unchanged recipe reuses the old one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from provision.errors import OperationError
+from provision.providers.lab import podman
+
+SUITE = "bookworm"
+PACKAGES = [
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "python3",
+    "python3-apt",
+    "sudo",
+    "iproute2",
+    "procps",
+    "ca-certificates",
+    "gnupg",
+]
+ENV_MIRROR = "PROVISION_LAB_MIRROR"
+
+_HOSTKEY_UNIT = """\
+[Unit]
+Description=Generate this node's SSH host keys on first boot
+Before=ssh.service
+ConditionPathExists=!/etc/ssh/ssh_host_ed25519_key
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/ssh-keygen -A
+
+[Install]
+WantedBy=multi-user.target
+"""
+_HOSTS = "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
+
+
+def recipe_hash(mirror: str) -> str:
+    recipe = "\n".join([SUITE, *PACKAGES, _HOSTKEY_UNIT, _HOSTS, mirror, "recipe-v2"])
+    return hashlib.sha256(recipe.encode()).hexdigest()[:12]
+
+
+def image_name(mirror: str) -> str:
+    return f"localhost/provision-lab:{SUITE}-{recipe_hash(mirror)}"
+
+
+def debian_mirror(sources_dir: Path = Path("/etc/apt")) -> str:
+    """The Debian mirror this machine's apt uses (PROVISION_LAB_MIRROR wins)."""
+    if os.environ.get(ENV_MIRROR):
+        return os.environ[ENV_MIRROR].rstrip("/")
+    found = mirror_from_sources(sources_dir)
+    if found is None:
+        raise OperationError(
+            f"no Debian {SUITE} mirror in this machine's apt sources: set {ENV_MIRROR} "
+            "to a Debian mirror URL"
+        )
+    return found
+
+
+def mirror_from_sources(apt_dir: Path, suite: str = SUITE) -> str | None:
+    """Read deb822 (*.sources) and one-line (sources.list) entries for a suite's main component."""
+    for path in sorted((apt_dir / "sources.list.d").glob("*.sources")):
+        for stanza in re.split(r"\n\s*\n", path.read_text(errors="replace")):
+            fields: dict[str, str] = {}
+            for line in stanza.splitlines():
+                if line.startswith("#") or ":" not in line:
+                    continue
+                key, _, value = line.partition(":")
+                fields[key.strip().lower()] = value.strip()
+            if (
+                fields.get("enabled", "yes") != "no"
+                and "deb" in fields.get("types", "").split()
+                and suite in fields.get("suites", "").split()
+                and "main" in fields.get("components", "").split()
+            ):
+                return fields["uris"].split()[0].rstrip("/")
+    lists = [apt_dir / "sources.list", *sorted((apt_dir / "sources.list.d").glob("*.list"))]
+    for path in lists:
+        if not path.exists():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            parts = re.sub(r"\[[^\]]*\]", "", line).split()
+            if len(parts) >= 4 and parts[0] == "deb" and parts[2] == suite and "main" in parts[3:]:
+                return parts[1].rstrip("/")
+    return None
+
+
+def ensure_image(mirror: str, log: Callable[[str], None] = print) -> tuple[str, float]:
+    """Build the base image unless it exists. Returns its name and the seconds spent."""
+    name = image_name(mirror)
+    lock_path = Path(tempfile.gettempdir()) / "provision-lab-image.lock"
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two builds at once would both debootstrap
+        if podman.image_exists(name):
+            return name, 0.0
+        started = time.monotonic()
+        log(f"image: building {name} from {mirror} (debootstrap, about a minute, once)")
+        _build(name, mirror)
+        return name, time.monotonic() - started
+
+
+def _build(name: str, mirror: str) -> None:
+    debootstrap = podman.require("debootstrap")
+    workdir = Path(tempfile.mkdtemp(prefix="provision-lab-image-", dir="/var/tmp"))
+    root = workdir / "root"
+    try:
+        result = subprocess.run(
+            [
+                debootstrap,
+                "--variant=minbase",
+                f"--include={','.join(PACKAGES)}",
+                SUITE,
+                str(root),
+                mirror,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            tail = " ".join((result.stdout + result.stderr).split())[-400:]
+            raise OperationError(f"debootstrap failed ({mirror}): {tail}")
+        _customise(root, mirror)
+        tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
+        assert tar.stdout is not None
+        imported = subprocess.run(
+            [podman.require(), "import", "--change", "CMD=/sbin/init", "-", name],
+            stdin=tar.stdout,
+            capture_output=True,
+            env=podman.env(),
+            check=False,
+        )
+        tar.wait()
+        if imported.returncode != 0 or tar.returncode != 0:
+            raise OperationError(f"podman import failed: {imported.stderr.decode()[-400:]}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def apt_sources(mirror: str, apt_dir: Path = Path("/etc/apt")) -> str:
+    """The nodes' apt sources: the mirror with every component (the NVIDIA packages live in
+    non-free), and the machine's security mirror when it has one."""
+    stanza = (
+        "Types: deb\n"
+        "URIs: {uri}\n"
+        "Suites: {suites}\n"
+        "Components: main contrib non-free non-free-firmware\n"
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+    )
+    text = stanza.format(uri=mirror, suites=f"{SUITE} {SUITE}-updates")
+    security = mirror_from_sources(apt_dir, f"{SUITE}-security")
+    if security is not None:
+        text += "\n" + stanza.format(uri=security, suites=f"{SUITE}-security")
+    return text
+
+
+def _customise(root: Path, mirror: str) -> None:
+    (root / "etc" / "hosts").write_text(_HOSTS)
+    (root / "etc" / "machine-id").write_text("")  # each node makes its own at first boot
+    for key in (root / "etc" / "ssh").glob("ssh_host_*"):
+        key.unlink()  # each node makes its own host keys at first boot
+    units = root / "etc" / "systemd" / "system"
+    (units / "ssh-hostkeys.service").write_text(_HOSTKEY_UNIT)
+    wants = units / "multi-user.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    link = wants / "ssh-hostkeys.service"
+    if not link.exists():
+        link.symlink_to("/etc/systemd/system/ssh-hostkeys.service")
+    apt = root / "etc" / "apt"
+    (apt / "sources.list").unlink(missing_ok=True)
+    (apt / "sources.list.d" / "debian.sources").write_text(apt_sources(mirror))
+    (root / "root" / ".ssh").mkdir(mode=0o700, exist_ok=True)

@@ -1,0 +1,92 @@
+"""Integration fixtures: real podman containers with systemd and sshd, built from the lab image.
+
+These tests need root and podman (the README's test command installs it). They skip where
+podman is missing, unless PROVISION_REQUIRE_INTEGRATION=1 (set by .ci/run), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from provision.providers.lab import podman
+from provision.providers.lab.image import debian_mirror, ensure_image
+
+
+def _available() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (podman networks with fixed addresses)"
+    if shutil.which("podman") is None or shutil.which("debootstrap", path="/usr/sbin:/sbin:"
+                                                      + os.environ.get("PATH", "")) is None:
+        return "needs podman and debootstrap"
+    return None
+
+
+@pytest.fixture(scope="session")
+def lab_image() -> str:
+    missing = _available()
+    if missing:
+        if os.environ.get("PROVISION_REQUIRE_INTEGRATION") == "1":
+            pytest.fail(missing)
+        pytest.skip(missing)
+    name, _ = ensure_image(debian_mirror())
+    return name
+
+
+def start_node(image: str, name: str, hostname: str, network: str, address: str,
+               pubkey: Path) -> None:
+    podman.podman("rm", "-f", "-t", "0", name, check=False)
+    podman.podman("create", "--name", name, "--hostname", hostname,
+                  "--network", f"{network}:ip={address}", "--systemd=always",
+                  "--cap-add", "NET_ADMIN", "--no-hosts", image, "/sbin/init")
+    podman.podman("cp", str(pubkey), f"{name}:/root/.ssh/authorized_keys")
+    podman.podman("start", name)
+
+
+def wait_for_ssh(address: str, key: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = subprocess.run(["ssh", "-i", str(key), "-o", "BatchMode=yes",
+                            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                            "-o", "ConnectTimeout=2", f"root@{address}", "true"],
+                           capture_output=True, check=False)
+        if r.returncode == 0:
+            return
+        time.sleep(1)
+    raise TimeoutError(f"no SSH on {address} after {timeout}s")
+
+
+@pytest.fixture
+def ssh_key(tmp_path: Path) -> Path:
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return key
+
+
+@pytest.fixture
+def static_hosts(lab_image: str, ssh_key: Path) -> Iterator[dict[str, str]]:
+    """Two throwaway hosts on their own podman network, reachable over SSH as root."""
+    network = "provision-test-static"
+    nodes = {"st-head": "10.78.0.11", "st-cpu1": "10.78.0.12"}
+    for name in nodes:
+        podman.podman("rm", "-f", "-t", "0", f"ptest-{name}", check=False)
+    if not podman.network_exists(network):
+        podman.podman("network", "create", "--subnet", "10.78.0.0/24",
+                      "--gateway", "10.78.0.1", network)
+    try:
+        for name, address in nodes.items():
+            start_node(lab_image, f"ptest-{name}", name, network, address,
+                       ssh_key.with_suffix(".pub"))
+        for address in nodes.values():
+            wait_for_ssh(address, ssh_key)
+        yield nodes
+    finally:
+        for name in nodes:
+            podman.podman("rm", "-f", "-t", "0", f"ptest-{name}", check=False)
+        podman.podman("network", "rm", "-f", network, check=False)

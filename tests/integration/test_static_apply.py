@@ -1,0 +1,84 @@
+"""`provision apply` for the static provider, for real: SSH, Ansible, the common role, verify,
+and a second apply that changes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from ..conftest import ROOT
+
+
+def provision(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "provision", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=900, check=False)
+
+
+def test_apply_static_hosts(static_hosts: dict[str, str], ssh_key: Path, tmp_path: Path) -> None:
+    admin_key = tmp_path / "admin"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(admin_key)],
+                   check=True)
+    admin_pub = admin_key.with_suffix(".pub").read_text().strip()
+    spec = tmp_path / "static.yaml"
+    spec.write_text(f"""
+name: stat
+os: debian12
+network:
+  management: {{cidr: 10.78.0.0/24, domain: test.internal}}
+pools:
+  - {{name: head, role: head, profile: cpu-node, hosts: [{{name: st-head, address: 10.78.0.11}}]}}
+  - {{name: cpu, role: compute, profile: cpu-node, hosts: [{{name: st-cpu1, address: 10.78.0.12}}]}}
+security:
+  admin_cidrs: [10.78.0.1/32]
+  admins:
+    - name: alice
+      ssh_keys: ["{admin_pub}"]
+ssh: {{private_key_file: {ssh_key}}}
+""")
+    first = provision("apply", str(spec), cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "verify: 10 passed, 0 failed" in first.stdout
+    assert "PASS time sync st-cpu1: chrony is active" in first.stdout
+
+    second = provision("apply", str(spec), cwd=tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "apply: done (0 change(s))" in second.stdout
+
+    # The admin user logs in with its own key and has sudo; nobody gets in with a password.
+    login = subprocess.run(
+        ["ssh", "-i", str(admin_key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+         "-o", "UserKnownHostsFile=/dev/null", "alice@10.78.0.12", "sudo -n id -u; hostname"],
+        capture_output=True, text=True, check=False)
+    assert login.stdout.split() == ["0", "st-cpu1"], login.stderr
+
+    # Compute nodes take their time from the head pool, which serves the management network.
+    sources = subprocess.run(
+        ["ssh", "-i", str(ssh_key), "-o", "StrictHostKeyChecking=no",
+         "-o", "UserKnownHostsFile=/dev/null", "root@10.78.0.12", "chronyc -n sources"],
+        capture_output=True, text=True, check=False)
+    assert "10.78.0.11" in sources.stdout
+
+    # Run logs keep Ansible's settings, not the user's environment (which may hold credentials).
+    state = tmp_path / ".provision" / "stat"
+    for command in (state / "logs").glob("*/command"):
+        env = json.loads(command.read_text())["env"]
+        assert all(k.startswith("ANSIBLE_") or k == "PATH" for k in env), sorted(env)
+    assert (state / "applied" / "files" / "hosts").exists()
+    assert oct((state / "logs").stat().st_mode & 0o777) == "0o700"
+
+    # verify on demand, and it notices drift: a node whose hosts file lost the cluster entries
+    subprocess.run(["ssh", "-i", str(ssh_key), "-o", "StrictHostKeyChecking=no",
+                    "-o", "UserKnownHostsFile=/dev/null", "root@10.78.0.12",
+                    "sed -i '/provision cluster/,/provision cluster/d' /etc/hosts"], check=True)
+    drift = provision("verify", str(spec), cwd=tmp_path)
+    assert drift.returncode == 1
+    assert "FAIL /etc/hosts st-cpu1: missing: 10.78.0.11 st-head.test.internal st-head" in (
+        drift.stdout)
+    healed = provision("apply", str(spec), cwd=tmp_path)
+    assert healed.returncode == 0 and "verify: 10 passed" in healed.stdout
+
+
+def test_rendered_playbook_paths_exist() -> None:
+    assert (ROOT / "playbooks" / "site.yml").exists()
