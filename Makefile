@@ -2,6 +2,7 @@
 .PHONY: setup demo test lint typecheck unit integration docs goldens bench clean
 
 VENV := .venv/bin
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
 SPEC ?= examples/lab.yaml
 
 setup:

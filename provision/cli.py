@@ -237,7 +237,7 @@ def plan(
                 f"{pw.kw_per_node:.2f}",
                 f"{pw.kw:.1f}",
             )
-        power.add_row("total", "", "", "", f"{p.total_kw:.1f}", style="bold")
+        power.add_row("total", "", "", "", f"{p.total_kw:.2f}", style="bold")
         out.print(power)
 
         if p.cost:

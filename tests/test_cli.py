@@ -69,7 +69,7 @@ def test_render_to_out_and_default_state_dir(tmp_path: Path) -> None:
 def test_plan_prints_power_cost_and_diff(tmp_path: Path) -> None:
     r = provision("plan", "examples/cloud-burst.yaml", "--state-dir", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert "Peak power" in r.stdout and "338.7" in r.stdout
+    assert "Peak power" in r.stdout and "338.70" in r.stdout
     assert "2,373.20" in r.stdout  # USD per hour with every elastic node up
     r = provision("plan", "examples/lab.yaml", "--diff", "--state-dir", str(tmp_path))
     assert "+++ build/files/slurm/slurm.conf" in r.stdout
