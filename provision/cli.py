@@ -235,7 +235,7 @@ def plan(
                 pw.profile,
                 str(pw.nodes),
                 f"{pw.kw_per_node:.2f}",
-                f"{pw.kw:.1f}",
+                f"{pw.kw:.2f}",
             )
         power.add_row("total", "", "", "", f"{p.total_kw:.2f}", style="bold")
         out.print(power)
