@@ -76,8 +76,8 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
     providers = []
     for kind in _ordered({p.pool.provider for p in cluster.pools}):
         nodes = [n for n in cluster.nodes if n.provider == kind]
-        if kind == "static":
-            providers.append(get_provider(kind).plan(nodes, state))
+        if kind in ("static", "lab"):
+            providers.append(get_provider(kind, cluster.spec).plan(nodes, state))
         else:
             providers.append(planned_only(kind, nodes))
 

@@ -11,10 +11,12 @@ only inside the provider that needs them, so the toolkit runs without them.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from provision.errors import OperationError
+from provision.spec.models import Spec
 from provision.spec.nodes import Node
 from provision.state import State
 
@@ -38,11 +40,15 @@ class Provider(Protocol):
     def destroy(self, nodes: list[Node], state: State) -> list[str]: ...
 
 
-def get_provider(kind: str) -> Provider:
+def get_provider(kind: str, spec: Spec, log: Callable[[str], None] | None = None) -> Provider:
     if kind == "static":
         from provision.providers.static import StaticProvider
 
         return StaticProvider()
+    if kind == "lab":
+        from provision.providers.lab import LabProvider
+
+        return LabProvider(spec.name, spec.network.management.cidr, log)
     raise OperationError(
         f"the {kind} provider cannot create nodes in this version: "
         "use `provision plan` to see what it would create"

@@ -1,0 +1,239 @@
+"""The lab provider: cluster nodes as podman containers running systemd, on a podman network
+the project creates with the spec's management network, reached over SSH like bare metal.
+
+Containers are named `provision-<cluster>-<node>` and labelled with the cluster, so create
+reuses what exists (starting stopped nodes) and destroy finds everything it made.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from provision.errors import OperationError
+from provision.providers import ProviderPlan
+from provision.providers.lab import podman
+from provision.providers.lab.image import debian_mirror, ensure_image
+from provision.spec.nodes import Node
+from provision.state import State
+
+LABEL = "provision.cluster"
+SSH_WAIT_S = 90
+
+
+def container_name(cluster: str, node: str) -> str:
+    return f"provision-{cluster}-{node}"
+
+
+def network_name(cluster: str) -> str:
+    return f"provision-{cluster}"
+
+
+class LabProvider:
+    kind = "lab"
+
+    def __init__(
+        self, cluster: str, cidr: ipaddress.IPv4Network, log: Callable[[str], None] | None = None
+    ) -> None:
+        self.cluster = cluster
+        self.cidr = cidr
+        self.log = log or (lambda _msg: None)
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def containers(self) -> dict[str, str]:
+        """Container name -> state, for every container of this cluster."""
+        out = podman.text(
+            "ps",
+            "-a",
+            "--filter",
+            f"label={LABEL}={self.cluster}",
+            "--format",
+            "{{.Names}} {{.State}}",
+            check=False,
+        )
+        found = {}
+        for line in out.splitlines():
+            name, _, status = line.partition(" ")
+            if name:
+                found[name] = status.strip().lower()
+        return found
+
+    def plan(self, nodes: list[Node], state: State) -> ProviderPlan:
+        if _podman_missing():
+            existing: dict[str, str] = {}
+        else:
+            existing = self.containers()
+        lasting = [n for n in nodes if not n.elastic]
+        return ProviderPlan(
+            provider="lab",
+            create=[
+                n.name for n in lasting if container_name(self.cluster, n.name) not in existing
+            ],
+            existing=[n.name for n in lasting if container_name(self.cluster, n.name) in existing],
+            on_demand=[n.name for n in nodes if n.elastic],
+            what="container",
+        )
+
+    # --- changing --------------------------------------------------------------------------
+
+    def create(self, nodes: list[Node], state: State) -> dict[str, ipaddress.IPv4Address]:
+        _require_root()
+        key = ensure_ssh_key(state)
+        image, seconds = ensure_image(debian_mirror(), log=self.log)
+        if seconds:
+            self.log(f"image: built in {seconds:.0f}s")
+        self._ensure_network()
+        existing = self.containers()
+        created = []
+        for node in nodes:
+            name = container_name(self.cluster, node.name)
+            status = existing.get(name)
+            if status is None:
+                self._create_container(node, image, key)
+                created.append(node)
+            elif status != "running":
+                self.log(f"lab: starting stopped node {node.name}")
+                podman.podman("start", name)
+        for node in created:
+            forget_host_key(state, str(node.address))  # a new container has new host keys
+        _wait_for_ssh([str(n.address) for n in nodes], SSH_WAIT_S)
+        return {n.name: n.address for n in nodes if n.address is not None}
+
+    def _ensure_network(self) -> None:
+        name = network_name(self.cluster)
+        gateway = str(self.cidr.network_address + 1)
+        if podman.network_exists(name):
+            subnet = podman.text(
+                "network", "inspect", name, "--format", "{{range .Subnets}}{{.Subnet}} {{end}}"
+            )
+            if str(self.cidr) not in subnet.split():
+                raise OperationError(
+                    f"podman network {name} exists with subnet {subnet.strip()}, the spec says "
+                    f"{self.cidr}: run `provision destroy` first, or change the spec back"
+                )
+            return
+        podman.podman(
+            "network",
+            "create",
+            "--subnet",
+            str(self.cidr),
+            "--gateway",
+            gateway,
+            "--label",
+            f"{LABEL}={self.cluster}",
+            name,
+        )
+
+    def _create_container(self, node: Node, image: str, key: Path) -> None:
+        name = container_name(self.cluster, node.name)
+        self.log(f"lab: creating {node.name} ({node.address})")
+        podman.podman(
+            "create",
+            "--name",
+            name,
+            "--hostname",
+            node.name,
+            "--network",
+            f"{network_name(self.cluster)}:ip={node.address}",
+            "--label",
+            f"{LABEL}={self.cluster}",
+            "--label",
+            f"provision.node={node.name}",
+            "--systemd=always",
+            "--cap-add",
+            "NET_ADMIN",
+            "--no-hosts",
+            image,
+            "/sbin/init",
+        )
+        try:
+            podman.podman("cp", str(key.with_suffix(".pub")), f"{name}:/root/.ssh/authorized_keys")
+            podman.podman("start", name)
+        except OperationError:
+            podman.podman("rm", "-f", "-t", "0", name, check=False)  # nothing half-made stays
+            raise
+
+    def destroy(self, nodes: list[Node], state: State) -> list[str]:
+        if _podman_missing():
+            return []
+        removed = []
+        for name in sorted(self.containers()):
+            podman.podman("rm", "-f", "-t", "0", name)
+            removed.append(name)
+        if podman.network_exists(network_name(self.cluster)):
+            podman.podman("network", "rm", "-f", network_name(self.cluster))
+        return removed
+
+
+def _podman_missing() -> bool:
+    try:
+        podman.require("podman")
+    except OperationError:
+        return True
+    return False
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise OperationError(
+            "the lab provider needs root (podman networks with fixed addresses and systemd "
+            "containers): run it with sudo"
+        )
+
+
+def ensure_ssh_key(state: State) -> Path:
+    """The cluster's own SSH key for Ansible, made once, kept private to the state dir."""
+    state.ensure()
+    key = state.keys / "id_ed25519"
+    if not key.exists():
+        subprocess.run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                f"provision@{state.cluster}",
+                "-f",
+                str(key),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    key.chmod(0o600)
+    return key
+
+
+def forget_host_key(state: State, address: str) -> None:
+    if state.known_hosts.exists():
+        subprocess.run(
+            ["ssh-keygen", "-R", address, "-f", str(state.known_hosts)],
+            capture_output=True,
+            check=False,
+        )
+        Path(f"{state.known_hosts}.old").unlink(missing_ok=True)
+
+
+def _wait_for_ssh(addresses: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    waiting = set(addresses)
+    while waiting and time.monotonic() < deadline:
+        for address in sorted(waiting):
+            try:
+                with socket.create_connection((address, 22), timeout=1) as conn:
+                    if conn.recv(4).startswith(b"SSH"):
+                        waiting.discard(address)
+            except OSError:
+                pass
+        if waiting:
+            time.sleep(0.5)
+    if waiting:
+        raise OperationError(f"no SSH on {', '.join(sorted(waiting))} after {timeout:.0f}s")

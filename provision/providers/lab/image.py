@@ -103,18 +103,24 @@ def mirror_from_sources(apt_dir: Path, suite: str = SUITE) -> str | None:
     return None
 
 
+# A stable name for the newest base image, for tools that cannot compute the hash (Molecule).
+ALIAS = "localhost/provision-lab:latest"
+
+
 def ensure_image(mirror: str, log: Callable[[str], None] = print) -> tuple[str, float]:
     """Build the base image unless it exists. Returns its name and the seconds spent."""
     name = image_name(mirror)
     lock_path = Path(tempfile.gettempdir()) / "provision-lab-image.lock"
     with lock_path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two builds at once would both debootstrap
-        if podman.image_exists(name):
-            return name, 0.0
-        started = time.monotonic()
-        log(f"image: building {name} from {mirror} (debootstrap, about a minute, once)")
-        _build(name, mirror)
-        return name, time.monotonic() - started
+        seconds = 0.0
+        if not podman.image_exists(name):
+            started = time.monotonic()
+            log(f"image: building {name} from {mirror} (debootstrap, about a minute, once)")
+            _build(name, mirror)
+            seconds = time.monotonic() - started
+        podman.podman("tag", name, ALIAS)
+        return name, seconds
 
 
 def _build(name: str, mirror: str) -> None:
