@@ -285,7 +285,11 @@ def apply(
         failed = _print_checks(report.checks) if report.checks else 0
         if failed:
             raise typer.Exit(1)
-        out.print(f"apply: done ({report.run.changed} change(s))")
+        changes = report.run.changed if report.run else 0
+        out.print(
+            f"apply: done ({changes} change(s)) in {sum(report.phases.values()):.0f}s: "
+            + ", ".join(f"{k} {v:.1f}s" for k, v in report.phases.items())
+        )
 
     _guard(run)
 

@@ -3,26 +3,65 @@
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+import json
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 
 from provision.errors import OperationError, UsageError
+from provision.preflight import preflight
 from provision.providers import get_provider
 from provision.render import render, write_render
 from provision.render.context import Cluster
 from provision.run.ansible import RunResult, run_playbook
 from provision.run.progress import HostProgress, summary_table
+from provision.secrets import ensure_cluster_secrets
 from provision.spec import Spec, load_spec
 from provision.state import State
 from provision.verify import CheckResult, verify_cluster
 
+REPORT = "last-apply.json"
+
 
 @dataclass
 class ApplyReport:
-    run: RunResult
-    checks: list[CheckResult]
+    phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+    run: RunResult | None = None
+    checks: list[CheckResult] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        hosts = {}
+        if self.run is not None:
+            hosts = {h: asdict(r) for h, r in sorted(self.run.hosts.items())}
+        return (
+            json.dumps(
+                {
+                    "phases": {k: round(v, 2) for k, v in self.phases.items()},
+                    "status": self.run.status if self.run else "not run",
+                    "hosts": hosts,
+                    "checks": {
+                        "passed": sum(c.passed for c in self.checks),
+                        "failed": sum(not c.passed for c in self.checks),
+                    },
+                },
+                indent=1,
+                sort_keys=True,
+            )
+            + "\n"
+        )
+
+
+class _Phase:
+    def __init__(self, report: ApplyReport, name: str) -> None:
+        self.report, self.name = report, name
+
+    def __enter__(self) -> None:
+        self.started = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        self.report.phases[self.name] = time.monotonic() - self.started
 
 
 def open_cluster(spec_path: Path, state_root: Path) -> tuple[Spec, Cluster, State]:
@@ -31,16 +70,22 @@ def open_cluster(spec_path: Path, state_root: Path) -> tuple[Spec, Cluster, Stat
 
 
 def private_key(spec: Spec, state: State) -> Path | None:
+    """The key Ansible and verify log in with: the spec's, or the lab's own."""
     if spec.ssh.private_key_file:
         key = Path(spec.ssh.private_key_file).expanduser()
         if not key.exists():
             raise UsageError(f"ssh.private_key_file: {key} does not exist")
         return key
+    lab_key = state.keys / "id_ed25519"
+    if any(p.provider == "lab" for p in spec.pools) and lab_key.exists():
+        return lab_key
     return None
 
 
 def _providers_in(cluster: Cluster) -> list[str]:
-    return sorted({n.provider for n in cluster.nodes})
+    order = ["static", "lab", "aws", "gcp", "azure"]
+    kinds = {n.provider for n in cluster.nodes}
+    return [k for k in order if k in kinds]
 
 
 def create_nodes(cluster: Cluster, state: State, console: Console) -> Cluster:
@@ -50,7 +95,7 @@ def create_nodes(cluster: Cluster, state: State, console: Console) -> Cluster:
         nodes = [n for n in cluster.lasting_nodes if n.provider == kind]
         if not nodes:
             continue
-        provider = get_provider(kind)
+        provider = get_provider(kind, cluster.spec, log=lambda m: console.print(m, markup=False))
         console.print(f"nodes: {kind}: {len(nodes)} node(s)")
         addresses.update(provider.create(nodes, state))
     return Cluster(cluster.spec, addresses) if addresses else cluster
@@ -59,26 +104,55 @@ def create_nodes(cluster: Cluster, state: State, console: Console) -> Cluster:
 def apply(spec_path: Path, state_root: Path, console: Console, verify: bool = True) -> ApplyReport:
     spec, cluster, state = open_cluster(spec_path, state_root)
     state.ensure()
-    cluster = create_nodes(cluster, state, console)
-    changed = write_render(render(cluster), state.build)
+    report = ApplyReport()
+    try:
+        return _apply(spec, cluster, state, console, verify, report)
+    finally:
+        (state.dir / REPORT).write_text(report.to_json())
+
+
+def _apply(
+    spec: Spec, cluster: Cluster, state: State, console: Console, verify: bool, report: ApplyReport
+) -> ApplyReport:
+    with _Phase(report, "nodes"):
+        cluster = create_nodes(cluster, state, console)
+        changed = write_render(render(cluster), state.build)
+        secrets_dir = ensure_cluster_secrets(state, spec.scheduler)
     console.print(f"render: {state.build} ({len(changed)} file(s) changed)")
     key = private_key(spec, state)
+
+    with _Phase(report, "preflight"):
+        checks = preflight(cluster, state, key)
+    bad = [c for c in checks if not c.passed]
+    for c in bad:
+        console.print(f"preflight FAIL {c.check} {c.target}: {c.evidence}", markup=False)
+    if bad:
+        names = ", ".join(sorted({c.target for c in bad}))
+        raise OperationError(f"preflight failed on: {names}; nothing was changed on any node")
+    console.print(f"preflight: {len(checks)} checks passed")
+
     hosts = [n.name for n in cluster.lasting_nodes]
     console.print(f"ansible: playbooks/site.yml on {len(hosts)} host(s)")
-    with HostProgress(console, hosts) as progress:
-        result = run_playbook("site.yml", state, key, on_event=progress)
-    console.print(summary_table(result))
-    if result.rc != 0:
-        failed = ", ".join(result.failed_hosts) or "see the log"
+    with _Phase(report, "ansible"), HostProgress(console, hosts) as progress:
+        report.run = run_playbook(
+            "site.yml",
+            state,
+            key,
+            on_event=progress,
+            extra_vars={"provision_secrets_dir": str(secrets_dir.resolve())},
+        )
+    console.print(summary_table(report.run))
+    if report.run.rc != 0:
+        failed = ", ".join(report.run.failed_hosts) or "see the log"
         raise OperationError(
-            f"apply failed on: {failed} (log: {result.log_dir}); "
+            f"apply failed on: {failed} (log: {report.run.log_dir}); "
             "fix the cause and run apply again, it continues where it stopped"
         )
     state.record_applied()
-    checks: list[CheckResult] = []
     if verify:
-        checks = verify_cluster(cluster, state, key)
-    return ApplyReport(result, checks)
+        with _Phase(report, "verify"):
+            report.checks = verify_cluster(cluster, state, key)
+    return report
 
 
 def verify(spec_path: Path, state_root: Path) -> list[CheckResult]:
@@ -89,11 +163,11 @@ def verify(spec_path: Path, state_root: Path) -> list[CheckResult]:
 
 
 def destroy(spec_path: Path, state_root: Path, console: Console) -> list[str]:
-    _spec, cluster, state = open_cluster(spec_path, state_root)
+    spec, cluster, state = open_cluster(spec_path, state_root)
     removed: list[str] = []
     for kind in _providers_in(cluster):
         nodes = [n for n in cluster.nodes if n.provider == kind]
-        removed += get_provider(kind).destroy(nodes, state)
+        removed += get_provider(kind, spec).destroy(nodes, state)
     if any(n.provider == "static" for n in cluster.nodes):
         console.print("static hosts are left as they are: destroy only forgets them")
     state.remove()

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from provision.verify.parsers import host_entries, missing_host_lines, missing_keys
+from provision.verify.parsers import (
+    host_entries,
+    missing_host_lines,
+    missing_keys,
+    os_matches,
+    parse_os_release,
+    parse_sacct_states,
+    parse_sinfo_nodes,
+    parse_srun_hosts,
+    parse_stat,
+)
 
 DATA = Path(__file__).parent / "data"
 KEY_A = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFxsWi/kWC/jwkJ3ZrWg1zvAFVA3skOEzrF8xvZk54Zh "
@@ -34,3 +44,35 @@ def test_missing_keys_ignores_comments_and_options() -> None:
     assert missing_keys([KEY_A], authorized) == []
     assert missing_keys([KEY_A, KEY_B], authorized) == [KEY_B]
     assert missing_keys([KEY_A], "") == [KEY_A]
+
+
+def test_sinfo_idle_and_drained() -> None:
+    idle = parse_sinfo_nodes((DATA / "sinfo-nodes-idle.txt").read_text())
+    assert idle == {"compute001": "idle", "compute002": "idle"}
+    drained = parse_sinfo_nodes((DATA / "sinfo-nodes-drained.txt").read_text())
+    assert drained["compute002"] == "drained"
+
+
+def test_srun_hosts() -> None:
+    job, hosts = parse_srun_hosts((DATA / "srun-hosts.txt").read_text())
+    assert (job, hosts) == ("2", ["compute001", "compute002"])
+    assert parse_srun_hosts("srun: error: Unable to allocate resources\n") == (None, [])
+
+
+def test_sacct_states() -> None:
+    assert parse_sacct_states((DATA / "sacct-job.txt").read_text()) == {"2": "COMPLETED"}
+    assert parse_sacct_states("7|CANCELLED by 0\n") == {"7": "CANCELLED"}
+    assert parse_sacct_states("") == {}
+
+
+def test_stat_munge_key() -> None:
+    assert parse_stat((DATA / "stat-munge-key.txt").read_text()) == ("400", "munge:munge")
+
+
+def test_os_release() -> None:
+    os_id, version = parse_os_release((DATA / "os-release-debian12.txt").read_text())
+    assert (os_id, version) == ("debian", "12")
+    assert os_matches("debian12", os_id, version)
+    assert not os_matches("ubuntu22.04", os_id, version)
+    assert os_matches("rocky9", "rocky", "9.4")
+    assert not os_matches("rocky9", "rocky", "90")

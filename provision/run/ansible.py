@@ -75,7 +75,10 @@ def run_playbook(
     limit: str | None = None,
     tags: str | None = None,
     extra_env: dict[str, str] | None = None,
+    extra_vars: dict[str, str] | None = None,
 ) -> RunResult:
+    """Run one playbook of playbooks/. extra_vars carry paths and switches, never secrets
+    (they appear on Ansible's command line)."""
     import ansible_runner  # heavy import; only the verbs that run Ansible pay for it
 
     state.ensure()
@@ -99,6 +102,8 @@ def run_playbook(
         cmdline += ["--private-key", shlex.quote(str(private_key.resolve()))]
     if tags:
         cmdline += ["--tags", shlex.quote(tags)]
+    if extra_vars:
+        cmdline += ["-e", shlex.quote(json.dumps(extra_vars, sort_keys=True))]
 
     result = RunResult(rc=-1, status="starting")
 
@@ -122,6 +127,10 @@ def run_playbook(
         cmdline=" ".join(cmdline) or None,
         limit=limit,
         fact_cache=str(state.facts.resolve()),
+        # ANSIBLE_CACHE_PLUGIN=memory in the environment turns the cache off (bench/apply.py)
+        fact_cache_type="memory"
+        if os.environ.get("ANSIBLE_CACHE_PLUGIN") == "memory"
+        else "jsonfile",
         event_handler=handle,
         quiet=True,
         suppress_env_files=True,

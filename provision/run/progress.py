@@ -37,9 +37,10 @@ class HostProgress:
         kind = event.get("event", "")
         data = event.get("event_data", {})
         if kind == "playbook_on_task_start":
-            self.task = data.get("task", "")
-            if self.live is None:
-                self.console.print(f"  task: {self.task}", highlight=False)
+            task = data.get("task", "")
+            if self.live is None and task != self.task:
+                self.console.print(f"  task: {task}", highlight=False)
+            self.task = task
             return
         host = data.get("host")
         if not host or not kind.startswith("runner_on_") or kind == "runner_on_start":

@@ -169,12 +169,21 @@ COMMON_CHECKS: list[NodeCheck] = [
 
 
 def verify_cluster(cluster: Cluster, state: State, key_file: Path | None) -> list[CheckResult]:
+    from provision.verify import slurm
+
     nodes = [n for n in cluster.lasting_nodes if n.address is not None]
     rendered = state.build / "files" / "hosts"
     ctx = VerifyContext(cluster, state, rendered.read_text() if rendered.exists() else "")
     remotes, results = connect_all(cluster, state, key_file, nodes)
+    node_checks = list(COMMON_CHECKS)
+    if cluster.spec.scheduler == "slurm":
+        node_checks.append(slurm.check_munge_key)
     try:
-        results += run_node_checks(ctx, remotes, nodes, COMMON_CHECKS)
+        results += run_node_checks(ctx, remotes, nodes, node_checks)
+        if cluster.spec.scheduler == "slurm":
+            results += slurm.check_munge_same_key(ctx, remotes, nodes)
+            results += slurm.check_scheduler(ctx, remotes)
+            results += slurm.check_ports(ctx, remotes)
     finally:
         for remote in remotes.values():
             remote.close()

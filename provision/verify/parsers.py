@@ -39,3 +39,64 @@ def missing_keys(wanted: list[str], authorized_keys: str) -> list[str]:
         if (parts[0], parts[1]) not in have:
             out.append(key)
     return out
+
+
+def parse_os_release(text: str) -> tuple[str, str]:
+    """(ID, VERSION_ID) from /etc/os-release."""
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip().strip('"')
+    return values.get("ID", "?"), values.get("VERSION_ID", "?")
+
+
+_SPEC_OS = {
+    "debian12": ("debian", "12"),
+    "ubuntu22.04": ("ubuntu", "22.04"),
+    "ubuntu24.04": ("ubuntu", "24.04"),
+    "rocky9": ("rocky", "9"),
+}
+
+
+def os_matches(spec_os: str, os_id: str, version: str) -> bool:
+    want_id, want_version = _SPEC_OS[spec_os]
+    return os_id == want_id and (version == want_version or version.startswith(want_version + "."))
+
+
+def parse_sinfo_nodes(text: str) -> dict[str, str]:
+    """`sinfo -h -N -o '%N %T'` -> {node: state}; a node in two partitions appears once."""
+    states: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            states[parts[0]] = parts[1].lower()
+    return states
+
+
+def parse_srun_hosts(text: str) -> tuple[str | None, list[str]]:
+    """Lines of '<jobid> <hostname>' from srun -> (job id, sorted host names)."""
+    job = None
+    hosts = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            job = parts[0]
+            hosts.append(parts[1])
+    return job, sorted(hosts)
+
+
+def parse_sacct_states(text: str) -> dict[str, str]:
+    """`sacct -n -X -P -o JobID,State` -> {job id: state}."""
+    out = {}
+    for line in text.splitlines():
+        job, sep, state = line.strip().partition("|")
+        if sep:
+            out[job] = state.split()[0] if state else ""
+    return out
+
+
+def parse_stat(text: str) -> tuple[str, str]:
+    """`stat -c '%a %U:%G'` -> (mode, owner:group)."""
+    parts = text.split()
+    return (parts[0], parts[1]) if len(parts) >= 2 else ("?", "?")

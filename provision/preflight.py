@@ -1,0 +1,99 @@
+"""Preflight: before Ansible runs, check every node the way Ansible will reach it.
+
+Reachable over SSH with the cluster's key, python3 present, root or passwordless sudo, the OS
+the spec says, and this machine inside the admin networks (or the firewall the roles install
+would lock it out). Every failure names the node and the cause.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from provision.render.context import Cluster
+from provision.spec.nodes import Node
+from provision.state import State
+from provision.verify import CheckResult, connect_all
+from provision.verify.parsers import os_matches, parse_os_release
+from provision.verify.remote import Remote
+
+PROBE = (
+    "command -v python3 >/dev/null && echo python=yes || echo python=no; "
+    "id -u; "
+    "sudo -n true 2>/dev/null && echo sudo=yes || echo sudo=no; "
+    'echo "client=${SSH_CLIENT%% *}"; '
+    "cat /etc/os-release"
+)
+
+
+def preflight(cluster: Cluster, state: State, key: Path | None) -> list[CheckResult]:
+    nodes = [n for n in cluster.lasting_nodes if n.address is not None]
+    remotes, results = connect_all(cluster, state, key, nodes)
+    failed_ssh = [r for r in results if not r.passed]
+    admin = cluster.spec.security.admin_cidrs
+
+    def check(node: Node) -> list[CheckResult]:
+        remote = remotes[node.name]
+        try:
+            return probe(node, remote, cluster.spec.os, admin)
+        finally:
+            remote.close()
+
+    reached = [n for n in nodes if n.name in remotes]
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(reached)))) as pool:
+        for batch in pool.map(check, reached):
+            results.extend(batch)
+    return failed_ssh + [r for r in results if r.check != "ssh" or not r.passed]
+
+
+def probe(
+    node: Node, remote: Remote, spec_os: str, admin: list[ipaddress.IPv4Network]
+) -> list[CheckResult]:
+    out = remote.run(PROBE, timeout=30)
+    lines = out.stdout.splitlines()
+    facts = dict(line.split("=", 1) for line in lines[:5] if "=" in line and " " not in line)
+    uid = lines[1].strip() if len(lines) > 1 else "?"
+    sudo = "" if uid == "0" else f", passwordless sudo {facts.get('sudo')}"
+    results = [
+        CheckResult(
+            "python3",
+            node.name,
+            facts.get("python") == "yes",
+            "present" if facts.get("python") == "yes" else "missing: install python3",
+        ),
+        CheckResult(
+            "root or sudo",
+            node.name,
+            uid == "0" or facts.get("sudo") == "yes",
+            f"uid {uid}{sudo}",
+        ),
+    ]
+    os_id, version = parse_os_release("\n".join(lines))
+    results.append(
+        CheckResult(
+            "os",
+            node.name,
+            os_matches(spec_os, os_id, version),
+            f"{os_id} {version} (spec: {spec_os})",
+        )
+    )
+    client = facts.get("client", "")
+    try:
+        inside = any(ipaddress.IPv4Address(client) in net for net in admin)
+    except ValueError:
+        inside = False
+    results.append(
+        CheckResult(
+            "admin network",
+            node.name,
+            inside,
+            f"this machine reaches it from {client or '?'}"
+            + (
+                ""
+                if inside
+                else ": add it to security.admin_cidrs, or the firewall will lock it out"
+            ),
+        )
+    )
+    return results
