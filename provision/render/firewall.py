@@ -65,6 +65,8 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
     for view in cluster.pools:
         role = view.pool.role
         rules = [Rule("ssh from admin networks", "tcp", "22", (ADMIN,))]
+        if role == "head":  # the head pool serves time to the other nodes (common role)
+            rules.append(Rule("ntp for the cluster", "udp", "123", (CLUSTER,)))
         if spec.scheduler == "slurm":
             if role == "head":
                 rules.append(Rule("slurmctld", "tcp", SLURMCTLD_PORT, (CLUSTER,)))

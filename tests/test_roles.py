@@ -1,0 +1,113 @@
+"""Roles without nodes: argument specs agree with defaults, and the per-OS variables render
+for every supported OS (the Rocky 9 path can only be rendered here: no Rocky archives)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+from .conftest import ROOT
+
+ROLES = sorted(p for p in (ROOT / "roles").iterdir() if p.is_dir())
+_yaml = YAML(typ="safe", pure=True)
+
+
+def _load(path: Path) -> Any:
+    return _yaml.load(path.read_text()) if path.exists() else {}
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_argument_specs_match_defaults(role: Path) -> None:
+    defaults = _load(role / "defaults" / "main.yml") or {}
+    spec = _load(role / "meta" / "argument_specs.yml")["argument_specs"]["main"]["options"]
+    assert set(spec) == set(defaults), "every default is declared, every option has a default"
+    for name, option in spec.items():
+        assert option.get("default") == defaults[name], name
+        assert option.get("description"), name
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_variables_are_prefixed(role: Path) -> None:
+    names = set(_load(role / "defaults" / "main.yml") or {})
+    for vars_file in (role / "vars").glob("*.yml"):
+        names |= {n.lstrip("_") for n in (_load(vars_file) or {})}
+    assert all(n.startswith(f"{role.name}_") for n in names), sorted(names)
+
+
+def _render(expressions: dict[str, str], variables: dict[str, Any]) -> dict[str, Any]:
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    # role files are trusted templates when Ansible loads them; say so for ours
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return {k: templar.template(trust_as_template(v)) for k, v in expressions.items()}
+
+
+@pytest.mark.parametrize(("family", "service", "conf", "nft", "ssh"), [
+    ("Debian", "chrony", "/etc/chrony/chrony.conf", "/etc/nftables.conf", "ssh"),
+    ("RedHat", "chronyd", "/etc/chrony.conf", "/etc/sysconfig/nftables.conf", "sshd"),
+])
+def test_os_family_paths(family: str, service: str, conf: str, nft: str, ssh: str) -> None:
+    exprs = {**_load(ROOT / "roles" / "common" / "vars" / "main.yml"),
+             **_load(ROOT / "roles" / "firewall" / "vars" / "main.yml")}
+    wanted = {k: exprs[k] for k in ("_common_chrony_service", "_common_chrony_conf",
+                                    "_firewall_main_conf", "_common_ssh_service")}
+    got = _render(wanted, {"ansible_facts": {"os_family": family}})
+    assert got == {"_common_chrony_service": service, "_common_chrony_conf": conf,
+                   "_firewall_main_conf": nft, "_common_ssh_service": ssh}
+
+
+def test_slurm_packages_per_os() -> None:
+    vars_dir = ROOT / "roles" / "slurm" / "vars"
+    debian, redhat = _load(vars_dir / "Debian.yml"), _load(vars_dir / "RedHat.yml")
+    assert set(debian) == set(redhat), "both OS families define the same variables"
+    assert debian["_slurm_packages_controller"] == ["slurmctld", "slurm-client"]
+    assert debian["_slurm_packages_compute"] == ["slurmd", "slurm-client"]
+    assert "mariadb-server" in debian["_slurm_packages_dbd"]
+    # Rocky 9: EPEL's package names, after enabling crb and epel-release
+    assert redhat["_slurm_repo_tasks"] is True
+    assert redhat["_slurm_packages_controller"] == ["slurm", "slurm-slurmctld"]
+    assert redhat["_slurm_packages_compute"] == ["slurm", "slurm-slurmd"]
+    assert redhat["_slurm_packages_dbd"][0] == "slurm-slurmdbd"
+    assert redhat["_slurm_mariadb_socket"] == "/var/lib/mysql/mysql.sock"
+    repos = _load(ROOT / "roles" / "slurm" / "tasks" / "repos-redhat.yml")
+    assert [t.get("community.general.dnf_config_manager", t.get("ansible.builtin.dnf"))
+            for t in repos] == [{"name": "crb", "state": "enabled"},
+                                {"name": "epel-release", "state": "present"}]
+
+
+def test_slurm_paths_come_from_the_rendered_conf(tmp_path: Path) -> None:
+    from provision.render import render
+    from provision.render.context import Cluster
+    from provision.spec import load_spec
+
+    conf = render(Cluster(load_spec(ROOT / "examples" / "dgx-superpod.yaml")))[
+        "files/slurm/slurm.conf"]
+    exprs = _load(ROOT / "roles" / "slurm" / "vars" / "main.yml")
+    wanted = {k: exprs[k] for k in ("_slurm_state_save", "_slurm_spool", "_slurm_log_dir")}
+    got = _render(wanted, {"_slurm_conf_text": conf})
+    assert got == {"_slurm_state_save": "/var/spool/slurmctld",
+                   "_slurm_spool": "/var/spool/slurmd", "_slurm_log_dir": "/var/log/slurm"}
+
+
+def test_playbooks_syntax(tmp_path: Path) -> None:
+    from provision.render import render, write_render
+    from provision.render.context import Cluster
+    from provision.spec import load_spec
+
+    write_render(render(Cluster(load_spec(ROOT / "examples" / "lab.yaml"))), tmp_path)
+    playbook = Path(sys.executable).parent / "ansible-playbook"
+    for book in sorted((ROOT / "playbooks").glob("*.yml")):
+        r = subprocess.run(
+            [str(playbook), "--syntax-check", "-i", str(tmp_path / "inventory" / "hosts.yml"),
+             str(book)],
+            capture_output=True, text=True, check=False,
+            env={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+                 "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "PATH": "/usr/bin:/bin"},
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
