@@ -1,8 +1,11 @@
 # The two commands of README.md: `make demo` (the main job) and `make test` (every gate).
-.PHONY: setup demo test lint typecheck unit integration docs goldens bench clean
+.PHONY: setup demo test lint typecheck unit integration molecule image docs goldens bench clean
 
 VENV := .venv/bin
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
+# podman settings for lab nodes and Molecule (runc, ulimits this host allows)
+export CONTAINERS_CONF := $(CURDIR)/provision/providers/lab/containers.conf
+SCENARIOS := common munge firewall slurm
 SPEC ?= examples/lab.yaml
 
 setup:
@@ -11,8 +14,9 @@ setup:
 demo: setup
 	@scripts/demo.sh $(SPEC)
 
-test: setup lint typecheck
+test: setup lint typecheck image
 	$(VENV)/pytest -q
+	$(MAKE) --no-print-directory molecule
 
 lint: setup
 	$(VENV)/ruff check provision tests bench
@@ -29,14 +33,26 @@ unit: setup
 integration: setup
 	PROVISION_REQUIRE_INTEGRATION=1 $(VENV)/pytest -q tests/integration
 
+image: setup
+	@$(VENV)/python -m provision.providers.lab
+
+molecule: setup image
+	@for s in $(SCENARIOS); do \
+	  echo "molecule: $$s"; \
+	  $(VENV)/molecule test -s $$s > .molecule-$$s.log 2>&1 \
+	    || { tail -60 .molecule-$$s.log; echo "molecule: $$s FAILED (full log: .molecule-$$s.log)"; exit 1; }; \
+	  grep -h "SCENARIO RECAP" -A1 .molecule-$$s.log | tail -1; \
+	done
+
 docs: setup
 	@$(VENV)/python scripts/update_readme.py
 
 goldens: setup
 	$(VENV)/pytest -q tests/test_render.py -k golden --update-goldens
 
-bench: setup
+bench: setup image
 	$(VENV)/python bench/render.py
+	$(VENV)/python bench/apply.py
 
 clean:
-	rm -rf .venv .provision .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv .provision .pytest_cache .mypy_cache .ruff_cache .molecule-*.log
