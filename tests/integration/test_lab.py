@@ -1,0 +1,135 @@
+"""The embedded default end to end, as a user runs it: apply, verify, a second apply that
+changes nothing, a node stopped in the middle of an apply, and destroy leaving nothing behind.
+
+The spec is examples/lab.yaml itself, renamed and moved to its own network so a developer's
+own lab is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from provision.providers.lab import podman
+
+from ..conftest import ROOT
+
+NAME = "labtest"
+
+
+def provision(*args: str, cwd: Path, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "provision", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _leftovers() -> tuple[str, bool]:
+    containers = podman.text("ps", "-a", "--filter", f"label=provision.cluster={NAME}",
+                             "--format", "{{.Names}}")
+    return containers, podman.network_exists(f"provision-{NAME}")
+
+
+@pytest.fixture(scope="module")
+def lab(lab_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    work = tmp_path_factory.mktemp("lab")
+    spec = work / "lab.yaml"
+    spec.write_text((ROOT / "examples" / "lab.yaml").read_text()
+                    .replace("name: lab", f"name: {NAME}").replace("10.77.0.", "10.76.0."))
+    provision("destroy", str(spec), "--yes", cwd=work)  # a crashed earlier run's leftovers
+    yield spec, work
+    provision("destroy", str(spec), "--yes", cwd=work)
+
+
+def _report(work: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads((work / ".provision" / NAME / "last-apply.json").read_text())
+
+
+def test_cold_apply(lab: tuple[Path, Path]) -> None:
+    spec, work = lab
+    r = provision("apply", str(spec), cwd=work)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert "verify: 33 passed, 0 failed" in r.stdout
+    for line in (
+        "PASS srun compute[001-002]: job",
+        "PASS sacct job",
+        "PASS slurm ports from workstation head001: closed: 6817 filtered, 6818 filtered, "
+        "6819 filtered, 3306 filtered",
+        "PASS slurmd port from head compute002: 6818 open",
+        "PASS munge.key compute001: mode 400 munge:munge",
+    ):
+        assert line in r.stdout
+    report = _report(work)
+    assert set(report["phases"]) == {"nodes", "preflight", "ansible", "verify"}
+    state = work / ".provision" / NAME
+    for secret in ("secrets/munge.key", "secrets/slurmdbd.password", "keys/id_ed25519"):
+        assert oct((state / secret).stat().st_mode & 0o777) == "0o600", secret
+    # the secrets never reach the output or the run logs
+    password = (state / "secrets" / "slurmdbd.password").read_text()
+    assert password not in r.stdout + r.stderr
+    for log in (state / "logs").rglob("*"):
+        if log.is_file():
+            assert password not in log.read_text(errors="replace"), log
+
+
+def test_verify_on_demand(lab: tuple[Path, Path]) -> None:
+    spec, work = lab
+    r = provision("verify", str(spec), cwd=work)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("PASS") == 33
+
+
+def test_second_apply_changes_nothing(lab: tuple[Path, Path]) -> None:
+    spec, work = lab
+    r = provision("apply", str(spec), cwd=work)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    hosts = _report(work)["hosts"]
+    assert sorted(hosts) == ["compute001", "compute002", "head001"]
+    assert {h: s["changed"] for h, s in hosts.items()} == dict.fromkeys(hosts, 0)
+
+
+def test_node_stopped_mid_apply(lab: tuple[Path, Path]) -> None:
+    """Apply finishes the other nodes, names the lost one, exits 1; a rerun converges."""
+    spec, work = lab
+    logs = work / ".provision" / NAME / "logs"
+    before = set(logs.iterdir())
+    proc = subprocess.Popen([sys.executable, "-m", "provision", "apply", str(spec)], cwd=work,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = f"provision-{NAME}-compute002"
+    deadline = time.monotonic() + 300
+    stopped = False
+    while time.monotonic() < deadline and proc.poll() is None and not stopped:
+        for run in set(logs.iterdir()) - before:
+            events = run / "job_events"
+            if events.exists() and any('"task": "Install chrony"' in e.read_text()
+                                       for e in events.glob("*.json")):
+                podman.podman("stop", "-t", "0", victim)
+                stopped = True
+        time.sleep(0.2)
+    out, err = proc.communicate(timeout=600)
+    assert stopped, "the apply ended before the node could be stopped"
+    assert proc.returncode == 1, out[-2000:] + err
+    assert "apply failed on: compute002" in err
+    hosts = _report(work)["hosts"]
+    assert hosts["compute002"]["unreachable"] >= 1
+    for done in ("head001", "compute001"):
+        assert hosts[done]["failed"] == 0 and hosts[done]["unreachable"] == 0, hosts[done]
+        assert hosts[done]["ok"] >= 29  # they ran to the end of the play
+
+    rerun = provision("apply", str(spec), cwd=work)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr
+    assert "lab: starting stopped node compute002" in rerun.stdout
+    assert "verify: 33 passed, 0 failed" in rerun.stdout
+
+
+def test_destroy_leaves_nothing(lab: tuple[Path, Path]) -> None:
+    spec, work = lab
+    r = provision("destroy", str(spec), "--yes", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert "3 node(s) deleted" in r.stdout
+    assert _leftovers() == ("", False)
+    assert not (work / ".provision").exists()
