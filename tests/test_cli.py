@@ -81,9 +81,9 @@ def test_schema_is_json() -> None:
     assert json.loads(r.stdout)["title"] == "Spec"
 
 
-def test_apply_unreachable_static_host_fails_with_its_name(tmp_path: Path) -> None:
-    """A real Ansible run against a host that refuses SSH: exit 1, the host named, no apply
-    recorded; nothing is left half-done to confuse the next plan."""
+def test_apply_unreachable_static_host_stops_at_preflight(tmp_path: Path) -> None:
+    """Hosts that refuse SSH: preflight names them, exit 1, no Ansible run, no apply recorded.
+    (A host lost in the middle of the Ansible run is tests/integration/test_lab.py's case.)"""
     spec = tmp_path / "c.yaml"
     spec.write_text(
         "name: unreach\nos: debian12\nnetwork: {management: {cidr: 127.0.0.0/24}}\n"
@@ -97,10 +97,12 @@ def test_apply_unreachable_static_host_fails_with_its_name(tmp_path: Path) -> No
     r = provision("apply", str(spec), "--state-dir", str(tmp_path / "state"))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "Traceback" not in r.stdout + r.stderr
-    assert "apply failed on: c1, h1" in r.stderr
-    assert "unreachable" in r.stdout
-    assert not (tmp_path / "state" / "unreach" / "applied").exists()
-    assert (tmp_path / "state" / "unreach" / "build" / "inventory" / "hosts.yml").exists()
+    assert r.stderr == "error: preflight failed on: c1, h1; nothing was changed on any node\n"
+    assert "preflight FAIL ssh h1: 127.0.0.2:1:" in r.stdout
+    state = tmp_path / "state" / "unreach"
+    assert not (state / "applied").exists()
+    assert not any((state / "logs").iterdir())  # Ansible never started
+    assert (state / "build" / "inventory" / "hosts.yml").exists()
 
 
 def test_verify_before_apply_is_a_usage_error(tmp_path: Path) -> None:

@@ -99,12 +99,12 @@ def test_slurm_conf_grows_with_pools_not_nodes(tmp_path: Path) -> None:
 
 
 def test_slurm_config_overrides(tmp_path: Path) -> None:
-    text = (ROOT / "examples" / "lab.yaml").read_text().replace(
+    text = (ROOT / "examples" / "dgx-superpod.yaml").read_text().replace(
         "  accounting: true\n",
         "  accounting: true\n  config:\n    ProctrackType: proctrack/linuxproc\n"
         "    PrologFlags: Contain\n    EnforcePartLimits: true\n")
-    (tmp_path / "lab.yaml").write_text(text)
-    conf = _render(tmp_path / "lab.yaml")["files/slurm/slurm.conf"]
+    (tmp_path / "pod.yaml").write_text(text)
+    conf = _render(tmp_path / "pod.yaml")["files/slurm/slurm.conf"]
     assert "ProctrackType=proctrack/linuxproc" in conf
     assert "ProctrackType=proctrack/cgroup" not in conf
     assert "PrologFlags=Contain" in conf

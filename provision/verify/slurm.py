@@ -76,7 +76,7 @@ def check_scheduler(ctx: VerifyContext, remotes: dict[str, Remote]) -> list[Chec
 
     deadline = time.monotonic() + IDLE_WAIT_S
     while True:
-        states = parse_sinfo_nodes(head.run("sinfo -h -N -o '%N %T'").stdout)
+        states = parse_sinfo_nodes(head.run("sinfo -h -N -o '%.64N %.32T'").stdout)
         not_idle = {n: states.get(n, "absent") for n in compute if states.get(n) != "idle"}
         if not not_idle or time.monotonic() > deadline:
             break

@@ -25,11 +25,23 @@ def test_apply_static_hosts(static_hosts: dict[str, str], ssh_key: Path, tmp_pat
     spec.write_text(f"""
 name: stat
 os: debian12
+slurm:
+  config:  # these "existing hosts" are containers: no writable cgroups (see examples/lab.yaml)
+    ProctrackType: proctrack/linuxproc
+    TaskPlugin: task/affinity
+    JobAcctGatherType: jobacct_gather/linux
 network:
   management: {{cidr: 10.78.0.0/24, domain: test.internal}}
 pools:
-  - {{name: head, role: head, profile: cpu-node, hosts: [{{name: st-head, address: 10.78.0.11}}]}}
-  - {{name: cpu, role: compute, profile: cpu-node, hosts: [{{name: st-cpu1, address: 10.78.0.12}}]}}
+  - {{name: head, role: head, profile: small, hosts: [{{name: st-head, address: 10.78.0.11}}]}}
+  - {{name: cpu, role: compute, profile: small, hosts: [{{name: st-cpu1, address: 10.78.0.12}}]}}
+profiles:  # what these container "hosts" really have, so slurmd's registration is valid
+  small:
+    description: a small existing host
+    providers: [static]
+    cpu: {{model: any, sockets: 1, cores_per_socket: 1, threads_per_core: 1}}
+    memory_gib: 1
+    max_power_w: 50
 security:
   admin_cidrs: [10.78.0.1/32]
   admins:
@@ -39,7 +51,9 @@ ssh: {{private_key_file: {ssh_key}}}
 """)
     first = provision("apply", str(spec), cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "verify: 10 passed, 0 failed" in first.stdout
+    # 7 checks per node, sinfo and srun for the compute node, 5 port checks
+    assert "verify: 21 passed, 0 failed" in first.stdout
+    assert "PASS srun st-cpu1: job" in first.stdout
     assert "PASS time sync st-cpu1: chrony is active" in first.stdout
 
     second = provision("apply", str(spec), cwd=tmp_path)
@@ -77,7 +91,7 @@ ssh: {{private_key_file: {ssh_key}}}
     assert "FAIL /etc/hosts st-cpu1: missing: 10.78.0.11 st-head.test.internal st-head" in (
         drift.stdout)
     healed = provision("apply", str(spec), cwd=tmp_path)
-    assert healed.returncode == 0 and "verify: 10 passed" in healed.stdout
+    assert healed.returncode == 0 and "verify: 21 passed, 0 failed" in healed.stdout
 
 
 def test_rendered_playbook_paths_exist() -> None:
