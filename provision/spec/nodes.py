@@ -133,8 +133,3 @@ def _assign_lab_addresses(
                 node = replace(node, address=address)
         out.append(node)
     return out
-
-
-def cluster_nodes(nodes: list[Node]) -> list[Node]:
-    """Nodes that exist for the life of the cluster (everything but elastic burst nodes)."""
-    return [n for n in nodes if not n.elastic]

@@ -47,11 +47,3 @@ def image_exists(name: str) -> bool:
 
 def network_exists(name: str) -> bool:
     return podman("network", "exists", name, check=False).returncode == 0
-
-
-def container_state(name: str) -> str | None:
-    """'running', 'exited', 'created', ... or None when there is no such container."""
-    result = podman("container", "inspect", "--format", "{{.State.Status}}", name, check=False)
-    if result.returncode != 0:
-        return None
-    return result.stdout.decode().strip()
