@@ -19,6 +19,7 @@ from provision.run.ansible import RunResult, run_playbook
 from provision.run.progress import HostProgress, summary_table
 from provision.secrets import ensure_cluster_secrets
 from provision.spec import Spec, load_spec
+from provision.spec.models import PROVIDER_ORDER
 from provision.state import State
 from provision.verify import CheckResult, verify_cluster
 
@@ -83,9 +84,8 @@ def private_key(spec: Spec, state: State) -> Path | None:
 
 
 def _providers_in(cluster: Cluster) -> list[str]:
-    order = ["static", "lab", "aws", "gcp", "azure"]
     kinds = {n.provider for n in cluster.nodes}
-    return [k for k in order if k in kinds]
+    return [k for k in PROVIDER_ORDER if k in kinds]
 
 
 def create_nodes(cluster: Cluster, state: State, console: Console) -> Cluster:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from provision.providers import ProviderPlan, get_provider, planned_only
 from provision.render import read_render, render
 from provision.render.context import Cluster, compress
+from provision.spec.models import PROVIDER_ORDER
 from provision.state import State
 
 HOURS_PER_MONTH = 730  # the cloud providers' own convention
@@ -74,7 +75,8 @@ class Plan:
 
 def make_plan(cluster: Cluster, state: State) -> Plan:
     providers = []
-    for kind in _ordered({p.pool.provider for p in cluster.pools}):
+    used = {p.pool.provider for p in cluster.pools}
+    for kind in (k for k in PROVIDER_ORDER if k in used):
         nodes = [n for n in cluster.nodes if n.provider == kind]
         if kind in ("static", "lab"):
             providers.append(get_provider(kind, cluster.spec).plan(nodes, state))
@@ -122,11 +124,6 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
         if v.profile.price is not None
     ]
     return Plan(providers, groups, changes, unchanged, not old, power, cost)
-
-
-def _ordered(kinds: set[str]) -> list[str]:
-    order = ["static", "lab", "aws", "gcp", "azure"]
-    return [k for k in order if k in kinds]
 
 
 def _diff(path: str, old: str, new: str) -> str:

@@ -30,7 +30,6 @@ PROBE = (
 def preflight(cluster: Cluster, state: State, key: Path | None) -> list[CheckResult]:
     nodes = [n for n in cluster.lasting_nodes if n.address is not None]
     remotes, results = connect_all(cluster, state, key, nodes)
-    failed_ssh = [r for r in results if not r.passed]
     admin = cluster.spec.security.admin_cidrs
 
     def check(node: Node) -> list[CheckResult]:
@@ -44,7 +43,7 @@ def preflight(cluster: Cluster, state: State, key: Path | None) -> list[CheckRes
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(reached)))) as pool:
         for batch in pool.map(check, reached):
             results.extend(batch)
-    return failed_ssh + [r for r in results if r.check != "ssh" or not r.passed]
+    return results
 
 
 def probe(

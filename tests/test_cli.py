@@ -99,6 +99,7 @@ def test_apply_unreachable_static_host_stops_at_preflight(tmp_path: Path) -> Non
     assert "Traceback" not in r.stdout + r.stderr
     assert r.stderr == "error: preflight failed on: c1, h1; nothing was changed on any node\n"
     assert "preflight FAIL ssh h1: 127.0.0.2:1:" in r.stdout
+    assert r.stdout.count("preflight FAIL ssh") == 2  # once per host, not repeated
     state = tmp_path / "state" / "unreach"
     assert not (state / "applied").exists()
     assert not any((state / "logs").iterdir())  # Ansible never started

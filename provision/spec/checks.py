@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 from provision.spec.loader import load_profiles
 from provision.spec.models import BURST_PROVIDERS, CLOUD_PROVIDERS, Spec
-from provision.spec.nodes import Loc, expand_nodes_checked
+from provision.spec.nodes import Loc, Node, expand_nodes_checked
+from provision.spec.yamlfile import format_path
 
 Problem = tuple[Loc, str]
 
@@ -18,10 +19,10 @@ def check_spec(spec: Spec) -> list[Problem]:
     problems: list[Problem] = []
     for check in CHECKS:
         problems.extend(check(spec))
-    _, node_problems = expand_nodes_checked(spec)
+    nodes, node_problems = expand_nodes_checked(spec)
     problems.extend(node_problems)
     if not problems:
-        problems.extend(_check_nodes(spec))
+        problems.extend(_check_nodes(spec, nodes))
     return problems
 
 
@@ -261,8 +262,7 @@ def _check_storage(spec: Spec) -> list[Problem]:
     return problems
 
 
-def _check_nodes(spec: Spec) -> list[Problem]:
-    nodes, _ = expand_nodes_checked(spec)
+def _check_nodes(spec: Spec, nodes: list[Node]) -> list[Problem]:
     problems: list[Problem] = []
     known = {n.name for n in nodes}
     for i, mount in enumerate(spec.storage.mounts):
@@ -286,7 +286,7 @@ def _check_nodes(spec: Spec) -> list[Problem]:
                 (
                     node.loc,
                     f"host name '{node.name}' is used twice (also at "
-                    f"{_fmt(names[node.name])}): every node needs its own name",
+                    f"{format_path(names[node.name])}): every node needs its own name",
                 )
             )
         names.setdefault(node.name, node.loc)
@@ -353,10 +353,6 @@ def _first_per_loc(problems: list[Problem]) -> list[Problem]:
             seen.add(loc)
             out.append((loc, msg))
     return out
-
-
-def _fmt(loc: Loc) -> str:
-    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
 
 
 CHECKS: list[Callable[[Spec], list[Problem]]] = [

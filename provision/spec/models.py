@@ -11,6 +11,7 @@ import base64
 import binascii
 import ipaddress
 import re
+import typing
 from datetime import date
 from typing import Annotated, Literal
 
@@ -22,6 +23,8 @@ ProviderKind = Literal["static", "lab", "aws", "gcp", "azure"]
 PoolRole = Literal["head", "login", "compute", "storage"]
 FabricKind = Literal["infiniband", "roce", "ethernet"]
 
+# The order providers are planned, created and listed in: the order of ProviderKind.
+PROVIDER_ORDER: tuple[ProviderKind, ...] = typing.get_args(ProviderKind)
 CLOUD_PROVIDERS: tuple[ProviderKind, ...] = ("aws", "gcp", "azure")
 # Providers that can create a node when a job waits and remove it when idle.
 BURST_PROVIDERS: tuple[ProviderKind, ...] = ("lab", "aws", "gcp", "azure")
