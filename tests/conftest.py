@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,3 +21,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 def update_goldens(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-goldens"))
+
+
+def run_provision(*args: str, cwd: Path | None = None, stdin: str | None = None,
+                  timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it: a real process, its exit code and its output."""
+    return subprocess.run([sys.executable, "-m", "provision", *args], cwd=cwd or ROOT,
+                          input=stdin, capture_output=True, text=True, timeout=timeout,
+                          check=False)

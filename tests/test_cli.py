@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from .conftest import ROOT
+from .conftest import run_provision as provision
 
 BAD = Path(__file__).parent / "data" / "bad_specs"
 
 
-def provision(*args: str, cwd: Path | None = None, stdin: str | None = None,
-              ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "provision", *args],
-        capture_output=True, text=True, cwd=cwd or ROOT, input=stdin, timeout=300,
-    )
 
 
 def test_validate_ok() -> None:

@@ -19,13 +19,11 @@ import pytest
 from provision.providers.lab import podman
 
 from ..conftest import ROOT
+from ..conftest import run_provision as provision
 
 NAME = "labtest"
 
 
-def provision(*args: str, cwd: Path, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "provision", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def _leftovers() -> tuple[str, bool]:

@@ -5,15 +5,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from ..conftest import ROOT
-
-
-def provision(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "provision", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=900, check=False)
+from ..conftest import run_provision as provision
 
 
 def test_apply_static_hosts(static_hosts: dict[str, str], ssh_key: Path, tmp_path: Path) -> None:
