@@ -27,10 +27,17 @@ def _create_once(path: Path, make: Callable[[], bytes]) -> Path:
     return path
 
 
-def ensure_cluster_secrets(state: State, scheduler: str) -> Path:
-    """Create the secrets this cluster needs; return the directory that holds them."""
-    state.ensure()
+def make_secrets(directory: Path, scheduler: str) -> Path:
+    """Create, once, the secrets a cluster with this scheduler needs in `directory` (0700)."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory.chmod(0o700)
     if scheduler == "slurm":
-        _create_once(state.secrets / MUNGE_KEY, lambda: secrets.token_bytes(1024))
-        _create_once(state.secrets / SLURMDBD_PASSWORD, lambda: secrets.token_urlsafe(32).encode())
-    return state.secrets
+        _create_once(directory / MUNGE_KEY, lambda: secrets.token_bytes(1024))
+        _create_once(directory / SLURMDBD_PASSWORD, lambda: secrets.token_urlsafe(32).encode())
+    return directory
+
+
+def ensure_cluster_secrets(state: State, scheduler: str) -> Path:
+    """The secrets of a cluster, in its state dir; returns the directory that holds them."""
+    state.ensure()
+    return make_secrets(state.secrets, scheduler)
