@@ -19,8 +19,8 @@ def test_validate_ok() -> None:
     r = provision("validate", "examples/dgx-superpod.yaml")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("\n") == 1
-    assert "cluster 'superpod': slurm on ubuntu22.04, 36 nodes" in r.stdout
-    assert "256 GPUs" in r.stdout
+    assert "cluster 'superpod': slurm on ubuntu22.04, 38 nodes" in r.stdout
+    assert "272 GPUs" in r.stdout
 
 
 def test_validate_default_is_the_lab() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import re
 from collections.abc import Callable
 
 from provision.spec.loader import load_profiles
@@ -206,6 +207,160 @@ def _check_scheduler(spec: Spec) -> list[Problem]:
     return problems
 
 
+# Debian and Ubuntu package NVIDIA drivers; Rocky has no distribution NVIDIA packages.
+_DISTRO_NVIDIA_OS = ("debian12", "ubuntu22.04", "ubuntu24.04")
+# What Debian 12's non-free does not carry: the NVIDIA-only parts.
+_NVIDIA_ONLY = ("dcgm", "container_toolkit")
+
+
+def _mig_slices(profile: str, gpu_memory_gib: int) -> tuple[int, int]:
+    """Compute slices (of 7) and memory slices (of 8) a MIG profile takes: 3g.40gb on an
+    80 GB GPU takes 3 and 4."""
+    compute, memory = profile.split(".")
+    return int(compute[:-1]), max(1, round(int(memory[:-2]) * 8 / gpu_memory_gib))
+
+
+def _check_gpu(spec: Spec) -> list[Problem]:
+    problems: list[Problem] = []
+    nvidia = spec.nvidia
+    at: Loc = ("nvidia",)
+    if nvidia.source == "mirror" and not nvidia.mirror_url:
+        problems.append(
+            (
+                (*at, "source"),
+                "source 'mirror' needs 'mirror_url': the mirror's "
+                "base URL, with NVIDIA's repository paths below it",
+            )
+        )
+    if nvidia.mirror_url and nvidia.source != "mirror":
+        problems.append(
+            (
+                (*at, "mirror_url"),
+                f"'mirror_url' is only used with source 'mirror' "
+                f"(source is '{nvidia.source}'): remove it or set source: mirror",
+            )
+        )
+    if nvidia.mirror_url and not nvidia.mirror_url.startswith(("http://", "https://", "file://")):
+        problems.append(
+            (
+                (*at, "mirror_url"),
+                f"{nvidia.mirror_url!r} is not a URL: write it "
+                "like https://mirror.example.org/nvidia",
+            )
+        )
+    if (nvidia.dcgm_exporter_url is None) != (nvidia.dcgm_exporter_sha256 is None):
+        problems.append(
+            (
+                (*at, "dcgm_exporter_sha256"),
+                "give 'dcgm_exporter_url' and "
+                "'dcgm_exporter_sha256' together: nothing is installed unverified",
+            )
+        )
+    sha = nvidia.dcgm_exporter_sha256
+    if sha is not None and not re.fullmatch(r"[0-9a-f]{64}", sha):
+        problems.append(((*at, "dcgm_exporter_sha256"), "not a SHA-256: 64 hex digits"))
+    profiles = load_profiles(spec.profiles)
+    gpu_pools = [
+        (i, p)
+        for i, p in enumerate(spec.pools)
+        if (prof := profiles.get(p.profile)) is not None and prof.gpu is not None
+    ]
+    if nvidia.source == "distro" and gpu_pools:
+        if spec.os not in _DISTRO_NVIDIA_OS:
+            problems.append(
+                (
+                    (*at, "source"),
+                    f"{spec.os} has no distribution NVIDIA packages: "
+                    "use source 'nvidia' or 'mirror'",
+                )
+            )
+        for part in _NVIDIA_ONLY:
+            if getattr(nvidia, part):
+                problems.append(
+                    (
+                        (*at, part),
+                        f"{part} comes only from NVIDIA's repositories; "
+                        f"with source 'distro' set {part}: false, or use source "
+                        "'nvidia' or 'mirror'",
+                    )
+                )
+        if spec.os == "debian12" and nvidia.driver_modules != "dkms":
+            problems.append(
+                (
+                    (*at, "driver_modules"),
+                    "Debian 12 packages only the proprietary "
+                    "DKMS modules at the driver's version: set driver_modules: dkms",
+                )
+            )
+        for _, pool in gpu_pools:
+            gpu = profiles[pool.profile].gpu
+            if gpu is not None and gpu.nvswitch:
+                problems.append(
+                    (
+                        (*at, "source"),
+                        f"pool '{pool.name}' has NVSwitch, whose "
+                        "fabric manager comes only from NVIDIA's repositories: use "
+                        "source 'nvidia' or 'mirror'",
+                    )
+                )
+                break
+    if nvidia.driver_modules == "precompiled" and spec.os == "debian12":
+        problems.append(
+            (
+                (*at, "driver_modules"),
+                "no precompiled NVIDIA modules exist for Debian 12: use 'open' or 'dkms'",
+            )
+        )
+    sw = spec.software
+    for part in ("cudnn", "nccl"):
+        if getattr(sw, part) and not sw.cuda:
+            problems.append(
+                (
+                    ("software", part),
+                    f"{part} is built per CUDA major version: pin software.cuda too",
+                )
+            )
+    if sw.cudnn and sw.cudnn.split(".")[0] not in ("8", "9"):
+        problems.append(
+            (("software", "cudnn"), f"cuDNN {sw.cudnn}: major versions 8 and 9 are supported")
+        )
+    for i, pool in enumerate(spec.pools):
+        if pool.mig is None:
+            continue
+        prof = profiles.get(pool.profile)
+        gpu = prof.gpu if prof else None
+        where: Loc = ("pools", i, "mig")
+        if prof is None:
+            continue
+        if gpu is None or not gpu.mig_profiles:
+            problems.append(
+                (where, f"profile '{pool.profile}' has no MIG-capable GPU: remove 'mig'")
+            )
+            continue
+        unknown = [m for m in pool.mig if m not in gpu.mig_profiles]
+        if unknown:
+            problems.append(
+                (
+                    where,
+                    f"{', '.join(unknown)} not offered by {gpu.model}: "
+                    f"choose from {', '.join(gpu.mig_profiles)}",
+                )
+            )
+            continue
+        slices = [_mig_slices(m, gpu.memory_gib) for m in pool.mig]
+        compute, memory = sum(c for c, _ in slices), sum(m for _, m in slices)
+        if compute > 7 or memory > 8:
+            problems.append(
+                (
+                    where,
+                    f"the layout needs {compute} of 7 compute slices and "
+                    f"{memory} of 8 memory slices of one {gpu.model}: use fewer "
+                    "or smaller instances",
+                )
+            )
+    return problems
+
+
 def _pool_size(spec: Spec, i: int) -> int:
     pool = spec.pools[i]
     return len(pool.hosts) if pool.hosts is not None else pool.count or 0
@@ -363,4 +518,5 @@ CHECKS: list[Callable[[Spec], list[Problem]]] = [
     _check_scheduler,
     _check_security,
     _check_storage,
+    _check_gpu,
 ]

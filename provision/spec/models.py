@@ -124,6 +124,12 @@ def _port_range(value: int | str) -> str:
     return text if low != high else str(low)
 
 
+def _mig_profile(value: str) -> str:
+    if not re.fullmatch(r"[1-7]g\.[0-9]+gb", value):
+        raise ValueError(f"{value!r} is not a MIG profile: write it like 1g.10gb or 3g.40gb")
+    return value
+
+
 Hostname = Annotated[str, AfterValidator(_hostname)]
 HostnamePrefix = Annotated[str, AfterValidator(_hostname_prefix)]
 PoolName = Annotated[str, AfterValidator(_pool_name)]
@@ -132,6 +138,7 @@ Version = Annotated[str, AfterValidator(_version)]
 SshPublicKey = Annotated[str, AfterValidator(_ssh_public_key)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
 PortRange = Annotated[int | str, AfterValidator(_port_range)]
+MigProfile = Annotated[str, AfterValidator(_mig_profile)]
 
 
 class Model(BaseModel):
@@ -150,6 +157,23 @@ class GpuSpec(Model):
     memory_gib: int = Field(ge=1, description="memory per GPU in GiB")
     nvlink: bool = Field(description="GPUs are linked by NVLink")
     nvswitch: bool = Field(description="NVLink runs through NVSwitch (needs the fabric manager)")
+    nvlink_links: int = Field(
+        default=0, ge=0, le=32, description="NVLink links per GPU that verify expects up"
+    )
+    pcie_gen: int | None = Field(
+        default=None, ge=1, le=6, description="PCIe generation each GPU's link must reach"
+    )
+    pcie_width: int | None = Field(
+        default=None, ge=1, le=32, description="PCIe lanes each GPU's link must run at"
+    )
+    mig_profiles: list[str] = Field(
+        default=[], description="MIG instance profiles the GPU offers, e.g. 1g.10gb; none: no MIG"
+    )
+    nccl_busbw_gbs: float | None = Field(
+        default=None,
+        gt=0,
+        description="NCCL all_reduce bus bandwidth (GB/s, largest message) one node must reach",
+    )
 
 
 class HcaSpec(Model):
@@ -253,6 +277,11 @@ class Pool(Model):
     elastic: bool = Field(
         default=False, description="nodes are created when jobs wait and removed when idle"
     )
+    mig: list[MigProfile] | None = Field(
+        default=None,
+        min_length=1,
+        description="MIG layout applied to every GPU of the pool at boot, e.g. seven 1g.10gb",
+    )
     region: str | None = Field(default=None, description="cloud region (cloud providers)")
     zone: str | None = Field(default=None, description="cloud zone (cloud providers)")
 
@@ -290,6 +319,53 @@ class Software(Model):
     cudnn: Version | None = Field(default=None, description="cuDNN version (9.1)")
     nccl: Version | None = Field(default=None, description="NCCL version (2.21.5)")
     slurm: Version | None = Field(default=None, description="Slurm version (23.11)")
+    dcgm: Version | None = Field(default=None, description="DCGM version (3.3.7)")
+    container_toolkit: Version | None = Field(
+        default=None, description="NVIDIA Container Toolkit version (1.16.2)"
+    )
+    nccl_tests: Version | None = Field(
+        default=None, description="nccl-tests release built for verify (2.13.10)"
+    )
+
+
+class NvidiaSettings(Model):
+    """Where the GPU software comes from and which parts a GPU node gets."""
+
+    source: Literal["nvidia", "distro", "mirror"] = Field(
+        default="nvidia",
+        description="nvidia: NVIDIA's repositories; distro: Debian non-free / Ubuntu "
+        "restricted; mirror: a local mirror of NVIDIA's repositories (air-gapped sites)",
+    )
+    mirror_url: str | None = Field(
+        default=None,
+        description="base URL of the mirror (source mirror); NVIDIA's repository paths below it",
+    )
+    driver_modules: Literal["open", "dkms", "precompiled"] = Field(
+        default="open",
+        description="kernel modules: open (NVIDIA's open modules), dkms (proprietary, built "
+        "on the node) or precompiled (signed builds for the distribution's kernel)",
+    )
+    reboot: bool = Field(
+        default=False,
+        description="reboot a node when its loaded kernel module differs from the installed "
+        "driver (never in containers)",
+    )
+    dcgm: bool = Field(default=True, description="DCGM host engine on GPU nodes")
+    dcgm_exporter_port: int = Field(
+        default=9400, ge=1, le=65535, description="port of the DCGM exporter (Prometheus)"
+    )
+    dcgm_exporter_url: str | None = Field(
+        default=None,
+        description="URL of a dcgm-exporter binary (NVIDIA ships it as a container image); "
+        "unset: only the host engine runs",
+    )
+    dcgm_exporter_sha256: str | None = Field(
+        default=None, description="SHA-256 of that binary; required with dcgm_exporter_url"
+    )
+    container_toolkit: bool = Field(
+        default=True, description="NVIDIA Container Toolkit (enroot/pyxis, containers)"
+    )
+    nccl_tests: bool = Field(default=True, description="build nccl-tests for `provision verify`")
 
 
 class AdminUser(Model):
@@ -367,6 +443,9 @@ class Spec(Model):
     network: Networks = Field(description="management, out-of-band and fabric networks")
     pools: list[Pool] = Field(min_length=1, description="groups of identical nodes")
     software: Software = Field(default=Software(), description="pinned software versions")
+    nvidia: NvidiaSettings = Field(
+        default=NvidiaSettings(), description="GPU software: package source and parts"
+    )
     security: Security = Field(description="who may reach the nodes, and how")
     ssh: SshAccess = Field(default=SshAccess(), description="how Ansible logs in to the nodes")
     storage: Storage = Field(default=Storage(), description="shared file systems")
