@@ -21,12 +21,13 @@ def test_superpod_power() -> None:
     by_pool = {p.pool: p for p in plan.power}
     assert by_pool["gpu"].nodes == 32
     assert by_pool["gpu"].kw == pytest.approx(32 * 10.2)
-    assert plan.total_kw == pytest.approx(32 * 10.2 + 4 * 1.1)
+    assert by_pool["mig"].kw == pytest.approx(2 * 10.2)
+    assert plan.total_kw == pytest.approx(34 * 10.2 + 4 * 1.1)
     assert plan.cost == []
     assert plan.first_apply
-    assert plan.groups["compute"] == "gpu[001-032]"
+    assert plan.groups["compute"] == "gpu[001-032],mig[001-002]"
     assert plan.providers[0].provider == "static"
-    assert len(plan.providers[0].existing) == 36
+    assert len(plan.providers[0].existing) == 38
 
 
 def test_cloud_cost() -> None:

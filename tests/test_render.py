@@ -71,7 +71,10 @@ def test_inventory_parsed_by_ansible(tmp_path: Path) -> None:
         check=True, capture_output=True, text=True,
     )
     data = json.loads(out.stdout)
-    assert len(data["compute"]["hosts"]) == 32
+    assert len(data["compute"]["hosts"]) == 34
+    assert data["gpu"]["hosts"] == data["compute"]["hosts"]
+    assert data["_meta"]["hostvars"]["mig001"]["provision_mig_layout"] == ["1g.10gb"] * 7
+    assert data["_meta"]["hostvars"]["mig001"]["provision_nvswitch"] is True
     assert data["_meta"]["hostvars"]["gpu001"]["ansible_host"] == "10.10.1.1"
     assert data["_meta"]["hostvars"]["gpu001"]["provision_gpus"] == 8
     assert data["_meta"]["hostvars"]["gpu001"]["ansible_become"] is True

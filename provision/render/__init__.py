@@ -21,6 +21,7 @@ from ruamel.yaml import YAML
 from provision import REPO_ROOT
 from provision.render.context import Cluster
 from provision.render.firewall import address_sets, pool_rules
+from provision.render.gpu import nccl_conf
 from provision.render.slurm import gres_conf_context, slurm_conf_context
 
 TEMPLATES = REPO_ROOT / "templates"
@@ -75,6 +76,9 @@ def render(cluster: Cluster) -> dict[str, str]:
             sets_path=NFT_SETS_PATH,
             rule_lines=lines,
         )
+    for view in cluster.pools:
+        if view.profile.gpu is not None:
+            files[f"files/nccl/{view.name}.conf"] = nccl_conf(cluster, view)
     if cluster.spec.scheduler == "slurm":
         files["files/slurm/slurm.conf"] = _template(
             "slurm.conf.j2", header=header, **slurm_conf_context(cluster)
@@ -93,6 +97,11 @@ def render_inventory(cluster: Cluster) -> str:
     for role in ("head", "login", "compute", "storage"):
         hosts = [(n.name, n.address) for n in lasting if n.role == role]
         groups.append({"name": role, "vars": [], "hosts": hosts})
+    # GPU nodes: the NVIDIA roles run here
+    hosts = [
+        (n.name, None) for v in cluster.pools if v.profile.gpu for n in v.nodes if not n.elastic
+    ]
+    groups.append({"name": "gpu", "vars": [], "hosts": hosts})
     for view in cluster.pools:
         gpu = view.profile.gpu
         gvars = [
@@ -101,6 +110,10 @@ def render_inventory(cluster: Cluster) -> str:
             ("provision_provider", view.pool.provider),
             ("provision_gpus", gpu.count if gpu else 0),
         ]
+        if gpu:
+            gvars.append(("provision_nvswitch", "true" if gpu.nvswitch else "false"))
+        if view.pool.mig:
+            gvars.append(("provision_mig_layout", json.dumps(list(view.pool.mig))))
         hosts = [(n.name, None) for n in view.nodes if not n.elastic]
         groups.append({"name": f"pool_{view.name}", "vars": gvars, "hosts": hosts})
     for provider in sorted({p.pool.provider for p in cluster.pools}):
@@ -142,10 +155,31 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
     for field in sorted(software.model_fields_set):
         value = getattr(software, field)
         if value is not None:
-            out[f"{field}_version"] = value
+            out[_VERSION_VARS.get(field, f"{field}_version")] = value
+    nvidia = spec.nvidia
+    for field in sorted(nvidia.model_fields_set):
+        value = getattr(nvidia, field)
+        if value is not None:
+            out[_NVIDIA_VARS[field]] = value
     if "fabric" in spec.network.model_fields_set:
         out["provision_fabric"] = spec.network.fabric.kind
     return out
+
+
+# spec field -> the variable of the role that owns it (provision_* are read by several roles)
+_VERSION_VARS = {"container_toolkit": "nvidia_container_toolkit_version"}
+_NVIDIA_VARS = {
+    "source": "provision_nvidia_source",
+    "mirror_url": "provision_nvidia_mirror_url",
+    "driver_modules": "nvidia_driver_modules",
+    "reboot": "nvidia_driver_reboot",
+    "dcgm": "provision_nvidia_dcgm",
+    "dcgm_exporter_port": "dcgm_exporter_port",
+    "dcgm_exporter_url": "dcgm_exporter_url",
+    "dcgm_exporter_sha256": "dcgm_exporter_sha256",
+    "container_toolkit": "provision_nvidia_container_toolkit",
+    "nccl_tests": "provision_nvidia_nccl_tests",
+}
 
 
 def render_group_vars(cluster: Cluster) -> str:

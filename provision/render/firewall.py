@@ -93,6 +93,9 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
             rules.append(Rule("pod network (VXLAN)", "udp", "4789", (CLUSTER,)))
             if role == "compute":
                 rules.append(Rule("NodePort services", "tcp", "30000-32767", (CLUSTER,)))
+        if view.profile.gpu is not None and spec.nvidia.dcgm:
+            port = str(spec.nvidia.dcgm_exporter_port)
+            rules.append(Rule("dcgm-exporter (GPU metrics)", "tcp", port, (ADMIN, CLUSTER)))
         if view.name in exporting:
             rules.append(Rule("nfs", "tcp", NFS_PORT, (CLUSTER,)))
         for extra in spec.security.firewall_rules:

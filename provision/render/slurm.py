@@ -3,6 +3,8 @@ per pool, with compressed hostlists, so the files grow with pools, not with node
 
 from __future__ import annotations
 
+from collections import Counter
+
 from provision.render.context import Cluster, PoolView
 from provision.render.firewall import SLURMCTLD_PORT, SLURMD_PORT
 
@@ -81,7 +83,11 @@ def node_line(view: PoolView) -> str:
         f"ThreadsPerCore={cpu.threads_per_core}",
         f"RealMemory={int(prof.memory_gib * 1024 * REAL_MEMORY_FRACTION)}",
     ]
-    if prof.gpu:
+    if prof.gpu and view.pool.mig:
+        counts = Counter(view.pool.mig)
+        gres = ",".join(f"gpu:{m}:{n * prof.gpu.count}" for m, n in sorted(counts.items()))
+        parts.append(f"Gres={gres}")
+    elif prof.gpu:
         parts.append(f"Gres=gpu:{prof.gpu.slurm_type}:{prof.gpu.count}")
     features = [view.pool.profile.replace(".", "_"), view.pool.provider]
     if view.pool.elastic:
@@ -124,6 +130,11 @@ def gres_conf_context(cluster: Cluster) -> dict[str, object]:
     for view in cluster.pools_with_role("compute"):
         gpu = view.profile.gpu
         if gpu is None:
+            continue
+        if view.pool.mig:
+            # MIG devices and their /dev/nvidia-caps files exist only once the layout is
+            # applied at boot; slurmd finds them through NVML (types are the MIG profiles).
+            lines.append(f"NodeName={view.hostlist} AutoDetect=nvml")
             continue
         files = "/dev/nvidia0" if gpu.count == 1 else f"/dev/nvidia[0-{gpu.count - 1}]"
         lines.append(f"NodeName={view.hostlist} Name=gpu Type={gpu.slurm_type} File={files}")
