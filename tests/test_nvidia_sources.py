@@ -1,0 +1,200 @@
+"""What the NVIDIA roles would configure and install on every supported OS, from each package
+source: repository files, signing keys with their fingerprints, and the exact package names
+and pins. Rendered through the roles' own defaults, variables and templates by Ansible's
+templating (these repositories and OSes cannot be reached here), compared with
+tests/golden/nvidia-sources/ (`make goldens` after a deliberate change)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+from .conftest import ROOT
+
+ROLES = ROOT / "roles"
+GOLDEN = ROOT / "tests" / "golden" / "nvidia-sources"
+_yaml = YAML(typ="safe", pure=True)
+
+FACTS = {
+    "ubuntu22.04": {
+        "distribution": "Ubuntu",
+        "distribution_version": "22.04",
+        "distribution_major_version": "22",
+        "os_family": "Debian",
+    },
+    "ubuntu24.04": {
+        "distribution": "Ubuntu",
+        "distribution_version": "24.04",
+        "distribution_major_version": "24",
+        "os_family": "Debian",
+    },
+    "debian12": {
+        "distribution": "Debian",
+        "distribution_version": "12.8",
+        "distribution_major_version": "12",
+        "os_family": "Debian",
+    },
+    "rocky9": {
+        "distribution": "Rocky",
+        "distribution_version": "9.5",
+        "distribution_major_version": "9",
+        "os_family": "RedHat",
+    },
+}
+# What the spec pins (software:) and says (nvidia:), as the rendered group_vars carry it
+PINS = {
+    "nvidia_driver_version": "550.90.07",
+    "cuda_version": "12.4",
+    "cudnn_version": "9.1",
+    "nccl_version": "2.21.5",
+    "dcgm_version": "3.3.7",
+    "nvidia_container_toolkit_version": "1.16.2",
+}
+CASES = [(os_name, source) for os_name in FACTS for source in ("nvidia", "mirror")] + [
+    ("debian12", "distro"),
+    ("ubuntu22.04", "distro"),
+]
+MIRROR = "https://mirror.example.org/nvidia"
+# Parts that exist only in NVIDIA's repositories (the spec refuses them with source distro)
+NVIDIA_ONLY = ("cuda repository", "keys", "fabric manager", "dcgm", "container toolkit")
+
+# (label, role, expression) rendered for every case
+REPORT = [
+    ("cuda repository", "nvidia_repos", "{{ _nvidia_repos_cuda }}"),
+    (
+        "keys",
+        "nvidia_repos",
+        "{{ _nvidia_repos_apt_keys | map(attribute='url') | zip("
+        "_nvidia_repos_apt_keys | map(attribute='fingerprint')) | map('join', ' fingerprint ') "
+        "}}",
+    ),
+    (
+        "driver packages",
+        "nvidia_driver",
+        "{{ (_nvidia_driver_packages + "
+        "(_nvidia_driver_dnf_exact if ansible_facts.os_family == 'RedHat' else [])) }}",
+    ),
+    ("fabric manager", "nvidia_fabricmanager", "{{ _nvidia_fabricmanager_package }}"),
+    (
+        "cuda",
+        "cuda",
+        "{{ _cuda_packages | join(', ') }} (CUDA_HOME {{ _cuda_home }}, "
+        "modules in {{ _cuda_modulefiles }})",
+    ),
+    (
+        "cudnn",
+        "cudnn",
+        "{{ (_cudnn_packages if not _cudnn_wheel | bool else ['pip: ' ~ _cudnn_wheel_name]) }}",
+    ),
+    (
+        "nccl",
+        "nccl",
+        "{{ (_nccl_packages if not _nccl_wheel | bool else ['pip: ' ~ _nccl_wheel_name]) }}",
+    ),
+    ("dcgm", "dcgm", "{{ _dcgm_package }}"),
+    ("container toolkit", "nvidia_container_toolkit", "{{ _nvidia_container_toolkit_package }}"),
+    ("nccl-tests", "nccl_tests", "{{ _nccl_tests_url }} (CUDA_HOME {{ _nccl_tests_cuda_home }})"),
+]
+
+
+def _load(path: Path) -> dict[str, Any]:
+    return (_yaml.load(path.read_text()) or {}) if path.exists() else {}
+
+
+def _variables(os_name: str, source: str) -> dict[str, Any]:
+    from ansible.template import trust_as_template
+
+    merged: dict[str, Any] = {}
+    for role in sorted(p for p in ROLES.iterdir() if p.is_dir()):
+        merged |= _load(role / "defaults" / "main.yml")
+        merged |= _load(role / "vars" / "main.yml")
+
+    def trust(value: Any) -> Any:  # role files are trusted templates when Ansible loads them
+        if isinstance(value, str):
+            return trust_as_template(value)
+        if isinstance(value, list):
+            return [trust(v) for v in value]
+        if isinstance(value, dict):
+            return {k: trust(v) for k, v in value.items()}
+        return value
+
+    out = {k: trust(v) for k, v in merged.items()}
+    out |= PINS
+    out |= {
+        "ansible_facts": {**FACTS[os_name], "architecture": "x86_64", "kernel": "6.8.0-45-generic"},
+        "ansible_managed": "Ansible managed",
+        "provision_nvidia_source": source,
+        "nvidia_hardware": True,
+    }
+    if source == "mirror":
+        out["provision_nvidia_mirror_url"] = MIRROR
+    if source == "distro":
+        out |= {
+            "nvidia_driver_modules": "dkms",
+            "nvidia_driver_version": "535",
+            "cuda_version": "11.8",
+            "nvidia_repos_container_toolkit": False,
+        }
+    return out
+
+
+def render_case(os_name: str, source: str) -> str:
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    variables = _variables(os_name, source)
+    templar = Templar(loader=DataLoader(), variables=variables)
+    lines = [f"# {os_name}, source {source}: rendered through the roles' variables and templates"]
+    for label, _role, expr in REPORT:
+        if source == "distro" and label in NVIDIA_ONLY:
+            continue
+        value = templar.template(trust_as_template(expr))
+        value = "\n".join(value) if isinstance(value, list) else str(value).strip()
+        lines.append(f"\n## {label}\n{value}")
+    family = FACTS[os_name]["os_family"]
+    if source != "distro":
+        name = "nvidia.sources.j2" if family == "Debian" else "nvidia.repo.j2"
+        text = (ROLES / "nvidia_repos" / "templates" / name).read_text()
+        lines.append(
+            f"\n## repository file ({name[:-3]})\n"
+            + templar.template(trust_as_template(text)).strip()
+        )
+    if family == "Debian":
+        text = (ROLES / "nvidia_driver" / "templates" / "nvidia-driver.pref.j2").read_text()
+        lines.append(
+            "\n## apt pin (/etc/apt/preferences.d/nvidia-driver)\n"
+            + templar.template(trust_as_template(text)).strip()
+        )
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(("os_name", "source"), CASES, ids=[f"{o}-{s}" for o, s in CASES])
+def test_sources_render_as_golden(os_name: str, source: str, update_goldens: bool) -> None:
+    got = render_case(os_name, source)
+    golden = GOLDEN / f"{os_name}-{source}.txt"
+    if update_goldens:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(got)
+    assert golden.exists(), "make goldens"
+    assert got == golden.read_text(), "after a deliberate change: make goldens"
+
+
+def test_mirror_keeps_nvidia_layout_below_its_base() -> None:
+    nvidia, mirror = render_case("ubuntu22.04", "nvidia"), render_case("ubuntu22.04", "mirror")
+    assert "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64" in nvidia
+    assert f"{MIRROR}/cuda/ubuntu2204/x86_64/3bf863cc.pub" in mirror
+    assert f"{MIRROR}/libnvidia-container/stable/deb/$(ARCH)/" in mirror
+    assert "developer.download.nvidia.com" not in mirror and "github" not in mirror
+
+
+def test_every_case_pins_what_the_spec_pins() -> None:
+    for os_name, source in CASES:
+        text = render_case(os_name, source)
+        if source == "distro":
+            assert "pip: nvidia-nccl-cu11==2.21.5" in text and "Pin: version 535.*" in text
+            continue
+        assert "550.90.07" in text.split("## fabric manager")[1].split("##")[0], os_name
+        assert "2.21.5-1+cuda12.*" in text and "3.3.7" in text and "1.16.2-1" in text, os_name
