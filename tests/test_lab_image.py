@@ -84,7 +84,7 @@ def test_customise_makes_every_node_unique(tmp_path: Path) -> None:
     (root / "etc" / "ssh" / "ssh_host_ed25519_key").write_text("built-in key")
     (root / "etc" / "machine-id").write_text("0123")
     (root / "etc" / "apt" / "sources.list").write_text("deb old")
-    image._customise(root, "http://mirror.example/debian")
+    image._customise(root, "http://mirror.example/debian", cas={})
     assert not list((root / "etc" / "ssh").glob("ssh_host_*"))  # made at first boot
     assert (root / "etc" / "machine-id").read_text() == ""
     unit = root / "etc/systemd/system/multi-user.target.wants/ssh-hostkeys.service"
@@ -95,3 +95,16 @@ def test_customise_makes_every_node_unique(tmp_path: Path) -> None:
         root / "etc/apt/sources.list.d/debian.sources").read_text()
     assert "localhost" in (root / "etc" / "hosts").read_text()
     assert oct((root / "root" / ".ssh").stat().st_mode & 0o777) == "0o700"
+    # pip in the nodes trusts the system bundle (with this machine's local CAs, when it has any)
+    assert "cert = /etc/ssl/certs/ca-certificates.crt" in (root / "etc" / "pip.conf").read_text()
+
+
+def test_recipe_hash_follows_the_local_cas(tmp_path: Path) -> None:
+    (tmp_path / "proxy.crt").write_bytes(b"-----BEGIN CERTIFICATE-----\nAAAA\n")
+    (tmp_path / "notes.txt").write_text("not a certificate")
+    cas = image.local_cas(tmp_path)
+    assert list(cas) == ["proxy.crt"]
+    mirror = "http://a.example/debian"
+    assert image.recipe_hash(mirror, cas) != image.recipe_hash(mirror, {})
+    assert image.recipe_hash(mirror, cas) == image.recipe_hash(mirror, dict(cas))
+    assert image.local_cas(tmp_path / "absent") == {}

@@ -53,8 +53,28 @@ WantedBy=multi-user.target
 _HOSTS = "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
 
 
-def recipe_hash(mirror: str) -> str:
-    recipe = "\n".join([SUITE, *PACKAGES, _HOSTKEY_UNIT, _HOSTS, mirror, "recipe-v2"])
+# Certificate authorities this machine adds to Debian's (a proxy's, a company's): the nodes
+# trust them too, so HTTPS from inside the lab (pip, get_url) works as it does here.
+LOCAL_CA_DIR = Path("/usr/local/share/ca-certificates")
+_PIP_CONF = (
+    "[global]\n"
+    "# the system's CA bundle, with this machine's local CAs\n"
+    "cert = /etc/ssl/certs/ca-certificates.crt\n"
+)
+
+
+def local_cas(ca_dir: Path = LOCAL_CA_DIR) -> dict[str, bytes]:
+    if not ca_dir.is_dir():
+        return {}
+    return {p.name: p.read_bytes() for p in sorted(ca_dir.glob("*.crt")) if p.is_file()}
+
+
+def recipe_hash(mirror: str, cas: dict[str, bytes] | None = None) -> str:
+    cas = local_cas() if cas is None else cas
+    ca_digest = hashlib.sha256(b"".join(k.encode() + v for k, v in cas.items())).hexdigest()
+    recipe = "\n".join(
+        [SUITE, *PACKAGES, _HOSTKEY_UNIT, _HOSTS, _PIP_CONF, mirror, ca_digest, "recipe-v3"]
+    )
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
@@ -178,7 +198,7 @@ def apt_sources(mirror: str, apt_dir: Path = Path("/etc/apt")) -> str:
     return text
 
 
-def _customise(root: Path, mirror: str) -> None:
+def _customise(root: Path, mirror: str, cas: dict[str, bytes] | None = None) -> None:
     (root / "etc" / "hosts").write_text(_HOSTS)
     (root / "etc" / "machine-id").write_text("")  # each node makes its own at first boot
     for key in (root / "etc" / "ssh").glob("ssh_host_*"):
@@ -194,3 +214,15 @@ def _customise(root: Path, mirror: str) -> None:
     (apt / "sources.list").unlink(missing_ok=True)
     (apt / "sources.list.d" / "debian.sources").write_text(apt_sources(mirror))
     (root / "root" / ".ssh").mkdir(mode=0o700, exist_ok=True)
+    cas = local_cas() if cas is None else cas
+    if cas:
+        target = root / LOCAL_CA_DIR.relative_to("/")
+        target.mkdir(parents=True, exist_ok=True)
+        for name, data in cas.items():
+            (target / name).write_bytes(data)
+        done = subprocess.run(
+            ["chroot", str(root), "update-ca-certificates"], capture_output=True, check=False
+        )
+        if done.returncode != 0:
+            raise OperationError(f"update-ca-certificates in the image failed: {done.stderr!r}")
+    (root / "etc" / "pip.conf").write_text(_PIP_CONF)
