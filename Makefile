@@ -5,7 +5,7 @@ VENV := .venv/bin
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 # podman settings for lab nodes and Molecule (runc, ulimits this host allows)
 export CONTAINERS_CONF := $(CURDIR)/provision/providers/lab/containers.conf
-SCENARIOS := common munge firewall slurm
+SCENARIOS := common munge firewall nvidia slurm
 SPEC ?= examples/lab.yaml
 
 setup:
@@ -19,7 +19,7 @@ test: setup lint typecheck image
 	$(MAKE) --no-print-directory molecule
 
 lint: setup
-	$(VENV)/ruff check provision tests bench
+	$(VENV)/ruff check provision tests bench scripts
 	$(VENV)/ruff format --check provision
 	$(VENV)/yamllint -s .
 	$(VENV)/ansible-lint -q
