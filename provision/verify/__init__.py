@@ -169,13 +169,15 @@ COMMON_CHECKS: list[NodeCheck] = [
 
 
 def verify_cluster(cluster: Cluster, state: State, key_file: Path | None) -> list[CheckResult]:
-    from provision.verify import slurm
+    from provision.verify import gpu, slurm
 
     nodes = [n for n in cluster.lasting_nodes if n.address is not None]
     rendered = state.build / "files" / "hosts"
     ctx = VerifyContext(cluster, state, rendered.read_text() if rendered.exists() else "")
     remotes, results = connect_all(cluster, state, key_file, nodes)
     node_checks = list(COMMON_CHECKS)
+    if any(v.profile.gpu for v in cluster.pools):
+        node_checks.append(gpu.check_gpus)
     if cluster.spec.scheduler == "slurm":
         node_checks.append(slurm.check_munge_key)
     try:

@@ -1,0 +1,268 @@
+"""GPU checks through their parsers, on the outputs in tests/data/nvidia/; the GPU facts module
+on fake sysfs trees; scripts/gpu-check.py end to end with a stand-in nvidia-smi."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from provision.verify.gpu_parsers import (
+    GpuExpect,
+    all_reduce_finding,
+    gpu_findings,
+    parse_all_reduce,
+    parse_gpu_query,
+    parse_nvlink_status,
+    parse_remapped_rows,
+)
+
+from .conftest import ROOT
+
+DATA = ROOT / "tests" / "data" / "nvidia"
+H100 = GpuExpect(
+    count=8,
+    family="h100",
+    memory_gib=80,
+    driver="550.90.07",
+    nvlink_links=18,
+    pcie_gen=5,
+    pcie_width=16,
+    nvswitch=True,
+    busbw_gbs=450,
+)
+
+
+def _read(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+def _findings(
+    query: str, remapped: str, nvlink: str, want: GpuExpect = H100
+) -> dict[str, tuple[bool, str]]:
+    found = gpu_findings(
+        want,
+        parse_gpu_query(_read(query)),
+        parse_remapped_rows(_read(remapped)),
+        parse_nvlink_status(_read(nvlink)),
+    )
+    return {check: (ok, evidence) for check, ok, evidence in found}
+
+
+def test_a_healthy_dgx_h100_passes_every_check() -> None:
+    gpus = parse_gpu_query(_read("query-gpu-h100-healthy.csv"))
+    assert [g.index for g in gpus] == list(range(8))
+    assert gpus[0].name == "NVIDIA H100 80GB HBM3" and gpus[0].memory_mib == 81559
+    assert gpus[0].retired_pending is None  # [N/A] on Hopper: row remapping replaced it
+    found = _findings(
+        "query-gpu-h100-healthy.csv", "remapped-rows-healthy.csv", "nvlink-status-h100.txt"
+    )
+    assert set(found) == {
+        "gpu.count",
+        "gpu.driver",
+        "gpu.persistence",
+        "gpu.memory-errors",
+        "gpu.pcie",
+        "gpu.nvlink",
+    }
+    assert all(ok for ok, _ in found.values()), found
+    assert found["gpu.nvlink"][1] == "18 links up on every GPU"
+
+
+def test_a_degraded_node_names_each_fault() -> None:
+    found = _findings(
+        "query-gpu-h100-degraded.csv",
+        "remapped-rows-pending.csv",
+        "nvlink-status-h100-two-down.txt",
+    )
+    assert found["gpu.count"] == (False, "7 of 8 H100 80 GB: NVIDIA H100 80GB HBM3")
+    assert found["gpu.persistence"] == (False, "off on GPU [3]")
+    assert found["gpu.pcie"] == (False, "GPU 2: gen 5 x8")
+    assert found["gpu.memory-errors"] == (
+        False,
+        "GPU 4: row remap pending (reset the GPU); GPU 5: 2 uncorrectable ECC errors",
+    )
+    assert found["gpu.nvlink"] == (False, "GPU 6: 16 of 18 up")
+    assert found["gpu.driver"][0] is True
+
+
+def test_driver_pins_by_branch_or_exact_version() -> None:
+    query, remapped, nvlink = (
+        "query-gpu-h100-healthy.csv",
+        "remapped-rows-healthy.csv",
+        "nvlink-status-h100.txt",
+    )
+    for pin, ok in (
+        ("550", True),
+        ("550.90.07", True),
+        ("550.90", True),
+        ("535", False),
+        ("550.90.1", False),
+    ):
+        want = GpuExpect(**{**H100.__dict__, "driver": pin})
+        assert _findings(query, remapped, nvlink, want)["gpu.driver"][0] is ok, pin
+
+
+def test_a_different_gpu_model_fails_the_count() -> None:
+    want = GpuExpect(**{**H100.__dict__, "family": "h200", "memory_gib": 141})
+    found = _findings(
+        "query-gpu-h100-healthy.csv", "remapped-rows-healthy.csv", "nvlink-status-h100.txt", want
+    )
+    assert found["gpu.count"][0] is False
+
+
+def test_no_driver_in_a_container_is_no_gpu() -> None:
+    text = _read("no-driver-container.txt")
+    assert parse_gpu_query(text) == []
+    found = gpu_findings(H100, [], {}, {})
+    assert [(c, ok) for c, ok, _ in found if ok] == [("gpu.memory-errors", True)]
+
+
+def test_all_reduce_newer_layout_meets_the_h100_threshold() -> None:
+    result = parse_all_reduce(_read("all-reduce-h100-8gpu.txt"))
+    assert result is not None
+    assert (result.sizes, result.largest_bytes, result.wrong) == (4, 8 * 2**30, 0)
+    assert result.busbw_gbs == pytest.approx(479.11)
+    assert result.avg_busbw_gbs == pytest.approx(468.17)
+    assert all_reduce_finding(H100, result) == (
+        "nccl.all_reduce",
+        True,
+        "busbw 479.1 GB/s at 8 GiB, threshold 450",
+    )
+
+
+def test_all_reduce_older_layout_below_the_threshold_fails() -> None:
+    result = parse_all_reduce(_read("all-reduce-h100-8gpu-slow.txt"))
+    assert result is not None and result.busbw_gbs == pytest.approx(189.4)
+    check, ok, evidence = all_reduce_finding(H100, result)
+    assert (check, ok) == ("nccl.all_reduce", False)
+    assert evidence == "busbw 189.4 GB/s at 8 GiB, threshold 450"
+
+
+def test_all_reduce_wrong_values_fail_whatever_the_speed() -> None:
+    text = _read("all-reduce-h100-8gpu.txt").replace("   0\n# Out", "   3\n# Out")
+    result = parse_all_reduce(text)
+    assert result is not None and result.wrong == 3
+    assert all_reduce_finding(H100, result)[1] is False
+    assert all_reduce_finding(H100, parse_all_reduce("# nothing ran\n"))[1] is False
+
+
+# --- the module the roles call first ---------------------------------------------------------
+
+
+def _facts_module():
+    spec = importlib.util.spec_from_file_location(
+        "nvidia_gpu_facts", ROOT / "library" / "nvidia_gpu_facts.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pci(root: Path, slot: str, vendor: str, pci_class: str) -> None:
+    dev = root / "sys" / "bus" / "pci" / "devices" / slot
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text(vendor + "\n")
+    (dev / "class").write_text(pci_class + "\n")
+
+
+def test_gpu_facts_count_gpus_and_nvswitches(tmp_path: Path) -> None:
+    for i in range(8):
+        _pci(tmp_path, f"0000:{0x18 + i:02x}:00.0", "0x10de", "0x030200")
+    for i in range(4):
+        _pci(tmp_path, f"0000:{0xA0 + i:02x}:00.0", "0x10de", "0x068000")
+    _pci(tmp_path, "0000:00:1f.0", "0x8086", "0x060100")  # not NVIDIA
+    _pci(tmp_path, "0000:01:00.0", "0x10de", "0x040300")  # an NVIDIA audio function
+    version = tmp_path / "proc" / "driver" / "nvidia" / "version"
+    version.parent.mkdir(parents=True)
+    version.write_text(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.90.07  "
+        "Release Build  (dvs-builder@U16-I3-B03-4-3)  Fri May 31 09:30:47 UTC 2024\n"
+    )
+    facts = _facts_module().detect(str(tmp_path))
+    assert facts == {
+        "nvidia_gpu_count": 8,
+        "nvidia_nvswitch_count": 4,
+        "nvidia_in_container": False,
+        "nvidia_hardware": True,
+        "nvidia_loaded_driver": "550.90.07",
+        "nvidia_summary": "8 NVIDIA GPU(s), 4 NVSwitch(es)",
+    }
+
+
+def test_gpu_facts_in_a_container_never_touch_the_kernel(tmp_path: Path) -> None:
+    _pci(tmp_path, "0000:18:00.0", "0x10de", "0x030200")  # the host's GPU shows through sysfs
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".containerenv").write_text("")
+    facts = _facts_module().detect(str(tmp_path))
+    assert facts["nvidia_gpu_count"] == 1 and facts["nvidia_in_container"] is True
+    assert facts["nvidia_hardware"] is False
+    assert facts["nvidia_summary"].startswith("container: userspace only")
+
+
+def test_gpu_facts_on_this_machine_find_no_gpu() -> None:
+    facts = _facts_module().detect("/")
+    assert facts["nvidia_hardware"] is False
+    assert facts["nvidia_loaded_driver"] == ""
+
+
+# --- the one script for a GPU host -------------------------------------------------------------
+
+_FAKE_SMI = """#!/bin/sh
+case "$*" in
+  *--query-gpu=*) cat "$DATA/query-gpu-h100-$STATE.csv" ;;
+  *--query-remapped-rows=*) cat "$DATA/remapped-rows-healthy.csv" ;;
+  "nvlink --status") cat "$DATA/nvlink-status-h100.txt" ;;
+  *) echo "fake nvidia-smi: $*" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(("state", "rc"), [("healthy", 0), ("degraded", 1)])
+def test_gpu_check_script_on_a_stand_in_host(tmp_path: Path, state: str, rc: int) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(_FAKE_SMI)
+    smi.chmod(0o755)
+    systemctl = bin_dir / "systemctl"
+    systemctl.write_text("#!/bin/sh\necho active\n")
+    systemctl.chmod(0o755)
+    record = tmp_path / "record"
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "DATA": str(DATA),
+        "STATE": state,
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gpu-check.py"),
+            "--profile",
+            "dgx-h100",
+            "--driver",
+            "550",
+            "--all-reduce",
+            str(tmp_path / "absent"),
+            "--record",
+            str(record),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == rc, done.stdout + done.stderr
+    assert "ok   gpu.fabricmanager: active" in done.stdout
+    assert "skip nccl.all_reduce" in done.stdout
+    if state == "healthy":
+        assert done.stdout.count("ok   ") == 7
+    else:
+        assert "FAIL gpu.count: 7 of 8 H100 80 GB" in done.stdout
+    assert (record / "query-gpu.csv").read_text() == _read(f"query-gpu-h100-{state}.csv")
