@@ -198,3 +198,16 @@ def test_every_case_pins_what_the_spec_pins() -> None:
             continue
         assert "550.90.07" in text.split("## fabric manager")[1].split("##")[0], os_name
         assert "2.21.5-1+cuda12.*" in text and "3.3.7" in text and "1.16.2-1" in text, os_name
+
+
+def test_an_unpinned_driver_takes_the_sources_newest() -> None:
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    for os_name, wanted in (
+        ("debian12", ["nvidia-kernel-open-dkms", "cuda-drivers"]),
+        ("rocky9", ["@nvidia-driver:open-dkms"]),
+    ):
+        variables = _variables(os_name, "nvidia") | {"nvidia_driver_version": ""}
+        templar = Templar(loader=DataLoader(), variables=variables)
+        assert templar.template(trust_as_template("{{ _nvidia_driver_packages }}")) == wanted
