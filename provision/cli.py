@@ -82,6 +82,9 @@ def _guard(fn: Callable[[], T]) -> T:
         raise typer.Exit(1) from None
     except typer.Exit:
         raise
+    except typer.Abort:  # a question answered with end of input (no terminal)
+        err.print("aborted: nothing was changed (pass --yes where there is no terminal)")
+        raise typer.Exit(1) from None
     except Exception as exc:
         if os.environ.get("PROVISION_DEBUG"):
             traceback.print_exc()

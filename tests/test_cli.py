@@ -120,3 +120,12 @@ def test_destroy_asks_first(tmp_path: Path) -> None:
                   stdin="n\n")
     assert r.returncode == 1
     assert (tmp_path / "superpod").exists()
+
+
+def test_destroy_without_an_answer_changes_nothing(tmp_path: Path) -> None:
+    provision("render", "examples/dgx-superpod.yaml", "--state-dir", str(tmp_path))
+    r = provision("destroy", "examples/dgx-superpod.yaml", "--state-dir", str(tmp_path), stdin="")
+    assert r.returncode == 1
+    assert "aborted: nothing was changed" in r.stderr
+    assert "internal error" not in r.stderr
+    assert (tmp_path / "superpod").exists()
