@@ -266,3 +266,76 @@ def test_gpu_check_script_on_a_stand_in_host(tmp_path: Path, state: str, rc: int
     else:
         assert "FAIL gpu.count: 7 of 8 H100 80 GB" in done.stdout
     assert (record / "query-gpu.csv").read_text() == _read(f"query-gpu-h100-{state}.csv")
+
+
+# --- the commands both runners use, and what they add up to ----------------------------------
+
+_OUTPUTS = {
+    "query-gpu.csv": "query-gpu-h100-healthy.csv",
+    "remapped-rows.csv": "remapped-rows-healthy.csv",
+    "nvlink-status.txt": "nvlink-status-h100.txt",
+    "all-reduce.txt": "all-reduce-h100-8gpu.txt",
+}
+
+
+def test_commands_follow_the_profile() -> None:
+    from provision.verify.gpu_parsers import gpu_commands
+
+    commands = gpu_commands(H100)
+    assert list(commands) == ["query-gpu.csv", "remapped-rows.csv", "nvlink-status.txt",
+                              "fabricmanager.txt", "all-reduce.txt"]
+    assert commands["all-reduce.txt"].endswith("all_reduce_perf -b 1G -e 8G -f 2 -g 8")
+    pcie_only = GpuExpect(**{**H100.__dict__, "nvlink_links": 0, "nvswitch": False})
+    assert list(gpu_commands(pcie_only, None)) == ["query-gpu.csv", "remapped-rows.csv"]
+
+
+def test_findings_from_command_outputs() -> None:
+    from provision.verify.gpu_parsers import findings_from
+
+    outputs = {name: (0, _read(file)) for name, file in _OUTPUTS.items()}
+    outputs["fabricmanager.txt"] = (3, "inactive\n")
+    found = {check: (ok, ev) for check, ok, ev in findings_from(H100, outputs)}
+    assert found["gpu.fabricmanager"] == (False, "inactive")
+    assert found["nccl.all_reduce"][0] is True
+    assert all(ok for check, (ok, _) in found.items() if check != "gpu.fabricmanager")
+
+    outputs["all-reduce.txt"] = (127, "sh: 1: /opt/nccl-tests/build/all_reduce_perf: not found\n")
+    found = {check: (ok, ev) for check, ok, ev in findings_from(H100, outputs)}
+    assert found["nccl.all_reduce"] == (
+        False, "did not run (rc 127): sh: 1: /opt/nccl-tests/build/all_reduce_perf: not found")
+
+    no_driver = {"query-gpu.csv": (255, _read("no-driver-container.txt"))}
+    assert findings_from(H100, no_driver) == [
+        ("gpu.count", False, "nvidia-smi failed: Failed to initialize NVML: Unknown Error")]
+
+
+def test_verify_runs_the_gpu_checks_over_a_session() -> None:
+    from provision.render.context import Cluster
+    from provision.spec import load_spec
+    from provision.state import State
+    from provision.verify import VerifyContext
+    from provision.verify.gpu import check_gpus
+    from provision.verify.gpu_parsers import gpu_commands
+    from provision.verify.remote import Output
+
+    cluster = Cluster(load_spec(ROOT / "examples" / "dgx-superpod.yaml"))
+    node = next(n for n in cluster.nodes if n.name == "gpu001")
+    by_command = {cmd: name for name, cmd in gpu_commands(H100).items()}
+    ran = []
+
+    class Session:  # answers each command with its output in tests/data/nvidia
+        def run(self, command: str, sudo: bool = False, timeout: float = 60.0) -> Output:
+            ran.append((by_command[command], timeout))
+            name = by_command[command]
+            if name == "fabricmanager.txt":
+                return Output(0, "active\n", "")
+            return Output(0, _read(_OUTPUTS[name]), "")
+
+    ctx = VerifyContext(cluster, State(Path("/nonexistent"), "superpod"), "")
+    results = check_gpus(ctx, node, Session())  # type: ignore[arg-type]
+    assert [(r.check, r.passed) for r in results] == [
+        ("gpu.count", True), ("gpu.driver", True), ("gpu.persistence", True),
+        ("gpu.memory-errors", True), ("gpu.pcie", True), ("gpu.nvlink", True),
+        ("gpu.fabricmanager", True), ("nccl.all_reduce", True)]
+    assert {r.target for r in results} == {"gpu001"}
+    assert ran[-1] == ("all-reduce.txt", 600.0)

@@ -3,25 +3,19 @@ an NCCL all_reduce on all of a node's GPUs at the profile's bus bandwidth."""
 
 from __future__ import annotations
 
-import shlex
-
 from provision.render.context import PoolView
 from provision.spec.nodes import Node
 from provision.verify import CheckResult, VerifyContext
 from provision.verify.gpu_parsers import (
-    GPU_QUERY,
-    REMAPPED_QUERY,
+    ALL_REDUCE,
+    ALL_REDUCE_OUT,
+    QUERY_GPU,
     GpuExpect,
-    all_reduce_finding,
-    gpu_findings,
-    parse_all_reduce,
-    parse_gpu_query,
-    parse_nvlink_status,
-    parse_remapped_rows,
+    findings_from,
+    gpu_commands,
 )
 from provision.verify.remote import Remote
 
-ALL_REDUCE = "/opt/nccl-tests/build/all_reduce_perf"
 ALL_REDUCE_TIMEOUT_S = 600.0
 
 
@@ -42,11 +36,6 @@ def expectation(ctx: VerifyContext, view: PoolView) -> GpuExpect | None:
     )
 
 
-def all_reduce_command(gpus: int) -> str:
-    """One process driving all of the node's GPUs, 1 to 8 GiB messages."""
-    return f"{ALL_REDUCE} -b 1G -e 8G -f 2 -g {gpus}"
-
-
 def check_gpus(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
     view = next(v for v in ctx.cluster.pools if v.name == node.pool)
     want = expectation(ctx, view)
@@ -54,40 +43,12 @@ def check_gpus(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResu
         return []
     if node.provider == "lab":
         return [CheckResult("gpu", node.name, True, "lab container: no GPU to check")]
-
-    def found(check: str, passed: bool, evidence: str) -> CheckResult:
-        return CheckResult(check, node.name, passed, evidence)
-
-    query = remote.run(f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits")
-    if query.rc != 0:
-        first = (query.stdout + query.stderr).strip().splitlines()[:1]
-        return [found("gpu.count", False, f"nvidia-smi failed: {first[0] if first else query.rc}")]
-    remapped = remote.run(
-        f"nvidia-smi --query-remapped-rows={REMAPPED_QUERY} --format=csv,noheader"
-    )
-    nvlink = remote.run("nvidia-smi nvlink --status") if want.nvlink_links else None
-    gpus = parse_gpu_query(query.stdout)
-    results = [
-        found(*f)
-        for f in gpu_findings(
-            want,
-            gpus,
-            parse_remapped_rows(remapped.stdout if remapped.rc == 0 else ""),
-            parse_nvlink_status(nvlink.stdout) if nvlink else {},
-        )
-    ]
-    if want.nvswitch:
-        fm = remote.run("systemctl is-active nvidia-fabricmanager")
-        results.append(found("gpu.fabricmanager", fm.stdout.strip() == "active", fm.stdout.strip()))
-    if ctx.cluster.spec.nvidia.nccl_tests:
-        run = remote.run(
-            f"test -x {shlex.quote(ALL_REDUCE)} && {all_reduce_command(want.count)}",
-            timeout=ALL_REDUCE_TIMEOUT_S,
-        )
-        if run.rc != 0 and "#" not in run.stdout:
-            results.append(
-                found("nccl.all_reduce", False, f"{ALL_REDUCE} did not run (rc {run.rc})")
-            )
-        else:
-            results.append(found(*all_reduce_finding(want, parse_all_reduce(run.stdout))))
-    return results
+    commands = gpu_commands(want, ALL_REDUCE if ctx.cluster.spec.nvidia.nccl_tests else None)
+    outputs = {}
+    for name, command in commands.items():
+        timeout = ALL_REDUCE_TIMEOUT_S if name == ALL_REDUCE_OUT else 60.0
+        out = remote.run(command, timeout=timeout)
+        outputs[name] = (out.rc, out.stdout if out.rc == 0 else out.stdout + out.stderr)
+        if name == QUERY_GPU and out.rc != 0:
+            break  # nvidia-smi cannot reach the GPUs: nothing else can answer
+    return [CheckResult(c, node.name, ok, ev) for c, ok, ev in findings_from(want, outputs)]

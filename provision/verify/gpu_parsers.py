@@ -255,3 +255,63 @@ def all_reduce_finding(want: GpuExpect, result: AllReduce | None) -> Finding:
         ok,
         f"busbw {result.busbw_gbs:.1f} GB/s at {size}, threshold {want.busbw_gbs:g}",
     )
+
+
+# --- the commands and what they add up to, for verify (over SSH) and gpu-check.py (local) ---
+
+ALL_REDUCE = "/opt/nccl-tests/build/all_reduce_perf"
+QUERY_GPU = "query-gpu.csv"
+REMAPPED_ROWS = "remapped-rows.csv"
+NVLINK_STATUS = "nvlink-status.txt"
+FABRICMANAGER = "fabricmanager.txt"
+ALL_REDUCE_OUT = "all-reduce.txt"
+
+
+def gpu_commands(want: GpuExpect, all_reduce: str | None = ALL_REDUCE) -> dict[str, str]:
+    """Output name -> shell command, for what `want` needs checked. The names are also the file
+    names gpu-check.py records under."""
+    commands = {
+        QUERY_GPU: f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits",
+        REMAPPED_ROWS: f"nvidia-smi --query-remapped-rows={REMAPPED_QUERY} --format=csv,noheader",
+    }
+    if want.nvlink_links:
+        commands[NVLINK_STATUS] = "nvidia-smi nvlink --status"
+    if want.nvswitch:
+        commands[FABRICMANAGER] = "systemctl is-active nvidia-fabricmanager"
+    if all_reduce:
+        # one process driving all of the node's GPUs, 1 to 8 GiB messages
+        commands[ALL_REDUCE_OUT] = f"{all_reduce} -b 1G -e 8G -f 2 -g {want.count}"
+    return commands
+
+
+def findings_from(want: GpuExpect, outputs: dict[str, tuple[int, str]]) -> list[Finding]:
+    """The findings from the (exit code, output) of each command of `gpu_commands`."""
+    rc, query = outputs[QUERY_GPU]
+    if rc != 0:
+        first = query.strip().splitlines()[:1]
+        return [("gpu.count", False, f"nvidia-smi failed: {first[0] if first else rc}")]
+
+    def text(name: str) -> str:
+        code, out = outputs.get(name, (1, ""))
+        return out if code == 0 else ""
+
+    found = gpu_findings(
+        want,
+        parse_gpu_query(query),
+        parse_remapped_rows(text(REMAPPED_ROWS)),
+        parse_nvlink_status(text(NVLINK_STATUS)),
+    )
+    if FABRICMANAGER in outputs:
+        state = outputs[FABRICMANAGER][1].strip()
+        found.append(("gpu.fabricmanager", state == "active", state))
+    if ALL_REDUCE_OUT in outputs:
+        code, out = outputs[ALL_REDUCE_OUT]
+        result = parse_all_reduce(out)
+        if code != 0 and result is None:
+            first = out.strip().splitlines()[:1]
+            found.append(
+                ("nccl.all_reduce", False, f"did not run (rc {code}): {first[0] if first else ''}")
+            )
+        else:
+            found.append(all_reduce_finding(want, result))
+    return found
