@@ -67,8 +67,8 @@ REPORT = [
     (
         "keys",
         "nvidia_repos",
-        "{{ _nvidia_repos_apt_keys | map(attribute='url') | zip("
-        "_nvidia_repos_apt_keys | map(attribute='fingerprint')) | map('join', ' fingerprint ') "
+        "{{ _nvidia_repos_keys | map(attribute='url') | zip("
+        "_nvidia_repos_keys | map(attribute='fingerprint')) | map('join', ' fingerprint ') "
         "}}",
     ),
     (

@@ -152,6 +152,18 @@ def test_firewall_admits_only_what_the_spec_allows() -> None:
     assert all(a in cluster for a in ("10.77.0.11", "10.77.0.12", "10.77.0.13"))
 
 
+def test_dcgm_exporter_port_opens_only_where_an_exporter_runs() -> None:
+    spec = load_spec(ROOT / "examples" / "dgx-superpod.yaml")
+    rule = 'tcp dport 9400 accept comment "dcgm-exporter (GPU metrics)"'
+    files = render(Cluster(spec))
+    assert f"ip saddr @admin {rule}" in files["files/nftables/gpu.nft"]
+    assert f"ip saddr @cluster_nodes {rule}" in files["files/nftables/mig.nft"]
+    assert "9400" not in files["files/nftables/head.nft"]  # no GPUs there
+    no_exporter = spec.model_copy(update={"nvidia": spec.nvidia.model_copy(
+        update={"dcgm_exporter_url": None, "dcgm_exporter_sha256": None})})
+    assert "9400" not in render(Cluster(no_exporter))["files/nftables/gpu.nft"]
+
+
 def test_write_render_replaces_and_prunes_only_its_own(tmp_path: Path) -> None:
     files = _render(ROOT / "examples" / "lab.yaml")
     (tmp_path / "notes.txt").write_text("mine")

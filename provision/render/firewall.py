@@ -93,7 +93,7 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
             rules.append(Rule("pod network (VXLAN)", "udp", "4789", (CLUSTER,)))
             if role == "compute":
                 rules.append(Rule("NodePort services", "tcp", "30000-32767", (CLUSTER,)))
-        if view.profile.gpu is not None and spec.nvidia.dcgm:
+        if view.profile.gpu is not None and spec.nvidia.dcgm and spec.nvidia.dcgm_exporter_url:
             port = str(spec.nvidia.dcgm_exporter_port)
             rules.append(Rule("dcgm-exporter (GPU metrics)", "tcp", port, (ADMIN, CLUSTER)))
         if view.name in exporting:

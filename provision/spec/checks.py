@@ -325,13 +325,11 @@ def _check_gpu(spec: Spec) -> list[Problem]:
             (("software", "cudnn"), f"cuDNN {sw.cudnn}: major versions 8 and 9 are supported")
         )
     for i, pool in enumerate(spec.pools):
-        if pool.mig is None:
-            continue
         prof = profiles.get(pool.profile)
-        gpu = prof.gpu if prof else None
-        where: Loc = ("pools", i, "mig")
-        if prof is None:
+        if pool.mig is None or prof is None:  # an unknown profile is reported by _check_pools
             continue
+        gpu = prof.gpu
+        where: Loc = ("pools", i, "mig")
         if gpu is None or not gpu.mig_profiles:
             problems.append(
                 (where, f"profile '{pool.profile}' has no MIG-capable GPU: remove 'mig'")
