@@ -211,3 +211,42 @@ def test_an_unpinned_driver_takes_the_sources_newest() -> None:
         variables = _variables(os_name, "nvidia") | {"nvidia_driver_version": ""}
         templar = Templar(loader=DataLoader(), variables=variables)
         assert templar.template(trust_as_template("{{ _nvidia_driver_packages }}")) == wanted
+
+
+def test_cuda_versions_live_side_by_side() -> None:
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    variables = _variables("ubuntu24.04", "nvidia") | {"cuda_extra_versions": ["12.6", "12.4"]}
+    templar = Templar(loader=DataLoader(), variables=variables)
+    got = templar.template(trust_as_template("{{ [_cuda_homes, _cuda_home, _cuda_packages] }}"))
+    assert got == [
+        {"12.4": "/usr/local/cuda-12.4", "12.6": "/usr/local/cuda-12.6"},
+        "/usr/local/cuda-12.4",
+        ["cuda-toolkit-12-4", "cuda-toolkit-12-6"],
+    ]
+
+
+def test_role_defaults_agree_with_the_spec_defaults() -> None:
+    """A role run without the rendered group_vars behaves as a spec that leaves nvidia: out."""
+    import re
+
+    from provision.spec.models import NvidiaSettings
+
+    spec = NvidiaSettings()
+    texts = [p.read_text() for p in ROLES.glob("*/defaults/main.yml")]
+    texts.append((ROOT / "playbooks" / "site.yml").read_text())
+    seen = 0
+    for text in texts:
+        for field, default in re.findall(r"provision_nvidia_(\w+) \| default\(([^)]*)\)", text):
+            # roles spell "unset" as the empty string
+            assert (_yaml.load(default) or None) == (getattr(spec, field) or None), field
+            seen += 1
+    assert seen >= 10
+    driver = _load(ROLES / "nvidia_driver" / "defaults" / "main.yml")
+    assert (driver["nvidia_driver_modules"], driver["nvidia_driver_reboot"]) == (
+        spec.driver_modules,
+        spec.reboot,
+    )
+    dcgm = _load(ROLES / "dcgm" / "defaults" / "main.yml")
+    assert dcgm["dcgm_exporter_port"] == spec.dcgm_exporter_port
