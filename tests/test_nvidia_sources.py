@@ -250,3 +250,20 @@ def test_role_defaults_agree_with_the_spec_defaults() -> None:
     )
     dcgm = _load(ROLES / "dcgm" / "defaults" / "main.yml")
     assert dcgm["dcgm_exporter_port"] == spec.dcgm_exporter_port
+
+
+@pytest.mark.parametrize("source", ["nvidia", "distro"])
+def test_ubuntu_precompiled_modules_come_from_ubuntu(source: str) -> None:
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    variables = _variables("ubuntu22.04", source) | {
+        "nvidia_driver_modules": "precompiled",
+        "nvidia_driver_version": "550",
+    }
+    templar = Templar(loader=DataLoader(), variables=variables)
+    assert templar.template(trust_as_template("{{ _nvidia_driver_packages }}")) == [
+        "linux-modules-nvidia-550-server-open-generic",
+        "nvidia-headless-no-dkms-550-server-open",
+        "nvidia-utils-550-server",
+    ]
