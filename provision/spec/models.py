@@ -130,6 +130,18 @@ def _mig_profile(value: str) -> str:
     return value
 
 
+def _url(value: str) -> str:
+    if not re.fullmatch(r"(https?|file)://[^\s]+", value):
+        raise ValueError(f"{value!r} is not a URL: write it like https://mirror.example.org/nvidia")
+    return value.rstrip("/")
+
+
+def _sha256(value: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise ValueError("not a SHA-256: 64 lower-case hex digits (sha256sum prints it)")
+    return value
+
+
 Hostname = Annotated[str, AfterValidator(_hostname)]
 HostnamePrefix = Annotated[str, AfterValidator(_hostname_prefix)]
 PoolName = Annotated[str, AfterValidator(_pool_name)]
@@ -139,6 +151,8 @@ SshPublicKey = Annotated[str, AfterValidator(_ssh_public_key)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
 PortRange = Annotated[int | str, AfterValidator(_port_range)]
 MigProfile = Annotated[str, AfterValidator(_mig_profile)]
+Url = Annotated[str, AfterValidator(_url)]
+Sha256 = Annotated[str, AfterValidator(_sha256)]
 
 
 class Model(BaseModel):
@@ -336,7 +350,7 @@ class NvidiaSettings(Model):
         description="nvidia: NVIDIA's repositories; distro: Debian non-free / Ubuntu "
         "restricted; mirror: a local mirror of NVIDIA's repositories (air-gapped sites)",
     )
-    mirror_url: str | None = Field(
+    mirror_url: Url | None = Field(
         default=None,
         description="base URL of the mirror (source mirror); NVIDIA's repository paths below it",
     )
@@ -354,12 +368,12 @@ class NvidiaSettings(Model):
     dcgm_exporter_port: int = Field(
         default=9400, ge=1, le=65535, description="port of the DCGM exporter (Prometheus)"
     )
-    dcgm_exporter_url: str | None = Field(
+    dcgm_exporter_url: Url | None = Field(
         default=None,
         description="URL of a dcgm-exporter binary (NVIDIA ships it as a container image); "
         "unset: only the host engine runs",
     )
-    dcgm_exporter_sha256: str | None = Field(
+    dcgm_exporter_sha256: Sha256 | None = Field(
         default=None, description="SHA-256 of that binary; required with dcgm_exporter_url"
     )
     container_toolkit: bool = Field(
