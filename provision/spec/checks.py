@@ -7,6 +7,7 @@ import difflib
 import ipaddress
 from collections.abc import Callable
 
+from provision.spec.fabric import fabric_addresses, fabric_hcas
 from provision.spec.loader import load_profiles
 from provision.spec.models import BURST_PROVIDERS, CLOUD_PROVIDERS, Spec
 from provision.spec.nodes import Loc, Node, expand_nodes_checked
@@ -23,6 +24,8 @@ def check_spec(spec: Spec) -> list[Problem]:
     problems.extend(node_problems)
     if not problems:
         problems.extend(_check_nodes(spec, nodes))
+    if not problems:
+        problems.extend(_check_fabric_nodes(spec, nodes))
     return problems
 
 
@@ -476,6 +479,79 @@ def _check_nodes(spec: Spec, nodes: list[Node]) -> list[Problem]:
     return _first_per_loc(problems)
 
 
+def _check_fabric(spec: Spec) -> list[Problem]:
+    fabric = spec.network.fabric
+    loc = ("network", "fabric")
+    problems: list[Problem] = []
+    if fabric.rdma == "doca" and spec.software.doca is None:
+        problems.append(
+            ((*loc, "rdma"), "DOCA-OFED needs its release: set software.doca (like 2.9.1)")
+        )
+    if fabric.kind == "ethernet":
+        for key in ("subnet_managers", "bootstrap_interface", "rdma", "doca_mirror_url", "roce"):
+            if key in fabric.model_fields_set:
+                problems.append(
+                    ((*loc, key), f"'{key}' needs an infiniband or roce fabric, not ethernet")
+                )
+    if fabric.kind == "roce" and fabric.subnet_managers:
+        problems.append(
+            (
+                (*loc, "subnet_managers"),
+                "RoCE runs over Ethernet switches and needs no subnet manager: remove the list",
+            )
+        )
+    if fabric.kind == "infiniband" and "roce" in fabric.model_fields_set:
+        problems.append(((*loc, "roce"), "RoCE settings need a roce fabric, not infiniband"))
+    if fabric.kind == "roce" and fabric.subnet is not None:
+        profiles = load_profiles(spec.profiles)
+        for i, pool in enumerate(spec.pools):
+            profile = profiles.get(pool.profile)
+            if profile is None:
+                continue
+            if any(not h.netdevs for h in fabric_hcas(profile, "roce")):
+                problems.append(
+                    (
+                        ("pools", i, "profile"),
+                        f"profile {pool.profile}'s RoCE adapters name no netdevs, so their "
+                        "fabric addresses have nowhere to go: add netdevs to the profile",
+                    )
+                )
+    return problems
+
+
+def _check_fabric_nodes(spec: Spec, nodes: list[Node]) -> list[Problem]:
+    fabric = spec.network.fabric
+    profiles = load_profiles(spec.profiles)
+    by_name = {n.name: n for n in nodes}
+    pools = {p.name: p for p in spec.pools}
+    problems: list[Problem] = []
+    for i, name in enumerate(fabric.subnet_managers):
+        loc = ("network", "fabric", "subnet_managers", i)
+        node = by_name.get(name)
+        if node is None:
+            close = difflib.get_close_matches(name, sorted(by_name), n=1)
+            hint = f": did you mean '{close[0]}'?" if close else ""
+            problems.append((loc, f"'{name}' is not a node of this cluster{hint}"))
+        elif node.elastic:
+            problems.append((loc, f"{name} is an elastic node: a subnet manager must stay up"))
+        elif fabric.subnet_managers.index(name) != i:
+            problems.append((loc, f"{name} is named twice"))
+        elif not fabric_hcas(profiles[pools[node.pool].profile], "infiniband"):
+            problems.append(
+                (
+                    loc,
+                    f"{name} has no InfiniBand adapter (profile {pools[node.pool].profile}): "
+                    "the subnet manager must run on a node on the fabric",
+                )
+            )
+    if len(fabric.subnet_managers) > 16:
+        problems.append(
+            (("network", "fabric", "subnet_managers"), "opensm has 16 priorities: name at most 16")
+        )
+    _, address_problems = fabric_addresses(spec, profiles, nodes, addresses=False)
+    return problems + address_problems
+
+
 def _is_address(text: str) -> bool:
     try:
         ipaddress.IPv4Address(text)
@@ -503,4 +579,5 @@ CHECKS: list[Callable[[Spec], list[Problem]]] = [
     _check_security,
     _check_storage,
     _check_gpu,
+    _check_fabric,
 ]

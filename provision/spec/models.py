@@ -15,7 +15,7 @@ import typing
 from datetime import date
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 OsName = Literal["ubuntu22.04", "ubuntu24.04", "debian12", "rocky9"]
 SchedulerKind = Literal["slurm", "kubernetes"]
@@ -142,7 +142,22 @@ def _sha256(value: str) -> str:
     return value
 
 
+def _interface_name(value: str) -> str:
+    # the kernel's rule: up to 15 bytes, no slash, no white space
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,15}", value):
+        raise ValueError(f"{value!r} is not a network interface name (1-15 of A-Z a-z 0-9 _ . : -)")
+    return value
+
+
+def _rdma_device(value: str) -> str:
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", value):
+        raise ValueError(f"{value!r} is not an RDMA device name: write it like mlx5_0")
+    return value
+
+
 Hostname = Annotated[str, AfterValidator(_hostname)]
+InterfaceName = Annotated[str, AfterValidator(_interface_name)]
+RdmaDevice = Annotated[str, AfterValidator(_rdma_device)]
 HostnamePrefix = Annotated[str, AfterValidator(_hostname_prefix)]
 PoolName = Annotated[str, AfterValidator(_pool_name)]
 UserName = Annotated[str, AfterValidator(_user_name)]
@@ -196,6 +211,24 @@ class HcaSpec(Model):
     rate_gbps: int = Field(ge=1, description="line rate per adapter port in Gb/s")
     kind: Literal["infiniband", "roce", "ethernet", "efa"] = Field(description="link layer")
     purpose: Literal["compute", "storage", "management"] = "compute"
+    devices: list[RdmaDevice] = Field(
+        default=[],
+        description="RDMA device names, one per adapter (mlx5_0, ...); unset: NCCL and verify "
+        "take every device of this link layer",
+    )
+    netdevs: list[InterfaceName] = Field(
+        default=[],
+        description="network interfaces, one per adapter (ibp24s0, ...); unset: ib0, ib1, ... "
+        "on InfiniBand; RoCE adapters need them for fabric addresses",
+    )
+
+    @model_validator(mode="after")
+    def _one_name_per_adapter(self) -> HcaSpec:
+        for field in ("devices", "netdevs"):
+            names = getattr(self, field)
+            if names and len(names) != self.count:
+                raise ValueError(f"{field} names {len(names)} adapters but count is {self.count}")
+        return self
 
 
 class CpuSpec(Model):
@@ -236,12 +269,77 @@ class ManagementNetwork(Model):
 
 class BmcNetwork(Model):
     cidr: ipaddress.IPv4Network = Field(description="out-of-band network of the nodes' BMCs")
+    protocol: Literal["redfish", "ipmi"] = Field(
+        default="redfish", description="how `provision power` talks to the BMCs"
+    )
+    port: int | None = Field(
+        default=None, ge=1, le=65535, description="BMC port; unset: 443 (Redfish), 623 (IPMI)"
+    )
+    verify_tls: bool = Field(
+        default=True, description="check the BMCs' HTTPS certificates (Redfish)"
+    )
+    ca_file: str | None = Field(
+        default=None, description="CA bundle that signed the BMCs' certificates (Redfish)"
+    )
+
+
+class RoceSettings(Model):
+    """Quality of service for RDMA over Converged Ethernet: lossless class for NCCL's traffic."""
+
+    trust: Literal["dscp", "pcp"] = Field(
+        default="dscp", description="what the adapters classify by: DSCP (L3) or PCP (VLAN)"
+    )
+    traffic_class: int = Field(
+        default=106,
+        ge=0,
+        le=255,
+        description="IP traffic class of RDMA traffic (NCCL_IB_TC): DSCP << 2 | ECN; 106 = DSCP 26",
+    )
+    priority: int = Field(default=3, ge=0, le=7, description="switch priority of that DSCP")
+    pfc: bool = Field(default=True, description="priority flow control on that priority")
 
 
 class Fabric(Model):
     kind: FabricKind = Field(description="high-speed interconnect between compute nodes")
     subnet: ipaddress.IPv4Network | None = Field(
         default=None, description="IPoIB or RoCE subnet; absent for a plain Ethernet fabric"
+    )
+    rdma: Literal["inbox", "doca"] = Field(
+        default="inbox",
+        description="RDMA stack: inbox (the distribution's rdma-core) or doca (NVIDIA DOCA-OFED, "
+        "version from software.doca)",
+    )
+    doca_mirror_url: Url | None = Field(
+        default=None, description="local mirror of NVIDIA's DOCA repository (same paths below it)"
+    )
+    subnet_managers: list[Hostname] = Field(
+        default=[],
+        description="nodes that run opensm, by priority (first is master); none: a managed "
+        "switch runs the subnet manager",
+    )
+    ipoib_mode: Literal["datagram", "connected"] = Field(
+        default="datagram", description="IPoIB transport mode"
+    )
+    mtu: int | None = Field(
+        default=None,
+        ge=576,
+        le=65520,
+        description="fabric interface MTU; unset: 4092 (IPoIB datagram), 65520 (connected), "
+        "9000 (RoCE)",
+    )
+    bootstrap_interface: InterfaceName | None = Field(
+        default=None,
+        description="interface NCCL bootstraps over (NCCL_SOCKET_IFNAME); unset: any but "
+        "loopback and container bridges",
+    )
+    roce: RoceSettings = Field(default=RoceSettings(), description="RoCE quality of service")
+    ib_write_bw_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description="ib_write_bw a node pair must reach per adapter; unset: 93.75% of the rate",
+    )
+    link_downed_limit: int = Field(
+        default=5, ge=0, description="link-down events per port (LinkDownedCounter) verify allows"
     )
 
 
@@ -339,6 +437,9 @@ class Software(Model):
     )
     nccl_tests: Version | None = Field(
         default=None, description="nccl-tests release built for verify (2.13.10)"
+    )
+    doca: Version | None = Field(
+        default=None, description="DOCA-OFED release (2.9.1), with network.fabric.rdma doca"
     )
 
 
