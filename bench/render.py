@@ -26,7 +26,8 @@ def generate(path: Path) -> None:
         "name: bench", "os: ubuntu22.04",
         "slurm: {accounting: true}",
         "network:", "  management: {cidr: 10.64.0.0/14}",
-        "  fabric: {kind: infiniband, subnet: 10.80.0.0/14}",
+        # eight rails, each as large as the management network: every node keeps its offset
+        "  fabric: {kind: infiniband, subnet: 10.128.0.0/11}",
         "pools:",
         "  - {name: head, role: head, profile: cpu-node, count: 2, first_address: 10.64.0.11}",
     ]

@@ -23,6 +23,7 @@ from provision.render.context import Cluster
 from provision.render.firewall import address_sets, pool_rules
 from provision.render.gpu import nccl_conf
 from provision.render.slurm import gres_conf_context, slurm_conf_context
+from provision.spec.fabric import fabric_addresses, rails
 
 TEMPLATES = REPO_ROOT / "templates"
 MANIFEST = ".provision-render.json"
@@ -93,15 +94,24 @@ def render(cluster: Cluster) -> dict[str, str]:
 def render_inventory(cluster: Cluster) -> str:
     spec = cluster.spec
     lasting = cluster.lasting_nodes
+    fabric = spec.network.fabric
+    addresses, _ = fabric_addresses(spec, cluster.profiles, lasting)
     groups: list[dict[str, Any]] = []
     for role in ("head", "login", "compute", "storage"):
-        hosts = [(n.name, n.address) for n in lasting if n.role == role]
+        hosts = [_host(n.name, ansible_host=n.address) for n in lasting if n.role == role]
         groups.append({"name": role, "vars": [], "hosts": hosts})
     # GPU nodes: the NVIDIA roles run here
     hosts = [
-        (n.name, None) for v in cluster.pools if v.profile.gpu for n in v.nodes if not n.elastic
+        _host(n.name) for v in cluster.pools if v.profile.gpu for n in v.nodes if not n.elastic
     ]
     groups.append({"name": "gpu", "vars": [], "hosts": hosts})
+    # Nodes on the RDMA fabric (the rdma and ipoib roles), and the fabric's subnet managers
+    fabric_pools = [v for v in cluster.pools if rails(v.profile, fabric.kind)]
+    hosts = [_host(n.name) for v in fabric_pools for n in v.nodes if not n.elastic]
+    groups.append({"name": "fabric", "vars": [], "hosts": hosts})
+    # opensm: the higher priority is master; the first named gets 15, the next 14, ...
+    hosts = [_host(name, opensm_priority=15 - i) for i, name in enumerate(fabric.subnet_managers)]
+    groups.append({"name": "subnet_manager", "vars": [], "hosts": hosts})
     for view in cluster.pools:
         gpu = view.profile.gpu
         gvars = [
@@ -114,10 +124,24 @@ def render_inventory(cluster: Cluster) -> str:
             gvars.append(("provision_nvswitch", "true" if gpu.nvswitch else "false"))
         if view.pool.mig:
             gvars.append(("provision_mig_layout", json.dumps(list(view.pool.mig))))
-        hosts = [(n.name, None) for n in view.nodes if not n.elastic]
+        pool_rails = rails(view.profile, fabric.kind)
+        if pool_rails:
+            netdevs = [r.netdev for r in pool_rails if r.netdev]
+            devices = [r.device for r in pool_rails if r.device]
+            if netdevs:
+                gvars.append(("provision_fabric_netdevs", json.dumps(netdevs)))
+            if devices:
+                gvars.append(("provision_fabric_devices", json.dumps(devices)))
+        hosts = [
+            _host(n.name, provision_fabric_addresses=addresses[n.name])
+            if n.name in addresses
+            else _host(n.name)
+            for n in view.nodes
+            if not n.elastic
+        ]
         groups.append({"name": f"pool_{view.name}", "vars": gvars, "hosts": hosts})
     for provider in sorted({p.pool.provider for p in cluster.pools}):
-        hosts = [(n.name, None) for n in lasting if n.provider == provider]
+        hosts = [_host(n.name) for n in lasting if n.provider == provider]
         groups.append({"name": f"provider_{provider}", "vars": [], "hosts": hosts})
     return _template(
         "inventory.yml.j2",
@@ -127,6 +151,15 @@ def render_inventory(cluster: Cluster) -> str:
         become=spec.ssh.user != "root",
         groups=groups,
     )
+
+
+def _host(name: str, **hostvars: object) -> tuple[str, list[tuple[str, str]]]:
+    """A host of the inventory: its name and its variables, each as a YAML value."""
+    pairs = []
+    for key, value in hostvars.items():
+        if value is not None:
+            pairs.append((key, json.dumps(value) if isinstance(value, list | int) else str(value)))
+    return name, pairs
 
 
 def group_vars(cluster: Cluster) -> dict[str, Any]:
@@ -161,13 +194,27 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
         value = getattr(nvidia, field)
         if value is not None:
             out[_NVIDIA_VARS[field]] = value
+    fabric = spec.network.fabric
     if "fabric" in spec.network.model_fields_set:
-        out["provision_fabric"] = spec.network.fabric.kind
+        out["provision_fabric"] = fabric.kind
+    for field in sorted(fabric.model_fields_set & set(_FABRIC_VARS)):
+        out[_FABRIC_VARS[field]] = getattr(fabric, field)
+    for field in sorted(fabric.roce.model_fields_set):
+        out[f"rdma_roce_{field}"] = getattr(fabric.roce, field)
     return out
 
 
 # spec field -> the variable of the role that owns it (provision_* are read by several roles)
-_VERSION_VARS = {"container_toolkit": "nvidia_container_toolkit_version"}
+_VERSION_VARS = {
+    "container_toolkit": "nvidia_container_toolkit_version",
+    "doca": "rdma_doca_version",
+}
+_FABRIC_VARS = {
+    "rdma": "rdma_stack",
+    "doca_mirror_url": "rdma_doca_mirror_url",
+    "ipoib_mode": "ipoib_mode",
+    "mtu": "ipoib_mtu",
+}
 _NVIDIA_VARS = {
     "source": "provision_nvidia_source",
     "mirror_url": "provision_nvidia_mirror_url",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from provision.render.context import Cluster
+from provision.spec.fabric import rails
 
 # Address sets every rule refers to by name. They live in their own file so that nodes joining
 # (elastic burst nodes) are added with `nft add element` without touching the rules.
@@ -96,6 +97,12 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
         if view.profile.gpu is not None and spec.nvidia.dcgm and spec.nvidia.dcgm_exporter_url:
             port = str(spec.nvidia.dcgm_exporter_port)
             rules.append(Rule("dcgm-exporter (GPU metrics)", "tcp", port, (ADMIN, CLUSTER)))
+        fabric = spec.network.fabric
+        if fabric.subnet is not None and rails(view.profile, fabric.kind):
+            # RDMA itself bypasses the kernel; IPoIB and RoCE interfaces carry IP like any other
+            rules.append(
+                Rule("job traffic over the fabric (IP)", "tcp", "1024-65535", (str(fabric.subnet),))
+            )
         if view.name in exporting:
             rules.append(Rule("nfs", "tcp", NFS_PORT, (CLUSTER,)))
         for extra in spec.security.firewall_rules:

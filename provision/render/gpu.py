@@ -1,26 +1,55 @@
-"""/etc/nccl.conf per GPU pool, from the spec's fabric and the pool's adapters."""
+"""/etc/nccl.conf per GPU pool, from the spec's fabric and the pool's adapters: the one place
+the fabric's NCCL settings are written. The nccl role installs it; NCCL reads it in every job
+(variables a job sets still win)."""
 
 from __future__ import annotations
 
 from provision.render.context import Cluster, PoolView
+from provision.spec.fabric import rails
+
+# Bootstrap and socket traffic over the host's real interfaces, never loopback or the
+# bridges of container engines.
+ANY_REAL_INTERFACE = "^lo,docker,podman,virbr,veth"
+
+
+def nccl_settings(cluster: Cluster, view: PoolView) -> list[tuple[str, str, str]]:
+    """(variable, value, why) in the order they are written."""
+    fabric = cluster.spec.network.fabric
+    kinds = {h.kind for h in view.profile.hcas if h.purpose == "compute"}
+    out = [
+        (
+            "NCCL_SOCKET_IFNAME",
+            fabric.bootstrap_interface or ANY_REAL_INTERFACE,
+            "bootstrap and socket traffic",
+        )
+    ]
+    pool_rails = rails(view.profile, fabric.kind)
+    if "efa" in kinds:
+        out.append(("NCCL_IB_DISABLE", "1", "EFA: the aws-ofi-nccl plugin carries the traffic"))
+    elif pool_rails:
+        out.append(("NCCL_IB_DISABLE", "0", f"{len(pool_rails)} {fabric.kind} adapters"))
+        devices = [r.device for r in pool_rails if r.device]
+        if devices:
+            # '=' : exactly these devices (no prefix match: mlx5_1 must not take mlx5_10)
+            out.append(("NCCL_IB_HCA", "=" + ",".join(devices), "the compute rails only"))
+        if fabric.kind == "roce":
+            # RoCE v2 over IPv4 is GID index 3 on ConnectX with the default GID table
+            out.append(("NCCL_IB_GID_INDEX", "3", "RoCE v2 over IPv4"))
+            out.append(
+                (
+                    "NCCL_IB_TC",
+                    str(fabric.roce.traffic_class),
+                    f"DSCP {fabric.roce.traffic_class >> 2}, the lossless class",
+                )
+            )
+    else:
+        out.append(("NCCL_IB_DISABLE", "1", "no RDMA adapters on this pool's fabric"))
+    return out
 
 
 def nccl_conf(cluster: Cluster, view: PoolView) -> str:
-    """NCCL reads /etc/nccl.conf before the job's environment, so jobs can still override."""
-    fabric = cluster.spec.network.fabric.kind
-    kinds = {h.kind for h in view.profile.hcas if h.purpose == "compute"}
     lines = [f"# {cluster.header}", f"# pool {view.name}: {view.profile.description}"]
-    # Bootstrap and socket traffic over the host's real interfaces, never loopback or the
-    # bridges of container engines.
-    lines.append("NCCL_SOCKET_IFNAME=^lo,docker,podman,virbr,veth")
-    if "efa" in kinds:
-        lines.append("# EFA: the aws-ofi-nccl plugin carries the traffic; keep NCCL off verbs")
-        lines.append("NCCL_IB_DISABLE=1")
-    elif fabric in ("infiniband", "roce") and kinds & {"infiniband", "roce"}:
-        lines.append("NCCL_IB_DISABLE=0")
-        if fabric == "roce":
-            # RoCE v2 over IPv4 is GID index 3 on ConnectX with the default GID table
-            lines.append("NCCL_IB_GID_INDEX=3")
-    else:
-        lines.append("NCCL_IB_DISABLE=1")
+    for key, value, why in nccl_settings(cluster, view):
+        lines.append(f"# {why}")
+        lines.append(f"{key}={value}")
     return "\n".join(lines) + "\n"

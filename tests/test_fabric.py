@@ -1,0 +1,225 @@
+"""The fabric: addressing from the spec, the NCCL settings, and the parsers and findings of the
+RDMA tools on the outputs in tests/data/fabric/ (README there says which were recorded where)."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from provision.render.context import Cluster
+from provision.render.gpu import nccl_settings
+from provision.spec.fabric import fabric_addresses, rail_subnets, rails
+from provision.spec.loader import load_profiles, load_spec
+from provision.spec.nodes import expand_nodes
+from provision.verify import fabric_parsers as fp
+from provision.verify.fabric import pairs, write_bw_command
+
+from .conftest import ROOT
+
+DATA = Path(__file__).parent / "data" / "fabric"
+DGX_DEVICES = ["mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11"]
+
+
+def _read(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+# --- addressing ------------------------------------------------------------------------------
+
+
+def test_rails_split_the_subnet_and_keep_the_management_offset() -> None:
+    spec = load_spec(ROOT / "examples" / "dgx-8.yaml")
+    addresses, problems = fabric_addresses(spec, load_profiles(spec.profiles), expand_nodes(spec))
+    assert problems == []
+    assert "head01" not in addresses  # no InfiniBand adapter, no fabric address
+    dgx01 = addresses["dgx01"]
+    # 10.20.0.21 is host 21 of its /24; eight rails of 10.22.0.0/16 are eight /19s
+    assert dgx01 == [f"10.22.{32 * r}.21/19" for r in range(8)]
+    assert len({a for addrs in addresses.values() for a in addrs}) == 8 * 8
+
+
+def test_addresses_do_not_move_when_a_pool_is_added_before() -> None:
+    spec = load_spec(ROOT / "examples" / "dgx-8.yaml")
+    profiles = load_profiles(spec.profiles)
+    before, _ = fabric_addresses(spec, profiles, expand_nodes(spec))
+    extra = spec.pools[1].model_copy(
+        update={"name": "early", "hostname_prefix": "early", "count": 2,
+                "first_address": ipaddress.IPv4Address("10.20.0.100")}
+    )
+    grown = spec.model_copy(update={"pools": [spec.pools[0], extra, *spec.pools[1:]]})
+    after, problems = fabric_addresses(grown, profiles, expand_nodes(grown))
+    assert problems == []
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert after["early01"][0] == "10.22.0.100/19"
+
+
+def test_rail_subnets() -> None:
+    net = ipaddress.IPv4Network("10.12.0.0/16")
+    assert rail_subnets(net, 1) == [net]
+    assert [str(s) for s in rail_subnets(net, 3)] == ["10.12.0.0/18", "10.12.64.0/18",
+                                                        "10.12.128.0/18"]
+    assert rail_subnets(ipaddress.IPv4Network("10.0.0.0/30"), 2) == []  # /31s hold no host
+
+
+def test_rails_take_the_profiles_names_or_ib_n() -> None:
+    profiles = load_profiles({})
+    dgx = rails(profiles["dgx-h100"], "infiniband")
+    assert [r.device for r in dgx] == DGX_DEVICES
+    assert dgx[0].netdev == "ibp24s0" and dgx[-1].netdev == "ibp220s0"
+    a100 = rails(profiles["dgx-a100"], "infiniband")
+    assert [r.netdev for r in a100][:2] == ["ib0", "ib1"] and a100[0].device is None
+    assert rails(profiles["dgx-h100"], "roce") == []  # its Ethernet adapters are for storage
+    assert rails(profiles["l40s-pcie"], "roce")[1].netdev == "ens1f1np1"
+
+
+def test_nccl_settings_come_from_the_fabric() -> None:
+    cluster = Cluster(load_spec(ROOT / "examples" / "k8s.yaml"))
+    view = next(v for v in cluster.pools if v.profile.gpu)
+    settings = {k: v for k, v, _ in nccl_settings(cluster, view)}
+    assert settings["NCCL_IB_HCA"] == "=mlx5_0,mlx5_1"
+    assert settings["NCCL_IB_TC"] == "106" and settings["NCCL_IB_GID_INDEX"] == "3"
+    dgx8 = Cluster(load_spec(ROOT / "examples" / "dgx-8.yaml"))
+    view = next(v for v in dgx8.pools if v.profile.gpu)
+    settings = {k: v for k, v, _ in nccl_settings(dgx8, view)}
+    assert settings["NCCL_SOCKET_IFNAME"] == "enp170s0f0"
+    assert settings["NCCL_IB_HCA"] == "=" + ",".join(DGX_DEVICES)
+    assert "NCCL_IB_TC" not in settings
+
+
+def test_inventory_carries_addresses_and_subnet_manager_priorities() -> None:
+    from ruamel.yaml import YAML
+
+    from provision.render import render_inventory
+
+    inventory = YAML(typ="safe").load(render_inventory(Cluster(load_spec(
+        ROOT / "examples" / "dgx-8.yaml"))))["all"]["children"]
+    assert inventory["subnet_manager"]["hosts"] == {"dgx01": {"opensm_priority": 15},
+                                                    "dgx02": {"opensm_priority": 14}}
+    assert sorted(inventory["fabric"]["hosts"]) == [f"dgx{i:02d}" for i in range(1, 9)]
+    pool = inventory["pool_dgx"]
+    assert pool["vars"]["provision_fabric_devices"] == DGX_DEVICES
+    assert pool["hosts"]["dgx08"]["provision_fabric_addresses"][7] == "10.22.224.28/19"
+
+
+# --- parsers ---------------------------------------------------------------------------------
+
+
+def test_ibstat_healthy_dgx() -> None:
+    cas = fp.parse_ibstat(_read("ibstat-dgx-healthy.txt"))
+    assert len(cas) == 12
+    assert cas[0].name == "mlx5_0" and cas[0].firmware == "28.39.1002"
+    port = cas[0].ports[0]
+    assert (port.state, port.physical, port.rate_gbps, port.link_layer, port.sm_lid) == (
+        "Active", "LinkUp", 400, "InfiniBand", 1)
+    findings = fp.hca_findings(cas, DGX_DEVICES, 8, 400, "InfiniBand")
+    assert all(ok for _, ok, _ in findings), findings
+    assert findings[0] == ("hca count", True, "8 of 8 InfiniBand adapters")
+
+
+def test_ibstat_degraded_port_and_rate() -> None:
+    findings = dict(
+        (name, (ok, ev)) for name, ok, ev in fp.hca_findings(
+            fp.parse_ibstat(_read("ibstat-dgx-degraded.txt")), DGX_DEVICES, 8, 400, "InfiniBand")
+    )
+    assert findings["hca mlx5_4"] == (False, "port 1 Down/Polling at SDR 10, expected NDR 400")
+    assert findings["hca mlx5_9"] == (False, "port 1 Active/LinkUp at HDR 200, expected NDR 400")
+    assert findings["hca mlx5_0"][0] and findings["hca count"][0]
+
+
+def test_ibstat_without_rdma_finds_nothing() -> None:
+    assert fp.parse_ibstat(_read("no-rdma/ibstat.txt")) == []
+    findings = fp.hca_findings([], DGX_DEVICES, 8, 400, "InfiniBand")
+    assert findings == [("hca count", False, "0 of 8 InfiniBand adapters; missing "
+                         + ", ".join(DGX_DEVICES))]
+
+
+def test_ibv_devinfo_roce() -> None:
+    ports = fp.parse_ibv_devinfo(_read("ibv_devinfo-roce.txt"))
+    assert [(p.device, p.port, p.state, p.active_mtu, p.link_layer) for p in ports] == [
+        ("mlx5_0", 1, "PORT_ACTIVE", 4096, "Ethernet"),
+        ("mlx5_1", 1, "PORT_DOWN", 1024, "Ethernet"),
+    ]
+    assert fp.parse_ibv_devinfo(_read("no-rdma/ibv_devinfo.txt")) == []
+
+
+def test_sminfo() -> None:
+    master = fp.parse_sminfo(_read("sminfo-master.txt"))
+    assert master == fp.SmInfo(1, "0x946dae0300a1b200", 15, "SMINFO_MASTER")
+    assert fp.sm_finding(master, "") == (
+        "subnet manager", True, "master at lid 1 (0x946dae0300a1b200, priority 15)")
+    standby = fp.parse_sminfo(_read("sminfo-standby.txt"))
+    assert standby is not None and not fp.sm_finding(standby, "")[1]
+    raw = _read("no-rdma/sminfo.txt")
+    assert fp.parse_sminfo(raw) is None
+    _, ok, evidence = fp.sm_finding(None, raw)
+    assert not ok and evidence.startswith("not reachable: ibwarn:")
+
+
+@pytest.mark.parametrize(("name", "ok", "downed"), [
+    ("perfquery-steady.txt", True, 1),
+    ("perfquery-flapping.txt", False, 23),
+])
+def test_perfquery_link_flaps(name: str, ok: bool, downed: int) -> None:
+    counters = fp.parse_perfquery(_read(name))
+    assert counters["LinkDownedCounter"] == downed
+    assert counters["PortXmitData"] == 4294967295
+    assert "CounterSelect" in counters  # hex values read too
+    check, passed, evidence = fp.link_flap_finding("mlx5_0", counters, 5)
+    assert (check, passed) == ("link flaps mlx5_0", ok)
+    assert evidence.startswith(f"{downed} link-down events (limit 5)")
+
+
+def test_perfquery_without_rdma() -> None:
+    counters = fp.parse_perfquery(_read("no-rdma/perfquery.txt"))
+    assert counters == {}
+    assert not fp.link_flap_finding("mlx5_0", counters, 5)[1]
+
+
+@pytest.mark.parametrize(("name", "gbps", "ok"), [
+    ("ib_write_bw-ndr-gpudirect.txt", 391.42, True),
+    ("ib_write_bw-ndr-slow.txt", 212.87, False),
+])
+def test_ib_write_bw(name: str, gbps: float, ok: bool) -> None:
+    result = fp.parse_ib_write_bw(_read(name))
+    assert result is not None and result.average_gbps == gbps and result.size_bytes == 65536
+    threshold = fp.write_bw_threshold(400, None)
+    assert threshold == 375.0
+    _, passed, evidence = fp.write_bw_finding("a->b", "mlx5_0", result, "", threshold)
+    assert passed is ok and f"{gbps:.2f} Gb/s" in evidence and "threshold 375" in evidence
+
+
+def test_ib_write_bw_without_rdma() -> None:
+    raw = _read("no-rdma/ib_write_bw.txt")
+    assert fp.parse_ib_write_bw(raw) is None
+    _, ok, evidence = fp.write_bw_finding("a->b", "mlx5_0", None, raw, 375.0)
+    assert not ok and "Unable to find the Infiniband/RoCE device" in evidence
+
+
+def test_pairs_and_commands() -> None:
+    nodes = expand_nodes(load_spec(ROOT / "examples" / "dgx-8.yaml"))[1:]
+    assert [(a.name, b.name) for a, b in pairs(nodes[:3])] == [("dgx01", "dgx02"),
+                                                               ("dgx03", "dgx01")]
+    assert len(pairs(nodes)) == 4 and pairs(nodes[:1]) == []
+    assert write_bw_command("mlx5_3", 18516, 1, "10.20.0.22") == (
+        "timeout 120 ib_write_bw -d mlx5_3 --report_gbits -F -D 5 -p 18516 --use_cuda=1 "
+        "10.20.0.22")
+    assert "--use_cuda" not in write_bw_command("mlx5_0", 18515, None, None)
+
+
+def test_fabric_check_script_on_a_host_without_rdma(tmp_path: Path) -> None:
+    """The script runs with python3 alone, records what the tools said, and fails honestly."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-S", str(ROOT / "scripts" / "fabric-check.py"), "--count", "2",
+         "--rate", "200", "--devices", "mlx5_0,mlx5_1", "--record", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert r.returncode == 1
+    assert "FAIL hca count: 0 of 2 InfiniBand adapters; missing mlx5_0, mlx5_1" in r.stdout
+    assert "FAIL subnet manager: not reachable" in r.stdout
+    assert {p.name for p in tmp_path.iterdir()} >= {"ibstat.txt", "sminfo.txt",
+                                                   "perfquery-mlx5_0.txt"}
