@@ -5,7 +5,7 @@ VENV := .venv/bin
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 # podman settings for lab nodes and Molecule (runc, ulimits this host allows)
 export CONTAINERS_CONF := $(CURDIR)/provision/providers/lab/containers.conf
-SCENARIOS := common munge firewall nvidia slurm
+SCENARIOS := common munge firewall nvidia fabric slurm
 SPEC ?= examples/lab.yaml
 
 setup:
@@ -48,7 +48,7 @@ docs: setup
 	@$(VENV)/python scripts/update_readme.py
 
 goldens: setup
-	$(VENV)/pytest -q tests/test_render.py -k golden --update-goldens
+	$(VENV)/pytest -q tests/test_render.py tests/test_nvidia_sources.py tests/test_fabric_roles.py -k golden --update-goldens
 
 bench: setup image
 	$(VENV)/python bench/render.py
