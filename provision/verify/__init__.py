@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision.render.context import Cluster
+from provision.spec.fabric import rails
 from provision.spec.nodes import Node
 from provision.state import State
 from provision.verify import parsers
@@ -169,7 +170,7 @@ COMMON_CHECKS: list[NodeCheck] = [
 
 
 def verify_cluster(cluster: Cluster, state: State, key_file: Path | None) -> list[CheckResult]:
-    from provision.verify import gpu, slurm
+    from provision.verify import fabric, gpu, slurm
 
     nodes = [n for n in cluster.lasting_nodes if n.address is not None]
     rendered = state.build / "files" / "hosts"
@@ -178,10 +179,15 @@ def verify_cluster(cluster: Cluster, state: State, key_file: Path | None) -> lis
     node_checks = list(COMMON_CHECKS)
     if any(v.profile.gpu for v in cluster.pools):
         node_checks.append(gpu.check_gpus)
+    on_fabric = any(rails(v.profile, cluster.spec.network.fabric.kind) for v in cluster.pools)
+    if on_fabric:
+        node_checks.append(fabric.check_fabric)
     if cluster.spec.scheduler == "slurm":
         node_checks.append(slurm.check_munge_key)
     try:
         results += run_node_checks(ctx, remotes, nodes, node_checks)
+        if on_fabric:
+            results += fabric.check_fabric_bandwidth(ctx, remotes, nodes)
         if cluster.spec.scheduler == "slurm":
             results += slurm.check_munge_same_key(ctx, remotes, nodes)
             results += slurm.check_scheduler(ctx, remotes)
