@@ -344,6 +344,101 @@ def destroy(
 
 
 @app.command()
+def power(
+    action: Annotated[str, typer.Argument(help="status, on, off or cycle", show_default=False)],
+    nodes: Annotated[
+        list[str],
+        typer.Argument(
+            help="node names, host lists like gpu[001-032], or pool names", show_default=False
+        ),
+    ],
+    spec: Annotated[
+        Path, typer.Option("--spec", "-f", help="cluster spec", show_default=False)
+    ] = DEFAULT_SPEC,
+    state_dir: StateOpt = None,
+    soft: Annotated[
+        bool, typer.Option("--soft", help="off: ACPI shutdown; cycle: graceful restart")
+    ] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="do not ask before off or cycle")
+    ] = False,
+) -> None:
+    """Power status, on, off or cycle through the nodes' BMCs (Redfish or IPMI)."""
+
+    def run() -> None:
+        from provision import power as pw
+        from provision.errors import UsageError
+        from provision.render.context import compress
+        from provision.spec import load_spec
+        from provision.spec.nodes import expand_nodes
+        from provision.state import State
+
+        if action not in pw.ACTIONS:
+            raise UsageError(
+                f"'{action}' is not a power action: use one of {', '.join(pw.ACTIONS)}"
+            )
+        cluster = load_spec(spec)
+        settings = cluster.network.bmc
+        if settings is None:
+            raise UsageError(f"{spec}: network.bmc is not set: the spec names no BMC network")
+        chosen = pw.select_nodes(expand_nodes(cluster), nodes)
+        creds = pw.load_credentials(State(_state_root(state_dir), cluster.name))
+        names = compress([n.name for n in chosen])
+        if action in ("off", "cycle") and not yes:
+            verb = f"{'soft ' if soft else ''}{'power off' if action == 'off' else 'power cycle'}"
+            if not typer.confirm(f"{verb} {len(chosen)} node(s): {names}?"):
+                raise typer.Exit(1)
+        err.print(f"power {action}: {len(chosen)} node(s) {names} over {settings.protocol}")
+        results = pw.power(chosen, action, settings, creds, soft=soft)
+        for r in results:
+            mark = "[green]ok[/green]" if r.ok else "[red]FAIL[/red]"
+            out.print(f"{mark} {r.node} ({r.bmc}): ", end="")
+            out.print(r.state, markup=False)
+        failed = sum(not r.ok for r in results)
+        if failed:
+            err.print(f"power {action}: {failed} of {len(results)} BMC(s) failed")
+            raise typer.Exit(1)
+
+    _guard(run)
+
+
+@app.command("bmc-credentials")
+def bmc_credentials(
+    spec: SpecArg = DEFAULT_SPEC,
+    user: Annotated[
+        str, typer.Option("--user", "-u", help="BMC user name", show_default=False)
+    ] = "",
+    password_stdin: Annotated[
+        bool, typer.Option("--password-stdin", help="read the password from standard input")
+    ] = False,
+    state_dir: StateOpt = None,
+) -> None:
+    """Store the BMCs' user and password in the cluster's secrets (0600, never printed)."""
+
+    def run() -> None:
+        from provision import power as pw
+        from provision.errors import UsageError
+        from provision.spec import load_spec
+        from provision.state import State
+
+        if not user:
+            raise UsageError("--user is required: the BMC account power control logs in as")
+        name = load_spec(spec).name
+        if password_stdin:
+            password = sys.stdin.readline().rstrip("\n")
+        else:
+            password = typer.prompt("BMC password", hide_input=True, confirmation_prompt=True)
+        if not password:
+            raise UsageError("the password is empty")
+        path = pw.save_credentials(
+            State(_state_root(state_dir), name), pw.Credentials(user, password)
+        )
+        out.print(f"bmc-credentials: saved for user {user} in {path} (0600)")
+
+    _guard(run)
+
+
+@app.command()
 def schema(
     markdown: Annotated[
         bool, typer.Option("--markdown", help="the spec reference as Markdown")

@@ -1,0 +1,218 @@
+"""`provision power` end to end, as a user runs it, against fake BMCs on loopback: Redfish over
+HTTPS (tests/fakebmc.py) and IPMI over RMCP+ (pyghmi's BMC class, driven by the real ipmitool).
+The password must never appear in any output."""
+
+from __future__ import annotations
+
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from provision import power as pw
+from provision.errors import UsageError
+from provision.spec.loader import load_spec
+from provision.spec.nodes import expand_nodes
+
+from .conftest import ROOT
+from .conftest import run_provision as provision
+from .fakebmc import FakeRedfish
+
+USER, PASSWORD = "admin", "s3cret-Bmc-pass"
+
+
+def _free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spec(tmp_path: Path, bmc: str) -> Path:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"""\
+name: pw
+os: debian12
+network:
+  management: {{cidr: 10.1.0.0/24}}
+  bmc:
+{bmc}
+pools:
+  - name: head
+    role: head
+    profile: cpu-node
+    hosts: [{{name: head01, address: 10.1.0.10}}]
+  - name: gpu
+    role: compute
+    profile: cpu-node
+    count: 2
+    first_address: 10.1.0.20
+    first_bmc_address: 127.0.0.2
+security:
+  admin_cidrs: [10.9.0.0/24]
+""")
+    return path
+
+
+def _login(spec: Path, state: Path, password: str = PASSWORD) -> None:
+    r = provision("bmc-credentials", str(spec), "--user", USER, "--password-stdin",
+                  "--state-dir", str(state), stdin=password + "\n")
+    assert r.returncode == 0, r.stderr
+    assert password not in r.stdout + r.stderr
+
+
+@pytest.fixture
+def redfish(tmp_path: Path) -> Iterator[tuple[Path, Path, list[FakeRedfish]]]:
+    port = _free_port()
+    bmcs = [FakeRedfish(f"127.0.0.{i}", port, USER, PASSWORD, tmp_path) for i in (2, 3)]
+    bundle = tmp_path / "bmc-ca.pem"
+    bundle.write_text("".join(b.cert.read_text() for b in bmcs))
+    spec = _spec(tmp_path, f"    cidr: 127.0.0.0/24\n    protocol: redfish\n    port: {port}\n"
+                           f"    ca_file: {bundle}")
+    for b in bmcs:
+        b.__enter__()
+    yield spec, tmp_path / "state", bmcs
+    for b in bmcs:
+        b.__exit__()
+
+
+def test_redfish_status_on_cycle_off(redfish: tuple[Path, Path, list[FakeRedfish]]) -> None:
+    spec, state, bmcs = redfish
+    _login(spec, state)
+    creds = state / "pw" / "secrets" / "bmc.json"
+    assert stat.S_IMODE(creds.stat().st_mode) == 0o600
+    common = ("-f", str(spec), "--state-dir", str(state))
+
+    r = provision("power", "status", "gpu[001-002]", *common)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["ok gpu001 (127.0.0.2): off", "ok gpu002 (127.0.0.3): off"]
+    assert "over redfish" in r.stderr
+
+    r = provision("power", "on", "gpu", *common)  # a pool name: all its nodes
+    assert r.returncode == 0 and r.stdout.count("powered on") == 2, r.stdout + r.stderr
+    assert [b.resets for b in bmcs] == [["On"], ["On"]]
+
+    r = provision("power", "on", "gpu001", *common)
+    assert "on (already)" in r.stdout and bmcs[0].resets == ["On"]
+
+    r = provision("power", "cycle", "gpu001", "--yes", *common)
+    assert r.returncode == 0 and "power cycled" in r.stdout
+    assert bmcs[0].resets[-1] == "PowerCycle"
+
+    r = provision("power", "off", "gpu002", "--soft", "--yes", *common)
+    assert r.returncode == 0 and "shut down" in r.stdout
+    assert bmcs[1].resets[-1] == "GracefulShutdown" and bmcs[1].power == "Off"
+
+    # off without --yes and no terminal to ask: nothing happens
+    r = provision("power", "off", "gpu001", *common)
+    assert r.returncode == 1 and "aborted: nothing was changed" in r.stderr
+    assert bmcs[0].power == "On"
+    for out in (r.stdout, r.stderr):
+        assert PASSWORD not in out
+
+
+def test_redfish_wrong_password_and_untrusted_certificate(
+    redfish: tuple[Path, Path, list[FakeRedfish]], tmp_path: Path
+) -> None:
+    spec, state, bmcs = redfish
+    _login(spec, state, password="wrong-password")
+    r = provision("power", "status", "gpu001", "-f", str(spec), "--state-dir", str(state))
+    assert r.returncode == 1
+    assert "FAIL gpu001 (127.0.0.2): credentials refused (HTTP 401)" in r.stdout
+    assert "1 of 1 BMC(s) failed" in r.stderr and "wrong-password" not in r.stdout + r.stderr
+    assert bmcs[0].auth_failures >= 1
+
+    untrusted = _spec(tmp_path, f"    cidr: 127.0.0.0/24\n    port: {bmcs[0].port}")
+    _login(untrusted, state)
+    r = provision("power", "status", "gpu001", "-f", str(untrusted), "--state-dir", str(state))
+    assert r.returncode == 1 and "certificate not trusted" in r.stdout, r.stdout
+
+
+def test_redfish_without_tls_verification(redfish: tuple[Path, Path, list[FakeRedfish]],
+                                          tmp_path: Path) -> None:
+    _, state, bmcs = redfish
+    spec = _spec(tmp_path, f"    cidr: 127.0.0.0/24\n    port: {bmcs[0].port}\n"
+                           "    verify_tls: false")
+    _login(spec, state)
+    r = provision("power", "status", "gpu002", "-f", str(spec), "--state-dir", str(state))
+    assert r.returncode == 0 and r.stdout.strip() == "ok gpu002 (127.0.0.3): off"
+
+
+def test_bad_input_is_exit_2(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "    cidr: 127.0.0.0/24")
+    state = ("--state-dir", str(tmp_path / "state"))
+    r = provision("power", "status", "gpu001", "-f", str(spec), *state)
+    assert r.returncode == 2 and "no BMC credentials for cluster 'pw'" in r.stderr
+    _login(spec, tmp_path / "state")
+    r = provision("power", "reboot", "gpu001", "-f", str(spec), *state)
+    assert r.returncode == 2 and "'reboot' is not a power action" in r.stderr
+    r = provision("power", "status", "gpu00[1-3]", "-f", str(spec), *state)
+    assert r.returncode == 2 and "'gpu003' is not a node or pool of this cluster" in r.stderr
+    r = provision("power", "status", "head01", "-f", str(spec), *state)
+    assert r.returncode == 2 and "head01 has no BMC address" in r.stderr
+    r = provision("power", "status", "gpu[001-", "-f", str(spec), *state)
+    assert r.returncode == 2 and "is not a host list" in r.stderr
+    r = provision("power", "status", "lab", "-f", str(ROOT / "examples" / "lab.yaml"), *state)
+    assert r.returncode == 2 and "network.bmc is not set" in r.stderr
+    assert all("Traceback" not in x for x in (r.stdout, r.stderr))
+
+
+def test_select_nodes_expands_hostlists_in_spec_order() -> None:
+    nodes = expand_nodes(load_spec(ROOT / "examples" / "dgx-superpod.yaml"))
+    chosen = pw.select_nodes(nodes, ["gpu[003,001-002]", "login02", "gpu002"])
+    assert [n.name for n in chosen] == ["login02", "gpu001", "gpu002", "gpu003"]
+    assert len(pw.select_nodes(nodes, ["mig"])) == 2
+    with pytest.raises(UsageError, match="did you mean 'gpu032'"):
+        pw.select_nodes(nodes, ["gpu033"])
+
+
+def test_ipmitool_gets_the_password_only_through_its_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: dict[str, object] = {}
+
+    def fake_run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        seen["argv"], seen["env"] = argv, kwargs["env"]
+        return subprocess.CompletedProcess(argv, 0, "Chassis Power is on\n", "")
+
+    monkeypatch.setattr(pw.shutil, "which", lambda _: "/usr/bin/ipmitool")
+    monkeypatch.setattr(pw.subprocess, "run", fake_run)
+    assert pw.Ipmi("10.0.0.5", 623, pw.Credentials(USER, PASSWORD)).status() == "on"
+    argv = seen["argv"]
+    assert isinstance(argv, list) and "-E" in argv and PASSWORD not in " ".join(argv)
+    assert seen["env"]["IPMI_PASSWORD"] == PASSWORD  # type: ignore[index]
+    assert PASSWORD not in repr(pw.Credentials(USER, PASSWORD))
+
+
+def test_ipmi_against_a_fake_bmc(tmp_path: Path) -> None:
+    port = _free_port(socket.SOCK_DGRAM)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakebmc", "ipmi", "127.0.0.2", str(port), USER, PASSWORD],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "listening"
+        time.sleep(0.2)
+        spec = _spec(tmp_path, f"    cidr: 127.0.0.0/24\n    protocol: ipmi\n    port: {port}")
+        state = tmp_path / "state"
+        _login(spec, state)
+        common = ("-f", str(spec), "--state-dir", str(state))
+        r = provision("power", "status", "gpu001", *common)
+        assert r.returncode == 0 and r.stdout.strip() == "ok gpu001 (127.0.0.2): off", r.stderr
+        r = provision("power", "on", "gpu001", *common)
+        assert r.returncode == 0 and "powered on" in r.stdout, r.stdout + r.stderr
+        r = provision("power", "status", "gpu001", *common)
+        assert r.stdout.strip() == "ok gpu001 (127.0.0.2): on"
+        r = provision("power", "cycle", "gpu001", "--yes", *common)
+        assert r.returncode == 0 and "power cycled" in r.stdout
+        _login(spec, state, password="not-the-password")
+        r = provision("power", "status", "gpu001", *common)
+        assert r.returncode == 1 and "FAIL gpu001" in r.stdout
+        assert "not-the-password" not in r.stdout + r.stderr
+    finally:
+        server.kill()
+        server.wait()
