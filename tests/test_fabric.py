@@ -223,3 +223,41 @@ def test_fabric_check_script_on_a_host_without_rdma(tmp_path: Path) -> None:
     assert "FAIL subnet manager: not reachable" in r.stdout
     assert {p.name for p in tmp_path.iterdir()} >= {"ibstat.txt", "sminfo.txt",
                                                    "perfquery-mlx5_0.txt"}
+
+
+class _Recorded:
+    """Stands for a node's SSH session: answers each command with a file of tests/data/fabric."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        self.answers = answers
+        self.asked: list[str] = []
+
+    def run(self, command: str, sudo: bool = False, timeout: float = 60.0) -> object:
+        from provision.verify.remote import Output
+
+        self.asked.append(command)
+        for prefix, name in self.answers.items():
+            if command.startswith(prefix):
+                return Output(0, _read(name), "")
+        return Output(127, "", f"{command.split()[0]}: not found")
+
+
+def test_check_fabric_asks_the_tools_and_reports_per_adapter(tmp_path: Path) -> None:
+    from provision.state import State
+    from provision.verify import VerifyContext
+    from provision.verify.fabric import check_fabric
+
+    cluster = Cluster(load_spec(ROOT / "examples" / "dgx-8.yaml"))
+    ctx = VerifyContext(cluster, State(tmp_path, "dgx8"), "")
+    node = next(n for n in cluster.nodes if n.name == "dgx03")
+    remote = _Recorded({"ibstat": "ibstat-dgx-degraded.txt", "sminfo": "sminfo-master.txt",
+                        "perfquery -C mlx5_4 ": "perfquery-flapping.txt",
+                        "perfquery": "perfquery-steady.txt"})
+    results = {r.check: r for r in check_fabric(ctx, node, remote)}  # type: ignore[arg-type]
+    assert results["hca count"].passed and results["subnet manager"].passed
+    assert not results["hca mlx5_4"].passed and not results["hca mlx5_9"].passed
+    assert results["hca mlx5_11"].passed
+    assert not results["link flaps mlx5_4"].passed and results["link flaps mlx5_0"].passed
+    assert "perfquery -C mlx5_11 -P 1" in remote.asked
+    head = next(n for n in cluster.nodes if n.name == "head01")
+    assert check_fabric(ctx, head, remote) == []  # type: ignore[arg-type]
