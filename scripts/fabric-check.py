@@ -14,19 +14,14 @@ can become test data (tests/data/fabric/). Exit 0 when every check passes.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location(
-    "fabric_parsers", ROOT / "provision" / "verify" / "fabric_parsers.py"
-)
-assert _spec and _spec.loader
-fp = importlib.util.module_from_spec(_spec)
-sys.modules["fabric_parsers"] = fp  # dataclasses look their module up while the file loads
-_spec.loader.exec_module(fp)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from parsers_by_path import load
+
+fp = load("fabric_parsers")
 
 
 def run(argv: list[str], record: Path | None, name: str) -> str:

@@ -13,20 +13,15 @@ real hardware can become test data (tests/data/nvidia/). Exit 0 when every check
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location(
-    "gpu_parsers", ROOT / "provision" / "verify" / "gpu_parsers.py"
-)
-assert _spec and _spec.loader
-gp = importlib.util.module_from_spec(_spec)
-sys.modules["gpu_parsers"] = gp  # dataclasses look their module up while the file loads
-_spec.loader.exec_module(gp)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from parsers_by_path import ROOT, load
+
+gp = load("gpu_parsers")
 
 
 def profile_gpu(name: str) -> dict[str, object]:

@@ -29,3 +29,12 @@ def run_provision(*args: str, cwd: Path | None = None, stdin: str | None = None,
     return subprocess.run([sys.executable, "-m", "provision", *args], cwd=cwd or ROOT,
                           input=stdin, capture_output=True, text=True, timeout=timeout,
                           check=False)
+
+
+def assert_golden(golden: Path, got: str, update: bool) -> None:
+    """`got` must equal the golden file; with --update-goldens it becomes the golden file."""
+    if update:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(got)
+    assert golden.exists(), "make goldens"
+    assert got == golden.read_text(), "after a deliberate change: make goldens"

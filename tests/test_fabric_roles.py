@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, assert_golden
 from .test_nvidia_sources import FACTS, _variables
 
 ROLES = ROOT / "roles"
@@ -82,12 +82,7 @@ def render_case(os_name: str) -> str:
 @pytest.mark.parametrize("os_name", list(FACTS))
 def test_fabric_roles_render_as_golden(os_name: str, update_goldens: bool) -> None:
     got = render_case(os_name)
-    golden = GOLDEN / f"{os_name}.txt"
-    if update_goldens:
-        golden.parent.mkdir(parents=True, exist_ok=True)
-        golden.write_text(got)
-    assert golden.exists(), "make goldens"
-    assert got == golden.read_text(), "after a deliberate change: make goldens"
+    assert_golden(GOLDEN / f"{os_name}.txt", got, update_goldens)
 
 
 def test_each_os_gets_its_own_form() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from .conftest import ROOT
+from .conftest import ROOT, assert_golden
 
 ROLES = ROOT / "roles"
 GOLDEN = ROOT / "tests" / "golden" / "nvidia-sources"
@@ -174,12 +174,7 @@ def render_case(os_name: str, source: str) -> str:
 @pytest.mark.parametrize(("os_name", "source"), CASES, ids=[f"{o}-{s}" for o, s in CASES])
 def test_sources_render_as_golden(os_name: str, source: str, update_goldens: bool) -> None:
     got = render_case(os_name, source)
-    golden = GOLDEN / f"{os_name}-{source}.txt"
-    if update_goldens:
-        golden.parent.mkdir(parents=True, exist_ok=True)
-        golden.write_text(got)
-    assert golden.exists(), "make goldens"
-    assert got == golden.read_text(), "after a deliberate change: make goldens"
+    assert_golden(GOLDEN / f"{os_name}-{source}.txt", got, update_goldens)
 
 
 def test_mirror_keeps_nvidia_layout_below_its_base() -> None:

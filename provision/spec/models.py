@@ -124,40 +124,35 @@ def _port_range(value: int | str) -> str:
     return text if low != high else str(low)
 
 
-def _mig_profile(value: str) -> str:
-    if not re.fullmatch(r"[1-7]g\.[0-9]+gb", value):
-        raise ValueError(f"{value!r} is not a MIG profile: write it like 1g.10gb or 3g.40gb")
-    return value
-
-
 def _url(value: str) -> str:
     if not re.fullmatch(r"(https?|file)://[^\s]+", value):
         raise ValueError(f"{value!r} is not a URL: write it like https://mirror.example.org/nvidia")
     return value.rstrip("/")
 
 
-def _sha256(value: str) -> str:
-    if not re.fullmatch(r"[0-9a-f]{64}", value):
-        raise ValueError("not a SHA-256: 64 lower-case hex digits (sha256sum prints it)")
-    return value
+def _matching(pattern: str, message: str) -> AfterValidator:
+    """A validator: the whole value matches `pattern`, or `message` ({!r} is the value)."""
 
+    def check(value: str) -> str:
+        if not re.fullmatch(pattern, value):
+            raise ValueError(message.format(value))
+        return value
 
-def _interface_name(value: str) -> str:
-    # the kernel's rule: up to 15 bytes, no slash, no white space
-    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,15}", value):
-        raise ValueError(f"{value!r} is not a network interface name (1-15 of A-Z a-z 0-9 _ . : -)")
-    return value
-
-
-def _rdma_device(value: str) -> str:
-    if not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", value):
-        raise ValueError(f"{value!r} is not an RDMA device name: write it like mlx5_0")
-    return value
+    return AfterValidator(check)
 
 
 Hostname = Annotated[str, AfterValidator(_hostname)]
-InterfaceName = Annotated[str, AfterValidator(_interface_name)]
-RdmaDevice = Annotated[str, AfterValidator(_rdma_device)]
+# the kernel's rule: up to 15 bytes, no slash, no white space
+InterfaceName = Annotated[
+    str,
+    _matching(
+        r"[A-Za-z0-9_.:-]{1,15}",
+        "{!r} is not a network interface name (1-15 of A-Z a-z 0-9 _ . : -)",
+    ),
+]
+RdmaDevice = Annotated[
+    str, _matching(r"[a-z][a-z0-9_]{0,63}", "{!r} is not an RDMA device name: write it like mlx5_0")
+]
 HostnamePrefix = Annotated[str, AfterValidator(_hostname_prefix)]
 PoolName = Annotated[str, AfterValidator(_pool_name)]
 UserName = Annotated[str, AfterValidator(_user_name)]
@@ -165,9 +160,14 @@ Version = Annotated[str, AfterValidator(_version)]
 SshPublicKey = Annotated[str, AfterValidator(_ssh_public_key)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
 PortRange = Annotated[int | str, AfterValidator(_port_range)]
-MigProfile = Annotated[str, AfterValidator(_mig_profile)]
+MigProfile = Annotated[
+    str,
+    _matching(r"[1-7]g\.[0-9]+gb", "{!r} is not a MIG profile: write it like 1g.10gb or 3g.40gb"),
+]
 Url = Annotated[str, AfterValidator(_url)]
-Sha256 = Annotated[str, AfterValidator(_sha256)]
+Sha256 = Annotated[
+    str, _matching(r"[0-9a-f]{64}", "not a SHA-256: 64 lower-case hex digits (sha256sum prints it)")
+]
 
 
 class Model(BaseModel):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from provision.render.context import Cluster
 from provision.spec.fabric import rails
@@ -31,6 +32,7 @@ class VerifyContext:
     rendered_hosts: str
 
 
+T = TypeVar("T")
 NodeCheck = Callable[[VerifyContext, Node, Remote], list[CheckResult]]
 
 
@@ -94,9 +96,16 @@ def run_node_checks(
                 )
         return out
 
+    return in_parallel(one, nodes)
+
+
+def in_parallel(
+    fn: Callable[[T], list[CheckResult]], items: list[T], most: int = 32
+) -> list[CheckResult]:
+    """`fn` on every item, `most` at a time; the results in the items' order."""
     results: list[CheckResult] = []
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(nodes)))) as pool:
-        for batch in pool.map(one, nodes):
+    with ThreadPoolExecutor(max_workers=min(most, max(1, len(items)))) as pool:
+        for batch in pool.map(fn, items):
             results.extend(batch)
     return results
 

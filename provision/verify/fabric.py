@@ -7,12 +7,11 @@ from __future__ import annotations
 import shlex
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from provision.render.context import PoolView
 from provision.spec.fabric import Rail, rails
 from provision.spec.nodes import Node
-from provision.verify import CheckResult, VerifyContext
+from provision.verify import CheckResult, VerifyContext, in_parallel
 from provision.verify import fabric_parsers as fp
 from provision.verify.remote import Remote
 
@@ -154,8 +153,4 @@ def check_fabric_bandwidth(
             results.append(CheckResult(check, client.name, ok, f"{evidence}, {mode}"))
         return results
 
-    out: list[CheckResult] = []
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(jobs)))) as pool:
-        for batch in pool.map(one, jobs):
-            out.extend(batch)
-    return out
+    return in_parallel(one, jobs, most=16)
