@@ -1,0 +1,196 @@
+"""The cluster's AWS side as one Pulumi component: a VPC, its subnet and route to the internet, a
+key pair, and per pool a security group from the cluster's rule set, a cluster placement group
+(GPU pools), a launch template (EFA interfaces where the type has them, encrypted root volume)
+and the pool's lasting instances. Burst nodes reuse the launch template later."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+from provision.providers.cloud.layout import CloudLayout, CloudPool
+
+# Official images of each OS (owner account, name pattern)
+IMAGES = {
+    "ubuntu22.04": ("099720109477", "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*"),
+    "ubuntu24.04": (
+        "099720109477",
+        "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*",
+    ),
+    "debian12": ("136693071363", "debian-12-amd64-*"),
+    "rocky9": ("792107900819", "Rocky-9-EC2-Base-9*x86_64"),
+}
+ROOT_GB = 200
+
+
+class AwsCluster(pulumi.ComponentResource):
+    def __init__(
+        self, layout: CloudLayout, os_name: str, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("provision:aws:Cluster", layout.cluster, None, opts)
+        region = next((p.region for p in layout.pools if p.region), None)
+        provider = aws.Provider(
+            layout.name("aws"),
+            region=region,
+            default_tags=aws.ProviderDefaultTagsArgs(tags=layout.tags()),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        here = pulumi.ResourceOptions(parent=self, provider=provider)
+        tags = layout.tags()
+        vpc = aws.ec2.Vpc(
+            layout.name("vpc"),
+            cidr_block=layout.cidr,
+            enable_dns_hostnames=True,
+            tags={**tags, "Name": layout.name("vpc")},
+            opts=here,
+        )
+        zone = next((p.zone for p in layout.pools if p.zone), None)
+        subnet = aws.ec2.Subnet(
+            layout.name("subnet"),
+            vpc_id=vpc.id,
+            cidr_block=layout.cidr,
+            availability_zone=zone,
+            map_public_ip_on_launch=True,
+            tags={**tags, "Name": layout.name("subnet")},
+            opts=here,
+        )
+        gateway = aws.ec2.InternetGateway(layout.name("igw"), vpc_id=vpc.id, tags=tags, opts=here)
+        routes = aws.ec2.RouteTable(
+            layout.name("routes"),
+            vpc_id=vpc.id,
+            routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", gateway_id=gateway.id)],
+            tags=tags,
+            opts=here,
+        )
+        aws.ec2.RouteTableAssociation(
+            layout.name("routes-subnet"), subnet_id=subnet.id, route_table_id=routes.id, opts=here
+        )
+        key = aws.ec2.KeyPair(
+            layout.name("key"),
+            key_name=layout.name("key"),
+            public_key=layout.ssh_public_key,
+            tags=tags,
+            opts=here,
+        )
+        owner, pattern = IMAGES[os_name]
+        image = aws.ec2.get_ami_output(
+            owners=[owner],
+            most_recent=True,
+            filters=[aws.ec2.GetAmiFilterArgs(name="name", values=[pattern])],
+            opts=pulumi.InvokeOptions(parent=self, provider=provider),
+        )
+        self.nodes: dict[str, dict[str, pulumi.Output[str]]] = {}
+        self.templates: dict[str, pulumi.Output[str]] = {}
+        for pool in layout.pools:
+            self._pool(layout, pool, vpc, subnet, key, image.id, here)
+        self.register_outputs({"nodes": self.nodes, "templates": self.templates})
+
+    def _pool(
+        self,
+        layout: CloudLayout,
+        pool: CloudPool,
+        vpc: aws.ec2.Vpc,
+        subnet: aws.ec2.Subnet,
+        key: aws.ec2.KeyPair,
+        image_id: pulumi.Output[str],
+        here: pulumi.ResourceOptions,
+    ) -> None:
+        tags = layout.tags(pool.name)
+        group = aws.ec2.SecurityGroup(
+            layout.name(pool.name, "sg"),
+            vpc_id=vpc.id,
+            description=f"{layout.cluster} pool {pool.name}: the cluster's rule set",
+            ingress=[
+                aws.ec2.SecurityGroupIngressArgs(
+                    description=rule.description,
+                    protocol=rule.protocol,
+                    from_port=rule.from_port,
+                    to_port=rule.to_port,
+                    cidr_blocks=list(rule.cidrs),
+                )
+                for rule in pool.ingress
+            ]
+            # EFA needs all traffic between the group's own members
+            + [aws.ec2.SecurityGroupIngressArgs(protocol="-1", from_port=0, to_port=0, self=True)],
+            egress=[
+                aws.ec2.SecurityGroupEgressArgs(
+                    protocol="-1", from_port=0, to_port=0, cidr_blocks=["0.0.0.0/0"]
+                )
+            ],
+            tags=tags,
+            opts=here,
+        )
+        placement: dict[str, Any] = {}
+        if pool.gpus:
+            pg = aws.ec2.PlacementGroup(
+                layout.name(pool.name, "pg"),
+                name=layout.name(pool.name, "pg"),
+                strategy="cluster",
+                tags=tags,
+                opts=here,
+            )
+            placement = {"placement": aws.ec2.LaunchTemplatePlacementArgs(group_name=pg.name)}
+        if pool.efa:
+            # card 0 holds the primary interface; one EFA per network card (32 on p5.48xlarge)
+            nics = [
+                aws.ec2.LaunchTemplateNetworkInterfaceArgs(
+                    device_index=0 if card == 0 else 1,
+                    network_card_index=card,
+                    interface_type="efa",
+                    subnet_id=subnet.id,
+                    security_groups=[group.id],
+                    associate_public_ip_address="true" if card == 0 else None,
+                    delete_on_termination="true",
+                )
+                for card in range(pool.efa)
+            ]
+        else:
+            nics = [
+                aws.ec2.LaunchTemplateNetworkInterfaceArgs(
+                    device_index=0,
+                    subnet_id=subnet.id,
+                    security_groups=[group.id],
+                    associate_public_ip_address="true",
+                    delete_on_termination="true",
+                )
+            ]
+        template = aws.ec2.LaunchTemplate(
+            layout.name(pool.name, "lt"),
+            name=layout.name(pool.name),
+            image_id=image_id,
+            instance_type=pool.instance_type,
+            key_name=key.key_name,
+            network_interfaces=nics,
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name="/dev/sda1",
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        volume_size=ROOT_GB,
+                        volume_type="gp3",
+                        encrypted="true",
+                        delete_on_termination="true",
+                    ),
+                )
+            ],
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(http_tokens="required"),
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=tags)
+                for kind in ("instance", "volume", "network-interface")
+            ],
+            tags=tags,
+            opts=here,
+            **placement,
+        )
+        self.templates[pool.name] = template.id
+        for node in pool.nodes:
+            instance = aws.ec2.Instance(
+                layout.name(node),
+                launch_template=aws.ec2.InstanceLaunchTemplateArgs(
+                    id=template.id, version="$Latest"
+                ),
+                tags={**tags, "Name": node},
+                opts=here,
+            )
+            self.nodes[node] = {"private": instance.private_ip, "public": instance.public_ip}

@@ -1,0 +1,225 @@
+"""The cluster's Azure side as one Pulumi component: a resource group, a virtual network and
+subnet, per pool a network security group from the cluster's rule set and a proximity placement
+group, virtual machines for lasting nodes (encryption at host, accelerated networking) and, for
+burst pools, a scale set of capacity 0 that bursting grows."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_azure_native as az
+
+from provision.providers.cloud.layout import CloudLayout, CloudPool
+
+IMAGES = {
+    "ubuntu22.04": ("Canonical", "0001-com-ubuntu-server-jammy", "22_04-lts-gen2"),
+    "ubuntu24.04": ("Canonical", "ubuntu-24_04-lts", "server"),
+    "debian12": ("Debian", "debian-12", "12-gen2"),
+    "rocky9": ("resf", "rockylinux-x86_64", "9-base"),
+}
+ROOT_GB = 200
+
+
+class AzureCluster(pulumi.ComponentResource):
+    def __init__(
+        self, layout: CloudLayout, os_name: str, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("provision:azure:Cluster", layout.cluster, None, opts)
+        here = pulumi.ResourceOptions(parent=self)
+        location = next((p.region for p in layout.pools if p.region), None)
+        tags = layout.tags()
+        group = az.resources.ResourceGroup(
+            layout.name("rg"), location=location, tags=tags, opts=here
+        )
+        vnet = az.network.VirtualNetwork(
+            layout.name("vnet"),
+            resource_group_name=group.name,
+            location=group.location,
+            address_space=az.network.AddressSpaceArgs(address_prefixes=[layout.cidr]),
+            tags=tags,
+            opts=here,
+        )
+        subnet = az.network.Subnet(
+            layout.name("subnet"),
+            resource_group_name=group.name,
+            virtual_network_name=vnet.name,
+            address_prefix=layout.cidr,
+            opts=here,
+        )
+        publisher, offer, sku = IMAGES[os_name]
+        self.image = az.compute.ImageReferenceArgs(
+            publisher=publisher, offer=offer, sku=sku, version="latest"
+        )
+        # Azure refuses "root" as the admin account
+        self.user = layout.admin_user if layout.admin_user != "root" else "azureuser"
+        self.nodes: dict[str, dict[str, pulumi.Output[str]]] = {}
+        self.templates: dict[str, pulumi.Output[str]] = {}
+        for pool in layout.pools:
+            self._pool(layout, pool, group, subnet, here)
+        self.register_outputs({"nodes": self.nodes, "templates": self.templates})
+
+    def _linux(self, layout: CloudLayout) -> az.compute.LinuxConfigurationArgs:
+        return az.compute.LinuxConfigurationArgs(
+            disable_password_authentication=True,
+            ssh=az.compute.SshConfigurationArgs(
+                public_keys=[
+                    az.compute.SshPublicKeyArgs(
+                        path=f"/home/{self.user}/.ssh/authorized_keys",
+                        key_data=layout.ssh_public_key,
+                    )
+                ]
+            ),
+        )
+
+    def _pool(
+        self,
+        layout: CloudLayout,
+        pool: CloudPool,
+        group: az.resources.ResourceGroup,
+        subnet: az.network.Subnet,
+        here: pulumi.ResourceOptions,
+    ) -> None:
+        tags = layout.tags(pool.name)
+        nsg = az.network.NetworkSecurityGroup(
+            layout.name(pool.name, "nsg"),
+            resource_group_name=group.name,
+            location=group.location,
+            security_rules=[
+                az.network.SecurityRuleArgs(
+                    name=f"in{n}",
+                    description=rule.description,
+                    priority=100 + n,
+                    direction="Inbound",
+                    access="Allow",
+                    protocol=rule.protocol.capitalize(),
+                    source_address_prefixes=list(rule.cidrs),
+                    source_port_range="*",
+                    destination_address_prefix="*",
+                    destination_port_range=str(rule.from_port)
+                    if rule.from_port == rule.to_port
+                    else f"{rule.from_port}-{rule.to_port}",
+                )
+                for n, rule in enumerate(pool.ingress)
+            ],
+            tags=tags,
+            opts=here,
+        )
+        ppg = az.compute.ProximityPlacementGroup(
+            layout.name(pool.name, "ppg"),
+            resource_group_name=group.name,
+            location=group.location,
+            proximity_placement_group_type="Standard",
+            tags=tags,
+            opts=here,
+        )
+        security = az.compute.SecurityProfileArgs(encryption_at_host=True)
+        for node in pool.nodes:
+            address = az.network.PublicIPAddress(
+                layout.name(node, "ip"),
+                resource_group_name=group.name,
+                location=group.location,
+                public_ip_allocation_method="Static",
+                sku=az.network.PublicIPAddressSkuArgs(name="Standard"),
+                tags=tags,
+                opts=here,
+            )
+            nic = az.network.NetworkInterface(
+                layout.name(node, "nic"),
+                resource_group_name=group.name,
+                location=group.location,
+                enable_accelerated_networking=True,
+                network_security_group=az.network.NetworkSecurityGroupArgs(id=nsg.id),
+                ip_configurations=[
+                    az.network.NetworkInterfaceIPConfigurationArgs(
+                        name="primary",
+                        subnet=az.network.SubnetArgs(id=subnet.id),
+                        public_ip_address=az.network.PublicIPAddressArgs(id=address.id),
+                        private_ip_allocation_method="Dynamic",
+                    )
+                ],
+                tags=tags,
+                opts=here,
+            )
+            az.compute.VirtualMachine(
+                layout.name(node),
+                vm_name=node,
+                resource_group_name=group.name,
+                location=group.location,
+                hardware_profile=az.compute.HardwareProfileArgs(vm_size=pool.instance_type),
+                os_profile=az.compute.OSProfileArgs(
+                    computer_name=node,
+                    admin_username=self.user,
+                    linux_configuration=self._linux(layout),
+                ),
+                storage_profile=az.compute.StorageProfileArgs(
+                    image_reference=self.image,
+                    os_disk=az.compute.OSDiskArgs(
+                        create_option="FromImage",
+                        disk_size_gb=ROOT_GB,
+                        managed_disk=az.compute.ManagedDiskParametersArgs(
+                            storage_account_type="Premium_LRS"
+                        ),
+                    ),
+                ),
+                network_profile=az.compute.NetworkProfileArgs(
+                    network_interfaces=[
+                        az.compute.NetworkInterfaceReferenceArgs(id=nic.id, primary=True)
+                    ]
+                ),
+                security_profile=security,
+                proximity_placement_group=az.compute.SubResourceArgs(id=ppg.id),
+                tags=tags,
+                opts=here,
+            )
+            self.nodes[node] = {
+                "private": nic.ip_configurations.apply(
+                    lambda c: (c[0].private_ip_address or "") if c else ""
+                ),
+                "public": address.ip_address.apply(lambda a: a or ""),
+            }
+        if pool.elastic:
+            scale_set = az.compute.VirtualMachineScaleSet(
+                layout.name(pool.name, "vmss"),
+                vm_scale_set_name=layout.name(pool.name),
+                resource_group_name=group.name,
+                location=group.location,
+                sku=az.compute.SkuArgs(name=pool.instance_type, tier="Standard", capacity=0),
+                upgrade_policy=az.compute.UpgradePolicyArgs(mode=az.compute.UpgradeMode.MANUAL),
+                proximity_placement_group=az.compute.SubResourceArgs(id=ppg.id),
+                virtual_machine_profile=az.compute.VirtualMachineScaleSetVMProfileArgs(
+                    os_profile=az.compute.VirtualMachineScaleSetOSProfileArgs(
+                        computer_name_prefix=layout.name(pool.name),
+                        admin_username=self.user,
+                        linux_configuration=self._linux(layout),
+                    ),
+                    storage_profile=az.compute.VirtualMachineScaleSetStorageProfileArgs(
+                        image_reference=self.image,
+                        os_disk=az.compute.VirtualMachineScaleSetOSDiskArgs(
+                            create_option="FromImage",
+                            disk_size_gb=ROOT_GB,
+                            managed_disk=az.compute.VirtualMachineScaleSetManagedDiskParametersArgs(
+                                storage_account_type="Premium_LRS"
+                            ),
+                        ),
+                    ),
+                    network_profile=az.compute.VirtualMachineScaleSetNetworkProfileArgs(
+                        network_interface_configurations=[
+                            az.compute.VirtualMachineScaleSetNetworkConfigurationArgs(
+                                name="primary",
+                                primary=True,
+                                enable_accelerated_networking=True,
+                                network_security_group=az.compute.SubResourceArgs(id=nsg.id),
+                                ip_configurations=[
+                                    az.compute.VirtualMachineScaleSetIPConfigurationArgs(
+                                        name="primary",
+                                        subnet=az.compute.ApiEntityReferenceArgs(id=subnet.id),
+                                    )
+                                ],
+                            )
+                        ]
+                    ),
+                    security_profile=security,
+                ),
+                tags=tags,
+                opts=here,
+            )
+            self.templates[pool.name] = scale_set.id

@@ -1,0 +1,172 @@
+"""The cluster's GCP side as one Pulumi component: a VPC network and subnetwork (plus one network
+per extra NIC, which GCP requires), firewall rules from the cluster's rule set, a compact
+placement policy for GPU pools, an instance template per pool (gVNIC, the extra NICs of a3,
+GPUs stop for host maintenance) and the pool's lasting instances."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_gcp as gcp
+
+from provision.providers.cloud.layout import CloudLayout, CloudPool
+
+IMAGES = {
+    "ubuntu22.04": "ubuntu-os-cloud/ubuntu-2204-lts",
+    "ubuntu24.04": "ubuntu-os-cloud/ubuntu-2404-lts-amd64",
+    "debian12": "debian-cloud/debian-12",
+    "rocky9": "rocky-linux-cloud/rocky-linux-9",
+}
+ROOT_GB = 200
+
+
+def extra_nic_range(i: int) -> str:
+    """The subnetwork of extra NIC i (each NIC of a GCP VM needs its own VPC network)."""
+    return f"172.{16 + i}.0.0/16"
+
+
+def _labels(layout: CloudLayout, pool: str | None = None) -> dict[str, str]:
+    return {k: v.lower() for k, v in layout.tags(pool).items()}
+
+
+class GcpCluster(pulumi.ComponentResource):
+    def __init__(
+        self, layout: CloudLayout, os_name: str, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("provision:gcp:Cluster", layout.cluster, None, opts)
+        region = next((p.region for p in layout.pools if p.region), None)
+        provider = gcp.Provider(
+            layout.name("gcp"),
+            region=region,
+            default_labels=_labels(layout),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        here = pulumi.ResourceOptions(parent=self, provider=provider)
+        network = gcp.compute.Network(
+            layout.name("net"), auto_create_subnetworks=False, mtu=8896, opts=here
+        )
+        subnet = gcp.compute.Subnetwork(
+            layout.name("subnet"),
+            network=network.id,
+            ip_cidr_range=layout.cidr,
+            region=region,
+            opts=here,
+        )
+        extra = []
+        for i in range(max((p.extra_nics for p in layout.pools), default=0)):
+            net = gcp.compute.Network(
+                layout.name(f"gpunet{i}"), auto_create_subnetworks=False, mtu=8896, opts=here
+            )
+            extra.append(
+                gcp.compute.Subnetwork(
+                    layout.name(f"gpusubnet{i}"),
+                    network=net.id,
+                    ip_cidr_range=extra_nic_range(i),
+                    region=region,
+                    opts=here,
+                )
+            )
+            gcp.compute.Firewall(
+                layout.name(f"gpunet{i}-internal"),
+                network=net.id,
+                direction="INGRESS",
+                source_ranges=[extra_nic_range(i)],
+                allows=[gcp.compute.FirewallAllowArgs(protocol="all")],
+                opts=here,
+            )
+        self.nodes: dict[str, dict[str, pulumi.Output[str]]] = {}
+        self.templates: dict[str, pulumi.Output[str]] = {}
+        for pool in layout.pools:
+            self._pool(layout, pool, network, subnet, extra, IMAGES[os_name], region, here)
+        self.register_outputs({"nodes": self.nodes, "templates": self.templates})
+
+    def _pool(
+        self,
+        layout: CloudLayout,
+        pool: CloudPool,
+        network: gcp.compute.Network,
+        subnet: gcp.compute.Subnetwork,
+        extra: list[gcp.compute.Subnetwork],
+        image: str,
+        region: str | None,
+        here: pulumi.ResourceOptions,
+    ) -> None:
+        tag = layout.name(pool.name)
+        for n, rule in enumerate(pool.ingress):
+            ports = (
+                str(rule.from_port)
+                if rule.from_port == rule.to_port
+                else (f"{rule.from_port}-{rule.to_port}")
+            )
+            gcp.compute.Firewall(
+                layout.name(pool.name, f"in{n}"),
+                network=network.id,
+                description=rule.description,
+                direction="INGRESS",
+                source_ranges=list(rule.cidrs),
+                target_tags=[tag],
+                allows=[gcp.compute.FirewallAllowArgs(protocol=rule.protocol, ports=[ports])],
+                opts=here,
+            )
+        policy_link = None
+        if pool.gpus:
+            policy = gcp.compute.ResourcePolicy(
+                layout.name(pool.name, "compact"),
+                region=region,
+                group_placement_policy=gcp.compute.ResourcePolicyGroupPlacementPolicyArgs(
+                    collocation="COLLOCATED"
+                ),
+                opts=here,
+            )
+            policy_link = policy.self_link
+        nics = [
+            gcp.compute.InstanceTemplateNetworkInterfaceArgs(
+                subnetwork=subnet.id,
+                nic_type="GVNIC",
+                access_configs=[gcp.compute.InstanceTemplateNetworkInterfaceAccessConfigArgs()],
+            )
+        ] + [
+            gcp.compute.InstanceTemplateNetworkInterfaceArgs(subnetwork=s.id, nic_type="GVNIC")
+            for s in extra[: pool.extra_nics]
+        ]
+        template = gcp.compute.InstanceTemplate(
+            layout.name(pool.name, "tpl"),
+            name_prefix=f"{tag}-",
+            machine_type=pool.instance_type,
+            disks=[
+                # every GCP disk is encrypted at rest (Google-managed keys)
+                gcp.compute.InstanceTemplateDiskArgs(
+                    source_image=image,
+                    boot=True,
+                    auto_delete=True,
+                    disk_size_gb=ROOT_GB,
+                    disk_type="pd-ssd",
+                )
+            ],
+            network_interfaces=nics,
+            scheduling=gcp.compute.InstanceTemplateSchedulingArgs(
+                on_host_maintenance="TERMINATE" if pool.gpus else "MIGRATE",
+                automatic_restart=True,
+            ),
+            resource_policies=policy_link,
+            metadata={"ssh-keys": f"{layout.admin_user}:{layout.ssh_public_key}"},
+            tags=[tag],
+            labels=_labels(layout, pool.name),
+            opts=here,
+        )
+        self.templates[pool.name] = template.self_link
+        for node in pool.nodes:
+            instance = gcp.compute.InstanceFromTemplate(
+                layout.name(node),
+                name=node,
+                zone=pool.zone,
+                source_instance_template=template.self_link_unique,
+                labels=_labels(layout, pool.name),
+                opts=here,
+            )
+            nic = instance.network_interfaces.apply(lambda n: n[0])
+            self.nodes[node] = {
+                "private": nic.apply(lambda n: n.network_ip or ""),
+                "public": nic.apply(
+                    lambda n: (n.access_configs[0].nat_ip or "") if n.access_configs else ""
+                ),
+            }

@@ -1,0 +1,146 @@
+"""What a cluster asks of one cloud, from the spec alone: the network, each pool's instance type,
+NICs, placement and nodes, and its ingress rules, translated from the same rule set the nftables
+files come from (one source, two enforcement points). Pure; no cloud SDK needed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from provision.render.context import Cluster
+from provision.render.firewall import ADMIN, CLUSTER, COMPUTE, HEADS, pool_rules
+
+# A tag or label on every resource, naming what made it
+TAG_CLUSTER = "provision-cluster"
+TAG_POOL = "provision-pool"
+WORLD = "0.0.0.0/0"
+
+
+@dataclass(frozen=True)
+class Ingress:
+    description: str
+    protocol: str  # tcp or udp
+    from_port: int
+    to_port: int
+    cidrs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CloudPool:
+    name: str
+    instance_type: str
+    region: str | None
+    zone: str | None
+    nodes: tuple[str, ...]  # lasting nodes: instances made now
+    elastic: int  # burst nodes: only the template now, instances when jobs wait
+    gpus: int
+    efa: int  # EFA interfaces (AWS)
+    extra_nics: int  # NICs beyond the first (GCP's a3: four more gVNICs)
+    ingress: tuple[Ingress, ...]
+
+
+@dataclass(frozen=True)
+class CloudLayout:
+    cluster: str
+    provider: str
+    cidr: str  # the cloud network: the spec's management network
+    admin_user: str
+    ssh_public_key: str
+    pools: tuple[CloudPool, ...]
+
+    def tags(self, pool: str | None = None) -> dict[str, str]:
+        out = {TAG_CLUSTER: self.cluster}
+        if pool:
+            out[TAG_POOL] = pool
+        return out
+
+    def name(self, *parts: str) -> str:
+        """A resource name from the cluster and its place: burst-awsh100-lt."""
+        return "-".join((self.cluster, *parts))
+
+
+def _ports(text: str) -> tuple[int, int]:
+    low, _, high = text.partition("-")
+    return int(low), int(high or low)
+
+
+def layout(cluster: Cluster, provider: str, ssh_public_key: str) -> CloudLayout:
+    spec = cluster.spec
+    cidr = str(spec.network.management.cidr)
+    admin = tuple(str(c) for c in spec.security.admin_cidrs)
+    # the cloud network holds the cluster's own addresses; admin networks stay as given
+    by_set = {ADMIN: admin, CLUSTER: (cidr,), COMPUTE: (cidr,), HEADS: (cidr,)}
+    rules = pool_rules(cluster)
+    pools = []
+    for view in cluster.pools:
+        if view.pool.provider != provider:
+            continue
+        profile = view.profile
+        ingress = []
+        for rule in rules[view.name]:
+            cidrs: list[str] = []
+            for source in rule.sources:
+                cidrs += by_set.get(source, (source,))
+            low, high = _ports(rule.ports)
+            ingress.append(
+                Ingress(rule.service, rule.protocol, low, high, tuple(dict.fromkeys(cidrs)))
+            )
+        efa = sum(h.count for h in profile.hcas if h.kind == "efa")
+        nics = sum(h.count for h in profile.hcas if h.kind == "ethernet" and h.model == "gVNIC")
+        pools.append(
+            CloudPool(
+                name=view.name,
+                instance_type=profile.instance_type or view.pool.profile,
+                region=view.pool.region,
+                zone=view.pool.zone,
+                nodes=tuple(n.name for n in view.nodes if not n.elastic),
+                elastic=sum(1 for n in view.nodes if n.elastic),
+                gpus=profile.gpu.count if profile.gpu else 0,
+                efa=efa,
+                extra_nics=max(0, nics - 1),
+                ingress=tuple(ingress),
+            )
+        )
+    return CloudLayout(spec.name, provider, cidr, spec.ssh.user, ssh_public_key, tuple(pools))
+
+
+def open_to_world(layout: CloudLayout) -> list[str]:
+    """Rules that admit the whole internet: only where the spec opted in."""
+    return [
+        f"{p.name}: {i.description}" for p in layout.pools for i in p.ingress if WORLD in i.cidrs
+    ]
+
+
+NETWORK = {
+    "aws": ["VPC", "subnet", "internet gateway", "route table", "key pair"],
+    "gcp": ["VPC network", "subnetwork"],
+    "azure": ["resource group", "virtual network", "subnet"],
+}
+
+
+def describe(shape: CloudLayout) -> list[str]:
+    """What the cloud's stack holds, one line for the network and one per pool (for plan)."""
+    lines = [f"{shape.provider}: {', '.join(NETWORK[shape.provider])} ({shape.cidr})"]
+    if shape.provider == "gcp":
+        extra = max((p.extra_nics for p in shape.pools), default=0)
+        if extra:
+            lines[0] += f"; {extra} more networks for the extra NICs"
+    for pool in shape.pools:
+        parts = [f"{len(pool.ingress)} ingress rules"]
+        if pool.gpus:
+            parts.append(
+                {"aws": "cluster placement group", "gcp": "compact placement policy"}.get(
+                    shape.provider, "proximity placement group"
+                )
+            )
+        template = {"aws": "launch template", "gcp": "instance template"}.get(
+            shape.provider, "scale set (capacity 0)" if pool.elastic else ""
+        )
+        if template:
+            nics = f", {pool.efa} EFA" if pool.efa else ""
+            nics += f", {1 + pool.extra_nics} gVNIC" if pool.extra_nics else ""
+            parts.append(f"{template} {pool.instance_type}{nics}")
+        parts.append(f"{len(pool.nodes)} instance(s)")
+        if pool.elastic:
+            parts.append(f"{pool.elastic} on demand")
+        lines.append(f"{shape.provider} pool {pool.name}: " + ", ".join(parts))
+    return lines
