@@ -209,6 +209,8 @@ def plan(
                 f"up to {len(pp.on_demand)} {compress(pp.on_demand)}" if pp.on_demand else "-",
             )
         out.print(nodes)
+        for line in (r for pp in p.providers for r in pp.resources):
+            out.print(f"cloud: {line}", markup=False)
 
         groups = Table(title="Ansible groups")
         groups.add_column("group")

@@ -13,13 +13,14 @@ from rich.console import Console
 from provision.errors import OperationError, UsageError
 from provision.preflight import preflight
 from provision.providers import get_provider
+from provision.providers.cloud import check_ready
 from provision.render import render, write_render
 from provision.render.context import Cluster
 from provision.run.ansible import RunResult, run_playbook
 from provision.run.progress import HostProgress, summary_table
 from provision.secrets import ensure_cluster_secrets
 from provision.spec import Spec, load_spec
-from provision.spec.models import PROVIDER_ORDER
+from provision.spec.models import CLOUD_PROVIDERS, PROVIDER_ORDER
 from provision.state import State
 from provision.verify import CheckResult, verify_cluster
 
@@ -77,10 +78,25 @@ def private_key(spec: Spec, state: State) -> Path | None:
         if not key.exists():
             raise UsageError(f"ssh.private_key_file: {key} does not exist")
         return key
-    lab_key = state.keys / "id_ed25519"
-    if any(p.provider == "lab" for p in spec.pools) and lab_key.exists():
-        return lab_key
+    own_key = state.keys / "id_ed25519"
+    if any(p.provider in ("lab", *CLOUD_PROVIDERS) for p in spec.pools) and own_key.exists():
+        return own_key
     return None
+
+
+def public_key(spec: Spec, state: State) -> str:
+    """The public half of that key, for cloud instances: the spec's, or the cluster's own."""
+    from provision.providers.lab import ensure_ssh_key
+
+    private = (
+        Path(spec.ssh.private_key_file).expanduser()
+        if spec.ssh.private_key_file
+        else ensure_ssh_key(state)
+    )
+    public = private.with_name(private.name + ".pub")
+    if not public.exists():
+        raise UsageError(f"ssh.private_key_file: {public} does not exist (cloud nodes need it)")
+    return public.read_text().strip()
 
 
 def _providers_in(cluster: Cluster) -> list[str]:
@@ -91,8 +107,17 @@ def _providers_in(cluster: Cluster) -> list[str]:
 def create_nodes(cluster: Cluster, state: State, console: Console) -> Cluster:
     """Ask each provider to make its nodes exist; return the cluster with their addresses."""
     addresses: dict[str, ipaddress.IPv4Address] = {}
-    for kind in _providers_in(cluster):
-        nodes = [n for n in cluster.lasting_nodes if n.provider == kind]
+    kinds = _providers_in(cluster)
+    for kind in kinds:  # every cloud ready before any node of any provider is made
+        if kind in CLOUD_PROVIDERS:
+            try:
+                check_ready(kind)
+            except OperationError as exc:
+                raise OperationError(f"{exc}; nothing was created") from None
+    for kind in kinds:
+        # a cloud's stack also holds the templates its burst pools start from
+        pick = cluster.nodes if kind in CLOUD_PROVIDERS else cluster.lasting_nodes
+        nodes = [n for n in pick if n.provider == kind]
         if not nodes:
             continue
         provider = get_provider(kind, cluster.spec, log=lambda m: console.print(m, markup=False))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
-from provision.providers import ProviderPlan, get_provider, planned_only
+from provision.providers import ProviderPlan, get_provider
 from provision.render import read_render, render
 from provision.render.context import Cluster, compress
 from provision.spec.models import PROVIDER_ORDER
@@ -78,10 +78,7 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
     used = {p.pool.provider for p in cluster.pools}
     for kind in (k for k in PROVIDER_ORDER if k in used):
         nodes = [n for n in cluster.nodes if n.provider == kind]
-        if kind in ("static", "lab"):
-            providers.append(get_provider(kind, cluster.spec).plan(nodes, state))
-        else:
-            providers.append(planned_only(kind, nodes))
+        providers.append(get_provider(kind, cluster.spec).plan(nodes, state))
 
     groups: dict[str, str] = {}
     for role in ("head", "login", "compute", "storage"):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from provision.errors import OperationError
-from provision.spec.models import Spec
+from provision.spec.models import CLOUD_PROVIDERS, Spec
 from provision.spec.nodes import Node
 from provision.state import State
 
@@ -28,6 +28,7 @@ class ProviderPlan:
     existing: list[str] = field(default_factory=list)  # node names already there
     on_demand: list[str] = field(default_factory=list)  # elastic nodes, created when jobs wait
     what: str = "node"  # what one node is for this provider ("container", "instance", ...)
+    resources: list[str] = field(default_factory=list)  # what else the provider makes
 
 
 class Provider(Protocol):
@@ -49,10 +50,11 @@ def get_provider(kind: str, spec: Spec, log: Callable[[str], None] | None = None
         from provision.providers.lab import LabProvider
 
         return LabProvider(spec.name, spec.network.management.cidr, log)
-    raise OperationError(
-        f"the {kind} provider cannot create nodes in this version: "
-        "use `provision plan` to see what it would create"
-    )
+    if kind in CLOUD_PROVIDERS:
+        from provision.providers.cloud import CloudProvider
+
+        return CloudProvider(kind, spec, log)
+    raise OperationError(f"unknown provider {kind}")
 
 
 def planned_only(kind: str, nodes: list[Node]) -> ProviderPlan:

@@ -1,0 +1,222 @@
+"""Cloud providers (AWS, GCP, Azure): one Pulumi stack per cluster and cloud, driven by the
+Automation API, state in a file backend under the cluster's state directory.
+
+Before anything is created, `check_ready` says in one line what is missing: the cloud's Python
+SDK (an optional extra), the Pulumi CLI, or the cloud's credentials. The SDKs are imported only
+here and only when a cloud pool is applied, so the toolkit runs without them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import ipaddress
+import os
+import secrets
+import shutil
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from provision.errors import OperationError
+from provision.providers import ProviderPlan, planned_only
+from provision.render.context import Cluster
+from provision.spec.models import Spec
+from provision.spec.nodes import Node
+from provision.state import State
+
+PROJECT = "provision"
+SDK = {"aws": "pulumi_aws", "gcp": "pulumi_gcp", "azure": "pulumi_azure_native"}
+PASSPHRASE = "pulumi.passphrase"
+# Options: a remote backend (s3://, gs://, azblob://, https://api.pulumi.com) and a KMS secrets
+# provider (awskms://..., gcpkms://..., azurekeyvault://...) instead of the local defaults
+ENV_BACKEND = "PROVISION_PULUMI_BACKEND"
+ENV_SECRETS = "PROVISION_PULUMI_SECRETS_PROVIDER"
+
+
+def _home(*parts: str) -> Path:
+    return Path.home().joinpath(*parts)
+
+
+def credentials_problem(kind: str, env: dict[str, str] | None = None) -> str | None:
+    """What is missing for this cloud's credentials, or None. Looks, does not call the cloud."""
+    env = dict(os.environ) if env is None else env
+    if kind == "aws":
+        if (
+            env.get("AWS_ACCESS_KEY_ID")
+            or env.get("AWS_PROFILE")
+            or env.get("AWS_WEB_IDENTITY_TOKEN_FILE")
+        ):
+            return None
+        if _home(".aws", "credentials").exists() or _home(".aws", "config").exists():
+            return None
+        return "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+    if kind == "gcp":
+        project = env.get("GOOGLE_PROJECT") or env.get("CLOUDSDK_CORE_PROJECT")
+        creds = env.get("GOOGLE_APPLICATION_CREDENTIALS") or (
+            str(_home(".config", "gcloud", "application_default_credentials.json"))
+            if _home(".config", "gcloud", "application_default_credentials.json").exists()
+            else None
+        )
+        if not creds:
+            return (
+                "no GCP credentials: run `gcloud auth application-default login` or set "
+                "GOOGLE_APPLICATION_CREDENTIALS"
+            )
+        if not project:
+            return "no GCP project: set GOOGLE_PROJECT"
+        return None
+    if kind == "azure":
+        if env.get("ARM_CLIENT_ID"):
+            return (
+                None
+                if env.get("ARM_SUBSCRIPTION_ID")
+                else "no Azure subscription: set ARM_SUBSCRIPTION_ID"
+            )
+        if _home(".azure", "azureProfile.json").exists():
+            return None
+        return (
+            "no Azure credentials: run `az login` or set ARM_CLIENT_ID, ARM_CLIENT_SECRET and "
+            "ARM_TENANT_ID"
+        )
+    raise ValueError(kind)
+
+
+def check_ready(kind: str, env: dict[str, str] | None = None) -> None:
+    """Raise one clear error for the first thing missing: SDK, CLI, credentials."""
+    for module in ("pulumi", SDK[kind]):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise OperationError(
+                f"the {kind} pools need Pulumi's Python SDK ({module}): "
+                f"pip install 'provision[{kind}]'"
+            ) from None
+    if shutil.which("pulumi") is None:
+        raise OperationError(
+            f"the {kind} pools need the Pulumi CLI, which is not on PATH: install it "
+            "(https://www.pulumi.com/docs/install/) and run again"
+        )
+    problem = credentials_problem(kind, env)
+    if problem:
+        raise OperationError(f"the {kind} pools: {problem}")
+
+
+def component(kind: str, cluster: Cluster, ssh_public_key: str) -> Any:
+    """Build the cloud's component in the current Pulumi program (or under test mocks)."""
+    from provision.providers.cloud.layout import layout
+
+    shape = layout(cluster, kind, ssh_public_key)
+    if kind == "aws":
+        from provision.providers.cloud.aws import AwsCluster
+
+        return AwsCluster(shape, cluster.spec.os)
+    if kind == "gcp":
+        from provision.providers.cloud.gcp import GcpCluster
+
+        return GcpCluster(shape, cluster.spec.os)
+    from provision.providers.cloud.azure import AzureCluster
+
+    return AzureCluster(shape, cluster.spec.os)
+
+
+def program(kind: str, cluster: Cluster, ssh_public_key: str) -> Callable[[], None]:
+    def run() -> None:
+        import pulumi
+
+        built = component(kind, cluster, ssh_public_key)
+        pulumi.export("nodes", built.nodes)
+        pulumi.export("templates", built.templates)
+
+    return run
+
+
+def addresses_from(outputs: dict[str, Any]) -> dict[str, ipaddress.IPv4Address]:
+    """Node name -> the address Ansible reaches it at (public if it has one, else private)."""
+    out = {}
+    for name, addrs in (outputs.get("nodes") or {}).items():
+        chosen = addrs.get("public") or addrs.get("private")
+        if chosen:
+            out[name] = ipaddress.IPv4Address(chosen)
+    return out
+
+
+class CloudProvider:
+    """plan / create / destroy of one cloud's stack for one cluster."""
+
+    def __init__(self, kind: str, spec: Spec, log: Callable[[str], None] | None = None) -> None:
+        self.kind = kind
+        self.spec = spec
+        self.log = log or (lambda _m: None)
+
+    def plan(self, nodes: list[Node], state: State) -> ProviderPlan:
+        """The resources from the spec; with the SDK, CLI and credentials, Pulumi's preview."""
+        from provision.providers.cloud.layout import describe, layout
+
+        planned = planned_only(self.kind, nodes)
+        lines = describe(layout(Cluster(self.spec), self.kind, ssh_public_key=""))
+        try:
+            check_ready(self.kind)
+        except OperationError as exc:
+            lines.append(f"{self.kind}: from the spec only, no preview: {exc}")
+            return replace(planned, resources=lines)
+        from provision.lifecycle import public_key
+
+        stack = self._stack(state, Cluster(self.spec), public_key(self.spec, state))
+        preview = stack.preview()
+        counts = ", ".join(f"{n} {op}" for op, n in sorted(preview.change_summary.items()))
+        lines.append(f"{self.kind}: pulumi preview: {counts or 'no changes'}")
+        return replace(planned, resources=lines)
+
+    def _stack(self, state: State, cluster: Cluster, key: str) -> Any:
+        from pulumi import automation as auto
+
+        backend = state.dir / "pulumi"
+        backend.mkdir(parents=True, exist_ok=True, mode=0o700)
+        passphrase = state.secrets / PASSPHRASE
+        if not passphrase.exists():
+            state.ensure()
+            fd = os.open(passphrase, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_urlsafe(32))
+        url = os.environ.get(ENV_BACKEND) or backend.as_uri()
+        settings = auto.ProjectSettings(
+            name=PROJECT, runtime="python", backend=auto.ProjectBackend(url=url)
+        )
+        return auto.create_or_select_stack(
+            stack_name=f"{self.spec.name}-{self.kind}",
+            project_name=PROJECT,
+            program=program(self.kind, cluster, key),
+            opts=auto.LocalWorkspaceOptions(
+                project_settings=settings,
+                secrets_provider=os.environ.get(ENV_SECRETS) or "passphrase",
+                env_vars={"PULUMI_CONFIG_PASSPHRASE": passphrase.read_text().strip()},
+            ),
+        )
+
+    def create(self, nodes: list[Node], state: State) -> dict[str, ipaddress.IPv4Address]:
+        check_ready(self.kind)
+        from provision.lifecycle import public_key
+
+        cluster = Cluster(self.spec)
+        stack = self._stack(state, cluster, public_key(self.spec, state))
+        self.log(f"nodes: {self.kind}: pulumi up (stack {self.spec.name}-{self.kind})")
+        try:
+            result = stack.up(on_output=self.log)
+        except Exception as exc:  # the stack keeps what was made; a rerun continues it
+            raise OperationError(
+                f"{self.kind}: pulumi up failed ({' '.join(str(exc).split())[:300]}); "
+                "run apply again to continue"
+            ) from None
+        outputs = {k: v.value for k, v in result.outputs.items()}
+        return addresses_from(outputs)
+
+    def destroy(self, nodes: list[Node], state: State) -> list[str]:
+        if not (state.dir / "pulumi").exists():
+            return []
+        check_ready(self.kind)
+        from provision.lifecycle import public_key
+
+        stack = self._stack(state, Cluster(self.spec), public_key(self.spec, state))
+        stack.destroy(on_output=self.log)
+        return [n.name for n in nodes if not n.elastic]
