@@ -1,0 +1,299 @@
+"""The cloud programs under Pulumi's mocks (no Pulumi CLI and no cloud can be reached here), with
+policy-style assertions on every resource they would create; the checks that stop apply before
+anything is created; and the toolkit without the cloud SDKs installed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provision.errors import OperationError
+from provision.render import render_inventory
+from provision.render.context import Cluster
+from provision.spec.loader import load_spec
+
+from .conftest import ROOT
+from .conftest import run_provision as provision
+
+pulumi = pytest.importorskip("pulumi")  # a dev install has it: the check is for a bare install
+
+SPECS = [ROOT / "tests" / "data" / "cloud" / "cluster.yaml", ROOT / "examples" / "cloud-burst.yaml"]
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFxsWi/kWC/jwkJ3ZrWg1zvAFVA3skOEzrF8xvZk54Zh test"
+TAG = "provision-cluster"
+
+
+@dataclass
+class Made:
+    typ: str
+    name: str
+    inputs: dict[str, Any]
+
+
+class Recorder(pulumi.runtime.Mocks):  # type: ignore[misc]
+    """Records every resource; answers with its inputs plus the addresses a cloud would give."""
+
+    def __init__(self) -> None:
+        self.made: list[Made] = []
+        self.count = 0
+
+    def new_resource(self, args: Any) -> tuple[str, dict[str, Any]]:
+        self.made.append(Made(args.typ, args.name, dict(args.inputs)))
+        self.count += 1
+        out = dict(args.inputs)
+        private, public = f"10.40.9.{self.count}", f"198.51.100.{self.count}"
+        if args.typ == "aws:ec2/instance:Instance":
+            out |= {"privateIp": private, "publicIp": public}
+        elif args.typ == "gcp:compute/instanceFromTemplate:InstanceFromTemplate":
+            out["networkInterfaces"] = [
+                {"networkIp": private, "accessConfigs": [{"natIp": public}]}
+            ]
+        elif args.typ == "azure-native:network:NetworkInterface":
+            out["ipConfigurations"] = [{"name": "primary", "privateIPAddress": private}]
+        elif args.typ == "azure-native:network:PublicIPAddress":
+            out["ipAddress"] = public
+        if args.typ.startswith("gcp:"):  # every GCP resource has a self link
+            out.setdefault("selfLink", f"https://compute/{args.name}")
+        return f"{args.name}-id", out
+
+    def call(self, args: Any) -> dict[str, Any]:
+        return {"id": "ami-0123456789abcdef0"} if args.token.endswith("getAmi") else {}
+
+    def of(self, suffix: str) -> list[Made]:
+        return [m for m in self.made if m.typ.lower().endswith(suffix.lower())]
+
+
+def build(spec_path: Path) -> tuple[Recorder, Cluster, dict[str, Any]]:
+    """Run the three clouds' components for a spec under mocks; their outputs, resolved."""
+    from provision.providers.cloud import component
+
+    recorder = Recorder()
+    pulumi.runtime.set_mocks(recorder, preview=False)
+    cluster = Cluster(load_spec(spec_path))
+    kinds = sorted({p.pool.provider for p in cluster.pools} - {"static", "lab"})
+    outputs: dict[str, Any] = {}
+
+    @pulumi.runtime.test  # type: ignore[misc]
+    def program() -> Any:
+        built = {k: component(k, cluster, KEY) for k in kinds}
+        nodes = {k: pulumi.Output.from_input(b.nodes) for k, b in built.items()}
+        return pulumi.Output.all(**nodes).apply(outputs.update)
+
+    program()
+    return recorder, cluster, outputs
+
+
+@pytest.fixture(scope="module", params=SPECS, ids=lambda p: p.parent.name + "/" + p.stem)
+def made(request: pytest.FixtureRequest) -> Iterator[tuple[Recorder, Cluster, dict[str, Any]]]:
+    yield build(request.param)
+
+
+def _pools(cluster: Cluster, provider: str) -> list[Any]:
+    return [v for v in cluster.pools if v.pool.provider == provider]
+
+
+def test_instance_types_and_counts_match_the_profiles(made: Any) -> None:
+    rec, cluster, _ = made
+    name = cluster.spec.name
+    aws_types = {m.inputs["name"]: m.inputs["instanceType"] for m in rec.of("LaunchTemplate")}
+    assert aws_types == {f"{name}-{v.name}": v.profile.instance_type
+                         for v in _pools(cluster, "aws")}
+    gcp_types = {m.inputs["namePrefix"]: m.inputs["machineType"]
+                 for m in rec.of("instanceTemplate:InstanceTemplate")}
+    assert gcp_types == {f"{name}-{v.name}-": v.profile.instance_type
+                         for v in _pools(cluster, "gcp")}
+    lasting = {p: sum(1 for v in _pools(cluster, p) for n in v.nodes if not n.elastic)
+               for p in ("aws", "gcp", "azure")}
+    assert len(rec.of("ec2/instance:Instance")) == lasting["aws"]
+    assert len(rec.of("InstanceFromTemplate")) == lasting["gcp"]
+    vms = rec.of("compute:VirtualMachine")
+    assert len(vms) == lasting["azure"]
+    azure = {v.name: v.profile.instance_type for v in _pools(cluster, "azure")}
+    for vm in vms:
+        assert vm.inputs["hardwareProfile"]["vmSize"] in azure.values()
+    scale_sets = rec.of("VirtualMachineScaleSet")
+    assert len(scale_sets) == sum(1 for v in _pools(cluster, "azure") if v.pool.elastic)
+    for vmss in scale_sets:
+        assert vmss.inputs["sku"]["capacity"] == 0
+
+
+def test_efa_and_nic_layout_per_type(made: Any) -> None:
+    rec, cluster, _ = made
+    assert len(rec.of("LaunchTemplate")) == len(_pools(cluster, "aws"))
+    for template in rec.of("LaunchTemplate"):
+        nics = template.inputs["networkInterfaces"]
+        want = {"p5.48xlarge": 32, "p4d.24xlarge": 4}[template.inputs["instanceType"]]
+        assert len(nics) == want and {n["interfaceType"] for n in nics} == {"efa"}
+        assert [n["networkCardIndex"] for n in nics] == list(range(want))
+        assert [n["deviceIndex"] for n in nics] == [0] + [1] * (want - 1)
+    for template in rec.of("instanceTemplate:InstanceTemplate"):
+        nics = template.inputs["networkInterfaces"]
+        assert len(nics) == 5 and {n["nicType"] for n in nics} == {"GVNIC"}  # a3-highgpu-8g
+        assert template.inputs["scheduling"]["onHostMaintenance"] == "TERMINATE"
+
+
+def test_every_resource_names_its_cluster(made: Any) -> None:
+    rec, cluster, _ = made
+    untaggable = ("RouteTableAssociation", "network:Subnet", "compute/network:", "Subnetwork",
+                  "Firewall", "ResourcePolicy", "pulumi:providers", "provision:")
+    for m in rec.made:
+        if any(u in m.typ for u in untaggable):
+            continue
+        tags = m.inputs.get("tags") if not m.typ.startswith("gcp:") else m.inputs.get("labels")
+        assert isinstance(tags, dict) and tags.get(TAG) == cluster.spec.name, (m.typ, m.name)
+        assert m.name.startswith(f"{cluster.spec.name}-") or m.typ.startswith("provision:")
+    # providers get their settings as JSON text
+    for provider in rec.of("pulumi:providers:aws"):
+        assert json.loads(provider.inputs["defaultTags"])["tags"][TAG] == cluster.spec.name
+    for provider in rec.of("pulumi:providers:gcp"):
+        assert json.loads(provider.inputs["defaultLabels"])[TAG] == cluster.spec.name
+
+
+def test_root_disks_are_encrypted(made: Any) -> None:
+    rec, _, _ = made
+    for template in rec.of("LaunchTemplate"):
+        ebs = template.inputs["blockDeviceMappings"][0]["ebs"]
+        assert ebs["encrypted"] == "true"
+    for vm in rec.of("compute:VirtualMachine") + rec.of("VirtualMachineScaleSet"):
+        profile = vm.inputs.get("securityProfile") or vm.inputs["virtualMachineProfile"][
+            "securityProfile"]
+        assert profile["encryptionAtHost"] is True
+    # GCP encrypts every disk at rest with Google's keys; no template turns that off
+    for template in rec.of("instanceTemplate:InstanceTemplate"):
+        assert "diskEncryptionKey" not in template.inputs["disks"][0]
+
+
+def _world_open(rec: Recorder) -> list[str]:
+    found = []
+    for sg in rec.of("ec2/securityGroup:SecurityGroup"):
+        found += [r["description"] for r in sg.inputs["ingress"]
+                  if "0.0.0.0/0" in r.get("cidrBlocks", [])]
+    for fw in rec.of("Firewall"):
+        if "0.0.0.0/0" in fw.inputs["sourceRanges"]:
+            found.append(fw.inputs.get("description", fw.name))
+    for nsg in rec.of("NetworkSecurityGroup"):
+        found += [r["description"] for r in nsg.inputs["securityRules"]
+                  if "0.0.0.0/0" in r["sourceAddressPrefixes"]]
+    return found
+
+
+def test_no_ingress_from_the_world_and_ssh_only_from_admin(made: Any) -> None:
+    rec, cluster, _ = made
+    assert _world_open(rec) == []
+    admin = [str(c) for c in cluster.spec.security.admin_cidrs]
+    for sg in rec.of("ec2/securityGroup:SecurityGroup"):
+        ssh = [r for r in sg.inputs["ingress"] if r.get("fromPort") == 22]
+        assert [r["cidrBlocks"] for r in ssh] == [admin]
+
+
+def test_world_ingress_only_where_the_spec_opted_in(tmp_path: Path) -> None:
+    text = (SPECS[0]).read_text().replace(
+        "admin_cidrs: [203.0.113.0/24]",
+        "admin_cidrs: [0.0.0.0/0]\n  allow_admin_from_anywhere: true",
+    )
+    spec = tmp_path / "open.yaml"
+    spec.write_text(text)
+    rec, _, _ = build(spec)
+    opened = _world_open(rec)
+    assert opened and set(opened) == {"ssh from admin networks"}
+
+
+def test_gpu_pools_use_placement(made: Any) -> None:
+    rec, cluster, _ = made
+    for template in rec.of("LaunchTemplate"):
+        assert template.inputs["placement"]["groupName"]
+    assert len(rec.of("ec2/placementGroup:PlacementGroup")) == len(_pools(cluster, "aws"))
+    for pg in rec.of("ec2/placementGroup:PlacementGroup"):
+        assert pg.inputs["strategy"] == "cluster"
+    for template in rec.of("instanceTemplate:InstanceTemplate"):
+        assert template.inputs["resourcePolicies"]
+    for vm in rec.of("compute:VirtualMachine"):
+        assert vm.inputs["proximityPlacementGroup"]["id"]
+
+
+def test_outputs_become_node_addresses_and_reach_the_inventory() -> None:
+    from provision.providers.cloud import addresses_from
+
+    _, cluster, outputs = build(SPECS[0])
+    addresses = {}
+    for kind_nodes in outputs.values():
+        addresses |= addresses_from({"nodes": kind_nodes})
+    lasting = [n.name for n in cluster.nodes if n.provider != "static" and not n.elastic]
+    assert sorted(addresses) == sorted(lasting)
+    assert all(str(a).startswith("198.51.100.") for a in addresses.values())  # public first
+    inventory = render_inventory(Cluster(cluster.spec, addresses))
+    for name, address in addresses.items():
+        assert f"        {name}:\n          ansible_host: {address}\n" in inventory
+
+
+# --- before anything is created --------------------------------------------------------------
+
+
+def test_missing_cli_sdk_or_credentials_is_one_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from provision.providers import cloud
+
+    monkeypatch.setattr(cloud.shutil, "which", lambda _: None)
+    with pytest.raises(OperationError, match="need the Pulumi CLI, which is not on PATH"):
+        cloud.check_ready("aws")
+    monkeypatch.setattr(cloud.shutil, "which", lambda _: "/usr/local/bin/pulumi")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(OperationError, match="no AWS credentials: set AWS_PROFILE"):
+        cloud.check_ready("aws", env={})
+    with pytest.raises(OperationError, match="gcloud auth application-default login"):
+        cloud.check_ready("gcp", env={})
+    with pytest.raises(OperationError, match="no GCP project: set GOOGLE_PROJECT"):
+        cloud.check_ready("gcp", env={"GOOGLE_APPLICATION_CREDENTIALS": "/k.json"})
+    with pytest.raises(OperationError, match="run `az login`"):
+        cloud.check_ready("azure", env={})
+    cloud.check_ready("aws", env={"AWS_PROFILE": "lab"})  # ready: no error
+
+    real = cloud.importlib.import_module
+
+    def without_gcp(name: str) -> Any:
+        if name == "pulumi_gcp":
+            raise ImportError(name)
+        return real(name)
+
+    monkeypatch.setattr(cloud.importlib, "import_module", without_gcp)
+    with pytest.raises(OperationError, match=r"pip install 'provision\[gcp\]'"):
+        cloud.check_ready("gcp", env={})
+
+
+def test_apply_stops_before_creating_anything(tmp_path: Path) -> None:
+    """Here there is no Pulumi CLI: apply says so, exit 1, and leaves no stack behind."""
+    r = provision("apply", str(SPECS[0]), "--state-dir", str(tmp_path))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "need the Pulumi CLI, which is not on PATH" in r.stderr
+    assert "nothing was created" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "cloudy" / "pulumi").exists()
+
+
+def test_the_toolkit_runs_without_the_cloud_sdks() -> None:
+    """Validate, render and plan a cloud spec with every pulumi module unimportable."""
+    blocker = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0].startswith('pulumi'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "sys.argv = ['provision', 'plan', sys.argv[1], '--state-dir', sys.argv[2]]\n"
+        "from provision.cli import main\n"
+        "main()\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", blocker, str(ROOT / "examples" / "cloud-burst.yaml"), "/tmp/none"],
+        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "cloud: aws pool awsh100:" in r.stdout and "32 EFA" in r.stdout
+    assert "aws: from the spec only, no preview: the aws pools need Pulumi's Python SDK" in r.stdout
+    assert "pip install 'provision[aws]'" in r.stdout
