@@ -235,16 +235,36 @@ def test_outputs_become_node_addresses_and_reach_the_inventory() -> None:
 # --- before anything is created --------------------------------------------------------------
 
 
-def test_missing_cli_sdk_or_credentials_is_one_clear_error(
+def _fake_pulumi(bin_dir: Path, plugins: list[dict[str, str]]) -> None:
+    """A stand-in Pulumi CLI that answers `pulumi plugin ls --json` with these plugins."""
+    bin_dir.mkdir(exist_ok=True)
+    cli = bin_dir / "pulumi"
+    cli.write_text(f"#!/bin/sh\necho '{json.dumps(plugins)}'\n")
+    cli.chmod(0o755)
+
+
+def test_missing_cli_plugin_sdk_or_credentials_is_one_clear_error(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    import importlib.metadata
+
     from provision.providers import cloud
 
-    monkeypatch.setattr(cloud.shutil, "which", lambda _: None)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(OperationError, match="need the Pulumi CLI, which is not on PATH"):
         cloud.check_ready("aws")
-    monkeypatch.setattr(cloud.shutil, "which", lambda _: "/usr/local/bin/pulumi")
+
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     monkeypatch.setenv("HOME", str(tmp_path))
+    _fake_pulumi(tmp_path / "bin", [])
+    version = importlib.metadata.version("pulumi_aws")
+    with pytest.raises(OperationError, match=f"pulumi plugin install resource aws {version}"):
+        cloud.check_ready("aws", env={})
+
+    plugins = [{"kind": "resource", "name": name, "version": importlib.metadata.version(sdk)}
+               for name, sdk in (("aws", "pulumi_aws"), ("gcp", "pulumi_gcp"),
+                                 ("azure-native", "pulumi_azure_native"))]
+    _fake_pulumi(tmp_path / "bin", plugins)
     with pytest.raises(OperationError, match="no AWS credentials: set AWS_PROFILE"):
         cloud.check_ready("aws", env={})
     with pytest.raises(OperationError, match="gcloud auth application-default login"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import ipaddress
+import json
 import os
 import secrets
 import shutil
@@ -27,6 +28,7 @@ from provision.state import State
 
 PROJECT = "provision"
 SDK = {"aws": "pulumi_aws", "gcp": "pulumi_gcp", "azure": "pulumi_azure_native"}
+PLUGIN = {"aws": "aws", "gcp": "gcp", "azure": "azure-native"}
 PASSPHRASE = "pulumi.passphrase"
 # Options: a remote backend (s3://, gs://, azblob://, https://api.pulumi.com) and a KMS secrets
 # provider (awskms://..., gcpkms://..., azurekeyvault://...) instead of the local defaults
@@ -82,6 +84,36 @@ def credentials_problem(kind: str, env: dict[str, str] | None = None) -> str | N
     raise ValueError(kind)
 
 
+def missing_plugin(kind: str) -> str | None:
+    """The resource plugin the cloud's SDK needs, if the Pulumi CLI does not have it."""
+    import importlib.metadata
+    import subprocess
+
+    version = importlib.metadata.version(SDK[kind])
+    try:
+        listed = subprocess.run(
+            ["pulumi", "plugin", "ls", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        plugins = json.loads(listed or "[]")
+    except (subprocess.SubprocessError, OSError, ValueError) as exc:
+        return f"`pulumi plugin ls` failed ({' '.join(str(exc).split())[:200]})"
+    if any(
+        p.get("kind") == "resource"
+        and p.get("name") == PLUGIN[kind]
+        and p.get("version") == version
+        for p in plugins
+    ):
+        return None
+    return (
+        f"the Pulumi {PLUGIN[kind]} plugin {version} is missing: "
+        f"pulumi plugin install resource {PLUGIN[kind]} {version}"
+    )
+
+
 def check_ready(kind: str, env: dict[str, str] | None = None) -> None:
     """Raise one clear error for the first thing missing: SDK, CLI, credentials."""
     for module in ("pulumi", SDK[kind]):
@@ -97,6 +129,9 @@ def check_ready(kind: str, env: dict[str, str] | None = None) -> None:
             f"the {kind} pools need the Pulumi CLI, which is not on PATH: install it "
             "(https://www.pulumi.com/docs/install/) and run again"
         )
+    plugin_problem = missing_plugin(kind)
+    if plugin_problem:
+        raise OperationError(plugin_problem)
     problem = credentials_problem(kind, env)
     if problem:
         raise OperationError(f"the {kind} pools: {problem}")
@@ -209,6 +244,10 @@ class CloudProvider:
                 "run apply again to continue"
             ) from None
         outputs = {k: v.value for k, v in result.outputs.items()}
+        # node addresses and template IDs, for bursting and for people: no secrets in them
+        (state.dir / f"cloud-{self.kind}.json").write_text(
+            json.dumps(outputs, indent=1, sort_keys=True) + "\n"
+        )
         return addresses_from(outputs)
 
     def destroy(self, nodes: list[Node], state: State) -> list[str]:
