@@ -317,3 +317,15 @@ def test_the_toolkit_runs_without_the_cloud_sdks() -> None:
     assert "cloud: aws pool awsh100:" in r.stdout and "32 EFA" in r.stdout
     assert "aws: from the spec only, no preview: the aws pools need Pulumi's Python SDK" in r.stdout
     assert "pip install 'provision[aws]'" in r.stdout
+
+
+def test_every_os_has_an_image_on_every_cloud() -> None:
+    import typing
+
+    from provision.providers.cloud.layout import IMAGES
+    from provision.spec.models import OsName
+
+    assert set(IMAGES) == set(typing.get_args(OsName))
+    for os_name, clouds in IMAGES.items():
+        assert set(clouds) == {"aws", "gcp", "azure"}, os_name
+        assert len(clouds["aws"]) == 2 and len(clouds["gcp"]) == 1 and len(clouds["azure"]) == 3

@@ -10,19 +10,9 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from provision.providers.cloud.layout import CloudLayout, CloudPool
+from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, CloudPool
 
 # Official images of each OS (owner account, name pattern)
-IMAGES = {
-    "ubuntu22.04": ("099720109477", "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*"),
-    "ubuntu24.04": (
-        "099720109477",
-        "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*",
-    ),
-    "debian12": ("136693071363", "debian-12-amd64-*"),
-    "rocky9": ("792107900819", "Rocky-9-EC2-Base-9*x86_64"),
-}
-ROOT_GB = 200
 
 
 class AwsCluster(pulumi.ComponentResource):
@@ -74,7 +64,7 @@ class AwsCluster(pulumi.ComponentResource):
             tags=tags,
             opts=here,
         )
-        owner, pattern = IMAGES[os_name]
+        owner, pattern = IMAGES[os_name]["aws"]
         image = aws.ec2.get_ami_output(
             owners=[owner],
             most_recent=True,

@@ -8,15 +8,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_azure_native as az
 
-from provision.providers.cloud.layout import CloudLayout, CloudPool
-
-IMAGES = {
-    "ubuntu22.04": ("Canonical", "0001-com-ubuntu-server-jammy", "22_04-lts-gen2"),
-    "ubuntu24.04": ("Canonical", "ubuntu-24_04-lts", "server"),
-    "debian12": ("Debian", "debian-12", "12-gen2"),
-    "rocky9": ("resf", "rockylinux-x86_64", "9-base"),
-}
-ROOT_GB = 200
+from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, CloudPool
 
 
 class AzureCluster(pulumi.ComponentResource):
@@ -45,7 +37,7 @@ class AzureCluster(pulumi.ComponentResource):
             address_prefix=layout.cidr,
             opts=here,
         )
-        publisher, offer, sku = IMAGES[os_name]
+        publisher, offer, sku = IMAGES[os_name]["azure"]
         self.image = az.compute.ImageReferenceArgs(
             publisher=publisher, offer=offer, sku=sku, version="latest"
         )

@@ -8,15 +8,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
-from provision.providers.cloud.layout import CloudLayout, CloudPool
-
-IMAGES = {
-    "ubuntu22.04": "ubuntu-os-cloud/ubuntu-2204-lts",
-    "ubuntu24.04": "ubuntu-os-cloud/ubuntu-2404-lts-amd64",
-    "debian12": "debian-cloud/debian-12",
-    "rocky9": "rocky-linux-cloud/rocky-linux-9",
-}
-ROOT_GB = 200
+from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, CloudPool
 
 
 def extra_nic_range(i: int) -> str:
@@ -76,7 +68,9 @@ class GcpCluster(pulumi.ComponentResource):
         self.nodes: dict[str, dict[str, pulumi.Output[str]]] = {}
         self.templates: dict[str, pulumi.Output[str]] = {}
         for pool in layout.pools:
-            self._pool(layout, pool, network, subnet, extra, IMAGES[os_name], region, here)
+            self._pool(
+                layout, pool, network, subnet, extra, IMAGES[os_name]["gcp"][0], region, here
+            )
         self.register_outputs({"nodes": self.nodes, "templates": self.templates})
 
     def _pool(

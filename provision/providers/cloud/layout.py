@@ -14,6 +14,32 @@ TAG_CLUSTER = "provision-cluster"
 TAG_POOL = "provision-pool"
 WORLD = "0.0.0.0/0"
 
+# Each OS's official image on each cloud: AWS (owner account, name pattern), GCP (family),
+# Azure (publisher, offer, SKU)
+IMAGES: dict[str, dict[str, tuple[str, ...]]] = {
+    "ubuntu22.04": {
+        "aws": ("099720109477", "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*"),
+        "gcp": ("ubuntu-os-cloud/ubuntu-2204-lts",),
+        "azure": ("Canonical", "0001-com-ubuntu-server-jammy", "22_04-lts-gen2"),
+    },
+    "ubuntu24.04": {
+        "aws": ("099720109477", "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"),
+        "gcp": ("ubuntu-os-cloud/ubuntu-2404-lts-amd64",),
+        "azure": ("Canonical", "ubuntu-24_04-lts", "server"),
+    },
+    "debian12": {
+        "aws": ("136693071363", "debian-12-amd64-*"),
+        "gcp": ("debian-cloud/debian-12",),
+        "azure": ("Debian", "debian-12", "12-gen2"),
+    },
+    "rocky9": {
+        "aws": ("792107900819", "Rocky-9-EC2-Base-9*x86_64"),
+        "gcp": ("rocky-linux-cloud/rocky-linux-9",),
+        "azure": ("resf", "rockylinux-x86_64", "9-base"),
+    },
+}
+ROOT_GB = 200
+
 
 @dataclass(frozen=True)
 class Ingress:
