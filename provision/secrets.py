@@ -16,7 +16,7 @@ MUNGE_KEY = "munge.key"
 SLURMDBD_PASSWORD = "slurmdbd.password"
 
 
-def _create_once(path: Path, make: Callable[[], bytes]) -> Path:
+def create_once(path: Path, make: Callable[[], bytes]) -> Path:
     if path.exists():
         path.chmod(0o600)
         return path
@@ -32,8 +32,8 @@ def make_secrets(directory: Path, scheduler: str) -> Path:
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     directory.chmod(0o700)
     if scheduler == "slurm":
-        _create_once(directory / MUNGE_KEY, lambda: secrets.token_bytes(1024))
-        _create_once(directory / SLURMDBD_PASSWORD, lambda: secrets.token_urlsafe(32).encode())
+        create_once(directory / MUNGE_KEY, lambda: secrets.token_bytes(1024))
+        create_once(directory / SLURMDBD_PASSWORD, lambda: secrets.token_urlsafe(32).encode())
     return directory
 
 

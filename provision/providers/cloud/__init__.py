@@ -22,6 +22,7 @@ from typing import Any
 from provision.errors import OperationError
 from provision.providers import ProviderPlan, planned_only
 from provision.render.context import Cluster
+from provision.secrets import create_once
 from provision.spec.models import Spec
 from provision.spec.nodes import Node
 from provision.state import State
@@ -208,12 +209,10 @@ class CloudProvider:
 
         backend = state.dir / "pulumi"
         backend.mkdir(parents=True, exist_ok=True, mode=0o700)
-        passphrase = state.secrets / PASSPHRASE
-        if not passphrase.exists():
-            state.ensure()
-            fd = os.open(passphrase, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(secrets.token_urlsafe(32))
+        state.ensure()
+        passphrase = create_once(
+            state.secrets / PASSPHRASE, lambda: secrets.token_urlsafe(32).encode()
+        )
         url = os.environ.get(ENV_BACKEND) or backend.as_uri()
         settings = auto.ProjectSettings(
             name=PROJECT, runtime="python", backend=auto.ProjectBackend(url=url)
