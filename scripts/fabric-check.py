@@ -54,7 +54,7 @@ def main() -> int:
     found = []
     cas = fp.parse_ibstat(run(["ibstat"], args.record, "ibstat"))
     found += fp.hca_findings(cas, devices, args.count, args.rate, layer)
-    names = devices or sorted(c.name for c in cas for p in c.ports if p.link_layer == layer)
+    names = fp.fabric_devices(cas, devices, layer)
     run(["ibv_devinfo", "-v"], args.record, "ibv_devinfo")
     if not args.roce:
         raw = run(["sminfo"], args.record, "sminfo")

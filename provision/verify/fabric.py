@@ -40,19 +40,9 @@ def check_fabric(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckRe
     out = remote.run("ibstat", timeout=60)
     cas = fp.parse_ibstat(out.stdout) if out.rc == 0 else []
     devices = [r.device for r in node_rails if r.device]
-    found += fp.hca_findings(
-        cas,
-        devices,
-        len(node_rails),
-        node_rails[0].rate_gbps,
-        "InfiniBand" if infiniband else "Ethernet",
-    )
-    names = devices or sorted(
-        ca.name
-        for ca in cas
-        for p in ca.ports
-        if p.link_layer == ("InfiniBand" if infiniband else "Ethernet")
-    )
+    layer = "InfiniBand" if infiniband else "Ethernet"
+    found += fp.hca_findings(cas, devices, len(node_rails), node_rails[0].rate_gbps, layer)
+    names = fp.fabric_devices(cas, devices, layer)
     if infiniband:
         sm = remote.run("sminfo", timeout=30)
         found.append(fp.sm_finding(fp.parse_sminfo(sm.stdout), sm.stdout + sm.stderr))

@@ -221,6 +221,13 @@ def rate_name(gbps: int) -> str:
     return f"{RATE_NAMES[gbps]} {gbps}" if gbps in RATE_NAMES else f"{gbps} Gb/s"
 
 
+def fabric_devices(cas: list[Ca], devices: list[str], link_layer: str) -> list[str]:
+    """The adapters to check: the profile's names, or every CA with a port of the link layer."""
+    return devices or sorted(
+        {ca.name for ca in cas for p in ca.ports if p.link_layer.lower() == link_layer.lower()}
+    )
+
+
 def hca_findings(
     cas: list[Ca], devices: list[str], count: int, rate_gbps: int, link_layer: str
 ) -> list[tuple[str, bool, str]]:
@@ -231,7 +238,7 @@ def hca_findings(
     ports = {
         ca.name: p for ca in cas for p in ca.ports if p.link_layer.lower() == link_layer.lower()
     }
-    wanted = devices or sorted(ports)[:count] or []
+    wanted = fabric_devices(cas, devices, link_layer)[: len(devices) or count]
     out: list[tuple[str, bool, str]] = []
     missing = [d for d in devices if d not in ports]
     found = len(wanted) - len(missing) if devices else len(ports)
