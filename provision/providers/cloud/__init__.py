@@ -56,12 +56,8 @@ def credentials_problem(kind: str, env: dict[str, str] | None = None) -> str | N
         return "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
     if kind == "gcp":
         project = env.get("GOOGLE_PROJECT") or env.get("CLOUDSDK_CORE_PROJECT")
-        creds = env.get("GOOGLE_APPLICATION_CREDENTIALS") or (
-            str(_home(".config", "gcloud", "application_default_credentials.json"))
-            if _home(".config", "gcloud", "application_default_credentials.json").exists()
-            else None
-        )
-        if not creds:
+        adc = _home(".config", "gcloud", "application_default_credentials.json")
+        if not env.get("GOOGLE_APPLICATION_CREDENTIALS") and not adc.exists():
             return (
                 "no GCP credentials: run `gcloud auth application-default login` or set "
                 "GOOGLE_APPLICATION_CREDENTIALS"
