@@ -22,7 +22,6 @@ class Rail:
     netdev: str | None  # interface name; None: RoCE adapter without netdevs in its profile
     device: str | None  # RDMA device (mlx5_0); None: not named by the profile
     rate_gbps: int
-    model: str
 
 
 def fabric_hcas(profile: Profile, kind: str) -> list[HcaSpec]:
@@ -39,7 +38,7 @@ def rails(profile: Profile, kind: str) -> list[Rail]:
             n = len(out)
             netdev = hca.netdevs[i] if hca.netdevs else (f"ib{n}" if kind == "infiniband" else None)
             device = hca.devices[i] if hca.devices else None
-            out.append(Rail(n, netdev, device, hca.rate_gbps, hca.model))
+            out.append(Rail(n, netdev, device, hca.rate_gbps))
     return out
 
 
