@@ -38,3 +38,28 @@ def assert_golden(golden: Path, got: str, update: bool) -> None:
         golden.write_text(got)
     assert golden.exists(), "make goldens"
     assert got == golden.read_text(), "after a deliberate change: make goldens"
+
+
+def load_rendered(text: str) -> object:
+    """A rendered inventory or group_vars file as Ansible reads it (`!unsafe` strings as data)."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.constructor import SafeConstructor
+
+    class Loader(SafeConstructor):
+        pass
+
+    Loader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
+    yaml = YAML(typ="safe", pure=True)
+    yaml.Constructor = Loader
+    return yaml.load(text)
+
+
+def unwrap_unsafe(value: object) -> object:
+    """ansible-inventory's JSON marks unsafe strings {'__ansible_unsafe': s}: take s back."""
+    if isinstance(value, dict):
+        if set(value) == {"__ansible_unsafe"}:
+            return value["__ansible_unsafe"]
+        return {k: unwrap_unsafe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unwrap_unsafe(v) for v in value]
+    return value

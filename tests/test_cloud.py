@@ -229,7 +229,7 @@ def test_outputs_become_node_addresses_and_reach_the_inventory() -> None:
     assert all(str(a).startswith("198.51.100.") for a in addresses.values())  # public first
     inventory = render_inventory(Cluster(cluster.spec, addresses))
     for name, address in addresses.items():
-        assert f"        {name}:\n          ansible_host: {address}\n" in inventory
+        assert f'        {name}:\n          ansible_host: !unsafe "{address}"\n' in inventory
 
 
 # --- before anything is created --------------------------------------------------------------

@@ -16,7 +16,7 @@ from provision.spec.nodes import expand_nodes
 from provision.verify import fabric_parsers as fp
 from provision.verify.fabric import pairs, write_bw_command
 
-from .conftest import ROOT
+from .conftest import ROOT, load_rendered
 
 DATA = Path(__file__).parent / "data" / "fabric"
 DGX_DEVICES = ["mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11"]
@@ -89,11 +89,9 @@ def test_nccl_settings_come_from_the_fabric() -> None:
 
 
 def test_inventory_carries_addresses_and_subnet_manager_priorities() -> None:
-    from ruamel.yaml import YAML
-
     from provision.render import render_inventory
 
-    inventory = YAML(typ="safe").load(render_inventory(Cluster(load_spec(
+    inventory = load_rendered(render_inventory(Cluster(load_spec(
         ROOT / "examples" / "dgx-8.yaml"))))["all"]["children"]
     assert inventory["subnet_manager"]["hosts"] == {"dgx01": {"opensm_priority": 15},
                                                     "dgx02": {"opensm_priority": 14}}

@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from ruamel.yaml import YAML
 
 from provision.render import render, write_render
 from provision.render.context import Cluster
 from provision.spec import load_spec
 
-from .conftest import EXAMPLES, ROOT
+from .conftest import EXAMPLES, ROOT, load_rendered, unwrap_unsafe
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -48,13 +47,12 @@ def test_deterministic(example: Path) -> None:
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_inventory_and_vars_are_valid_yaml(example: Path) -> None:
     files = _render(example)
-    yaml = YAML(typ="safe", pure=True)
-    inventory = yaml.load(files["inventory/hosts.yml"])
+    inventory = load_rendered(files["inventory/hosts.yml"])
     groups = inventory["all"]["children"]
     spec = load_spec(example)
     for pool in spec.pools:
         assert f"pool_{pool.name}" in groups
-    variables = yaml.load(files["inventory/group_vars/all.yml"])
+    variables = load_rendered(files["inventory/group_vars/all.yml"])
     assert variables["provision_cluster"] == spec.name
 
 
@@ -70,7 +68,8 @@ def test_inventory_parsed_by_ansible(tmp_path: Path) -> None:
         [str(ansible_inventory), "-i", str(tmp_path / "inventory" / "hosts.yml"), "--list"],
         check=True, capture_output=True, text=True,
     )
-    data = json.loads(out.stdout)
+    data = unwrap_unsafe(json.loads(out.stdout))
+    assert isinstance(data, dict)
     assert len(data["compute"]["hosts"]) == 34
     assert data["gpu"]["hosts"] == data["compute"]["hosts"]
     assert data["_meta"]["hostvars"]["mig001"]["provision_mig_layout"] == ["1g.10gb"] * 7

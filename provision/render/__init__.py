@@ -8,7 +8,6 @@ removing files an earlier render made that this one no longer does.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import tempfile
@@ -16,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from ruamel.yaml import YAML
 
 from provision import REPO_ROOT
 from provision.render.context import Cluster
 from provision.render.firewall import address_sets, pool_rules
 from provision.render.gpu import nccl_conf
 from provision.render.slurm import gres_conf_context, slurm_conf_context
+from provision.render.yamldata import Template, yaml_mapping, yaml_value
 from provision.spec.fabric import fabric_addresses, rails
 
 TEMPLATES = REPO_ROOT / "templates"
@@ -98,7 +97,11 @@ def render_inventory(cluster: Cluster) -> str:
     addresses, _ = fabric_addresses(spec, cluster.profiles, lasting)
     groups: list[dict[str, Any]] = []
     for role in ("head", "login", "compute", "storage"):
-        hosts = [_host(n.name, ansible_host=n.address) for n in lasting if n.role == role]
+        hosts = [
+            _host(n.name, ansible_host=n.address and str(n.address))
+            for n in lasting
+            if n.role == role
+        ]
         groups.append({"name": role, "vars": [], "hosts": hosts})
     # GPU nodes: the NVIDIA roles run here
     hosts = [
@@ -114,24 +117,24 @@ def render_inventory(cluster: Cluster) -> str:
     groups.append({"name": "subnet_manager", "vars": [], "hosts": hosts})
     for view in cluster.pools:
         gpu = view.profile.gpu
-        gvars = [
-            ("provision_pool", view.name),
-            ("provision_profile", json.dumps(view.pool.profile)),
-            ("provision_provider", view.pool.provider),
-            ("provision_gpus", gpu.count if gpu else 0),
-        ]
+        gvars: dict[str, object] = {
+            "provision_pool": view.name,
+            "provision_profile": view.pool.profile,
+            "provision_provider": view.pool.provider,
+            "provision_gpus": gpu.count if gpu else 0,
+        }
         if gpu:
-            gvars.append(("provision_nvswitch", "true" if gpu.nvswitch else "false"))
+            gvars["provision_nvswitch"] = gpu.nvswitch
         if view.pool.mig:
-            gvars.append(("provision_mig_layout", json.dumps(list(view.pool.mig))))
+            gvars["provision_mig_layout"] = list(view.pool.mig)
         pool_rails = rails(view.profile, fabric.kind)
         if pool_rails:
             netdevs = [r.netdev for r in pool_rails if r.netdev]
             devices = [r.device for r in pool_rails if r.device]
             if netdevs:
-                gvars.append(("provision_fabric_netdevs", json.dumps(netdevs)))
+                gvars["provision_fabric_netdevs"] = netdevs
             if devices:
-                gvars.append(("provision_fabric_devices", json.dumps(devices)))
+                gvars["provision_fabric_devices"] = devices
         hosts = [
             _host(n.name, provision_fabric_addresses=addresses[n.name])
             if n.name in addresses
@@ -139,27 +142,31 @@ def render_inventory(cluster: Cluster) -> str:
             for n in view.nodes
             if not n.elastic
         ]
-        groups.append({"name": f"pool_{view.name}", "vars": gvars, "hosts": hosts})
+        groups.append({"name": f"pool_{view.name}", "vars": _pairs(gvars), "hosts": hosts})
     for provider in sorted({p.pool.provider for p in cluster.pools}):
         hosts = [_host(n.name) for n in lasting if n.provider == provider]
         groups.append({"name": f"provider_{provider}", "vars": [], "hosts": hosts})
+    all_vars = {
+        "ansible_user": spec.ssh.user,
+        "ansible_port": spec.ssh.port,
+        # every supported OS has it; naming it saves Ansible's interpreter discovery on each run
+        "ansible_python_interpreter": "/usr/bin/python3",
+    }
+    if spec.ssh.user != "root":
+        all_vars["ansible_become"] = True
     return _template(
-        "inventory.yml.j2",
-        header=cluster.header,
-        ssh_user=spec.ssh.user,
-        ssh_port=spec.ssh.port,
-        become=spec.ssh.user != "root",
-        groups=groups,
+        "inventory.yml.j2", header=cluster.header, all_vars=_pairs(all_vars), groups=groups
     )
+
+
+def _pairs(values: dict[str, object]) -> list[tuple[str, str]]:
+    """Variables as (name, YAML value) pairs; every string is data (see yamldata)."""
+    return [(key, yaml_value(value)) for key, value in values.items() if value is not None]
 
 
 def _host(name: str, **hostvars: object) -> tuple[str, list[tuple[str, str]]]:
     """A host of the inventory: its name and its variables, each as a YAML value."""
-    pairs = []
-    for key, value in hostvars.items():
-        if value is not None:
-            pairs.append((key, json.dumps(value) if isinstance(value, list | int) else str(value)))
-    return name, pairs
+    return name, _pairs(hostvars)
 
 
 def group_vars(cluster: Cluster) -> dict[str, Any]:
@@ -169,7 +176,7 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
         "provision_cluster": spec.name,
         "provision_os": spec.os,
         "provision_scheduler": spec.scheduler,
-        "provision_files_dir": "{{ inventory_dir }}/../files",
+        "provision_files_dir": Template("{{ inventory_dir }}/../files"),
         "provision_nft_sets_path": NFT_SETS_PATH,
     }
     if spec.network.management.domain:
@@ -230,12 +237,7 @@ _NVIDIA_VARS = {
 
 
 def render_group_vars(cluster: Cluster) -> str:
-    yaml = YAML(typ="safe", pure=True)
-    yaml.default_flow_style = False
-    yaml.width = 4096
-    buf = io.StringIO()
-    yaml.dump(group_vars(cluster), buf)
-    return f"---\n# {cluster.header}\n" + buf.getvalue()
+    return f"---\n# {cluster.header}\n" + yaml_mapping(group_vars(cluster))
 
 
 def write_render(files: dict[str, str], out: Path) -> list[str]:

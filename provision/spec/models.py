@@ -15,7 +15,7 @@ import typing
 from datetime import date
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 OsName = Literal["ubuntu22.04", "ubuntu24.04", "debian12", "rocky9"]
 SchedulerKind = Literal["slurm", "kubernetes"]
@@ -29,10 +29,13 @@ CLOUD_PROVIDERS: tuple[ProviderKind, ...] = ("aws", "gcp", "azure")
 # Providers that can create a node when a job waits and remove it when idle.
 BURST_PROVIDERS: tuple[ProviderKind, ...] = ("lab", "aws", "gcp", "azure")
 
-_HOSTNAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
-_POOL_RE = re.compile(r"^[a-z][a-z0-9]{0,30}$")
-_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-_VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+){0,3}$")
+_HOSTNAME_RE = re.compile(r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?")
+_POOL_RE = re.compile(r"[a-z][a-z0-9]{0,30}")
+_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+_VERSION_RE = re.compile(r"[0-9]+(\.[0-9]+){0,3}")
+# What no spec value may hold: line breaks of any kind and other control characters. A value
+# is one line of plain data wherever it lands (slurm.conf, /etc/hosts, chrony.conf, YAML).
+_NOT_ONE_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff]")
 _SSH_KEY_TYPES = (
     "ssh-ed25519",
     "ssh-rsa",
@@ -45,7 +48,7 @@ _SSH_KEY_TYPES = (
 
 
 def _hostname(value: str) -> str:
-    if not _HOSTNAME_RE.match(value):
+    if not _HOSTNAME_RE.fullmatch(value):
         raise ValueError(
             f"{value!r} is not a valid host name: use lower-case letters, digits and '-', "
             "starting with a letter, at most 63 characters"
@@ -63,7 +66,7 @@ def _hostname_prefix(value: str) -> str:
 
 
 def _pool_name(value: str) -> str:
-    if not _POOL_RE.match(value):
+    if not _POOL_RE.fullmatch(value):
         raise ValueError(
             f"{value!r} is not a valid pool name: use lower-case letters and digits, "
             "starting with a letter, at most 31 characters"
@@ -72,13 +75,13 @@ def _pool_name(value: str) -> str:
 
 
 def _user_name(value: str) -> str:
-    if not _USER_RE.match(value):
+    if not _USER_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a valid user name: use lower-case letters, digits, '_'")
     return value
 
 
 def _version(value: str) -> str:
-    if not _VERSION_RE.match(value):
+    if not _VERSION_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a version: write it like 550 or 12.4 or 2.21.5")
     return value
 
@@ -125,7 +128,8 @@ def _port_range(value: int | str) -> str:
 
 
 def _url(value: str) -> str:
-    if not re.fullmatch(r"(https?|file)://[^\s]+", value):
+    # RFC 3986's characters less those a shell or a template gives meaning to ({ } $ ' ` ;)
+    if not re.fullmatch(r"(https?|file)://[A-Za-z0-9._~:/?#\[\]@!&()*+,=%-]+", value):
         raise ValueError(f"{value!r} is not a URL: write it like https://mirror.example.org/nvidia")
     return value.rstrip("/")
 
@@ -168,12 +172,106 @@ Url = Annotated[str, AfterValidator(_url)]
 Sha256 = Annotated[
     str, _matching(r"[0-9a-f]{64}", "not a SHA-256: 64 lower-case hex digits (sha256sum prints it)")
 ]
+ProfileName = Annotated[
+    str,
+    _matching(
+        r"[a-z0-9][a-z0-9._-]{0,62}",
+        "{!r} is not a profile name: lower-case letters, digits, '.', '_' and '-'",
+    ),
+]
+DomainName = Annotated[
+    str,
+    _matching(
+        r"([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z]([a-z0-9-]{0,61}[a-z0-9])?",
+        "{!r} is not a DNS domain: labels of lower-case letters, digits and '-', joined by dots",
+    ),
+]
+TimeServer = Annotated[
+    str,
+    _matching(
+        r"([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?",
+        "{!r} is not a time server: a host name like pool.ntp.org or an address like 10.0.0.1",
+    ),
+]
+CloudPlace = Annotated[
+    str,
+    _matching(
+        r"[a-z0-9][a-z0-9-]{0,62}",
+        "{!r} is not a cloud region or zone: lower-case letters, digits and '-', "
+        "like us-east-1 or us-central1-a",
+    ),
+]
+InstanceType = Annotated[
+    str,
+    _matching(
+        r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}",
+        "{!r} is not an instance type: letters, digits, '.', '_' and '-', like p5.48xlarge",
+    ),
+]
+GresType = Annotated[
+    str,
+    _matching(
+        r"[a-z0-9][a-z0-9_-]{0,31}",
+        "{!r} is not a GRES type name: lower-case letters, digits, '_' and '-', like h100",
+    ),
+]
+# slurm.conf: `Key=Value` on one line; white space would start another key, '#' a comment
+SlurmKey = Annotated[
+    str, _matching(r"[A-Za-z][A-Za-z0-9]{0,63}", "{!r} is not a slurm.conf key, like SchedulerType")
+]
+SlurmValue = Annotated[
+    str,
+    _matching(
+        r"[^\s#\"'\\]{1,1024}",
+        "{!r} is not a slurm.conf value: no spaces, quotes, '#' or backslashes",
+    ),
+]
+NfsOptions = Annotated[
+    str,
+    _matching(
+        r"[A-Za-z0-9_=.,:/@-]{1,512}",
+        "{!r} is not a list of options: letters, digits and _ = . , : / @ - only, like rw,sync",
+    ),
+]
+MountSource = Annotated[
+    str,
+    _matching(
+        r"[A-Za-z0-9.-]{1,253}:/[A-Za-z0-9._/-]*",
+        "{!r} should be 'server:/path' (a node name or address, then the exported path)",
+    ),
+]
+
+
+def one_line(value: object) -> None:
+    """Refuse a line break or control character anywhere in a value (keys of mappings too)."""
+    if isinstance(value, str):
+        bad = _NOT_ONE_LINE.search(value)
+        if bad:
+            shown = value if len(value) <= 40 else value[:37] + "..."
+            raise ValueError(
+                f"{shown!r} holds a line break or control character ({bad.group()!r}): "
+                "a spec value is one line of plain text"
+            )
+    elif isinstance(value, list | tuple):
+        for item in value:
+            one_line(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            one_line(key)
+            one_line(item)
 
 
 class Model(BaseModel):
-    """Base for every spec model: unknown keys are errors, so typos never pass silently."""
+    """Base for every spec model: unknown keys are errors, so typos never pass silently, and
+    every text value is one line (a field added later gets that check without asking)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _one_line(cls, value: object) -> object:
+        one_line(value)
+        return value
 
 
 # --- hardware profiles (data files in provision/profiles/) ---------------------------------
@@ -181,7 +279,7 @@ class Model(BaseModel):
 
 class GpuSpec(Model):
     model: str = Field(description="GPU model, e.g. H100-SXM5-80GB")
-    slurm_type: str = Field(description="GRES type name used in gres.conf, e.g. h100")
+    slurm_type: GresType = Field(description="GRES type name used in gres.conf, e.g. h100")
     count: int = Field(ge=1, le=16, description="GPUs per node")
     memory_gib: int = Field(ge=1, description="memory per GPU in GiB")
     nvlink: bool = Field(description="GPUs are linked by NVLink")
@@ -240,7 +338,7 @@ class CpuSpec(Model):
 
 class PriceSpec(Model):
     usd_per_hour: float = Field(gt=0, description="on-demand price per node-hour in USD")
-    region: str = Field(description="region the price was read for")
+    region: CloudPlace = Field(description="region the price was read for")
     as_of: date = Field(description="the day the price was read")
     source: str = Field(description="where the price was read")
 
@@ -255,7 +353,9 @@ class Profile(Model):
     gpu: GpuSpec | None = None
     hcas: list[HcaSpec] = []
     max_power_w: int = Field(ge=1, description="maximum power draw of one node in watts")
-    instance_type: str | None = Field(default=None, description="cloud instance or VM size")
+    instance_type: InstanceType | None = Field(
+        default=None, description="cloud instance or VM size"
+    )
     price: PriceSpec | None = None
 
 
@@ -264,7 +364,7 @@ class Profile(Model):
 
 class ManagementNetwork(Model):
     cidr: ipaddress.IPv4Network = Field(description="management network; node addresses live here")
-    domain: str | None = Field(default=None, description="DNS domain appended in /etc/hosts")
+    domain: DomainName | None = Field(default=None, description="DNS domain appended in /etc/hosts")
 
 
 class BmcNetwork(Model):
@@ -351,7 +451,7 @@ class Networks(Model):
     fabric: Fabric = Field(
         default=Fabric(kind="ethernet"), description="high-speed network between compute nodes"
     )
-    time_servers: list[str] = Field(
+    time_servers: list[TimeServer] = Field(
         default=[], description="NTP servers the head pool follows; other nodes follow the head"
     )
 
@@ -367,7 +467,7 @@ class Pool(Model):
 
     name: PoolName = Field(description="pool name; also the Slurm partition and Ansible group")
     role: PoolRole = Field(description="what the nodes do: head runs the controller")
-    profile: str = Field(description="hardware profile name (see `provision profiles`)")
+    profile: ProfileName = Field(description="hardware profile name (see `provision profiles`)")
     provider: ProviderKind = Field(default="static", description="where the nodes come from")
     count: int | None = Field(default=None, ge=1, le=100_000, description="nodes in the pool")
     hosts: list[Host] | None = Field(
@@ -394,21 +494,21 @@ class Pool(Model):
         min_length=1,
         description="MIG layout applied to every GPU of the pool at boot, e.g. seven 1g.10gb",
     )
-    region: str | None = Field(default=None, description="cloud region (cloud providers)")
-    zone: str | None = Field(default=None, description="cloud zone (cloud providers)")
+    region: CloudPlace | None = Field(default=None, description="cloud region (cloud providers)")
+    zone: CloudPlace | None = Field(default=None, description="cloud zone (cloud providers)")
 
 
 class SlurmSettings(Model):
     """Slurm: accounting, the default partition and extra slurm.conf keys."""
 
     accounting: bool = Field(default=False, description="slurmdbd with MariaDB on the head pool")
-    default_partition: str | None = Field(
+    default_partition: PoolName | None = Field(
         default=None, description="pool whose partition is the default; first compute pool if unset"
     )
     srun_port_range: PortRange = Field(
         default="60001-63000", description="ports srun listens on (SrunPortRange)"
     )
-    config: dict[str, str | int | bool] = Field(
+    config: dict[SlurmKey, SlurmValue | int | bool] = Field(
         default={}, description="extra slurm.conf keys; they override the rendered defaults"
     )
 
@@ -498,7 +598,9 @@ class FirewallRule(Model):
     sources: list[ipaddress.IPv4Network | Literal["cluster", "admin"]] = Field(
         min_length=1, description="CIDRs, 'cluster' (all node addresses) or 'admin'"
     )
-    pools: list[str] | None = Field(default=None, description="pools it applies to; all if unset")
+    pools: list[PoolName] | None = Field(
+        default=None, description="pools it applies to; all if unset"
+    )
 
 
 class Security(Model):
@@ -525,19 +627,23 @@ class SshAccess(Model):
 
 
 class Export(Model):
-    pool: str = Field(description="pool whose nodes serve this export")
+    pool: PoolName = Field(description="pool whose nodes serve this export")
     path: AbsPath = Field(description="directory to export")
-    options: str = Field(
+    options: NfsOptions = Field(
         default="rw,sync,no_subtree_check,no_root_squash", description="NFS export options"
     )
 
 
 class Mount(Model):
-    source: str = Field(description="'server:/path': a node name or address, then the export")
+    source: MountSource = Field(
+        description="'server:/path': a node name or address, then the export"
+    )
     path: AbsPath = Field(description="mount point")
-    pools: list[str] | None = Field(default=None, description="pools that mount it; all if unset")
+    pools: list[PoolName] | None = Field(
+        default=None, description="pools that mount it; all if unset"
+    )
     fstype: Literal["nfs", "nfs4"] = "nfs4"
-    options: str = Field(default="defaults,_netdev", description="mount options")
+    options: NfsOptions = Field(default="defaults,_netdev", description="mount options")
 
 
 class Storage(Model):
@@ -564,6 +670,6 @@ class Spec(Model):
     security: Security = Field(description="who may reach the nodes, and how")
     ssh: SshAccess = Field(default=SshAccess(), description="how Ansible logs in to the nodes")
     storage: Storage = Field(default=Storage(), description="shared file systems")
-    profiles: dict[str, Profile] = Field(
+    profiles: dict[ProfileName, Profile] = Field(
         default={}, description="extra hardware profiles, by name, beside the built-in ones"
     )

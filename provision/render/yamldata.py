@@ -1,0 +1,56 @@
+"""The one way a value reaches Ansible: YAML that Ansible can never template.
+
+Every string the renderer writes into the inventory or group_vars is tagged `!unsafe`, so
+Ansible treats it as data, never as a Jinja template, whatever a spec put in it. A renderer that
+means a template says so with `Template(...)`; nothing else is ever templated. Values are written
+in flow style from JSON's escaping, so a string is always one YAML scalar on one line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+
+
+class Template(str):
+    """A string the renderer itself wrote as a Jinja template (never a spec value)."""
+
+
+# Characters YAML would read as a line break or refuses in a stream; JSON leaves some as they are.
+_ESCAPE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff]")
+
+
+def _quoted(text: str) -> str:
+    return _ESCAPE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(text, ensure_ascii=False))
+
+
+def yaml_value(value: object) -> str:
+    """One YAML flow value: strings `!unsafe`, Template strings plain, containers recursively."""
+    if isinstance(value, Template):
+        return _quoted(str(value))
+    if isinstance(value, str):
+        return "!unsafe " + _quoted(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int | float):
+        return json.dumps(value)
+    if isinstance(value, Mapping):
+        items = (f"{yaml_value(str(k))}: {yaml_value(v)}" for k, v in value.items())
+        return "{" + ", ".join(items) + "}"
+    if isinstance(value, Sequence):
+        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
+    raise TypeError(f"no YAML form for {type(value).__name__}")
+
+
+def yaml_mapping(values: Mapping[str, object], indent: int = 0) -> str:
+    """`key: value` lines for variable names the renderer chose (identifiers, never spec data)."""
+    pad = " " * indent
+    lines = []
+    for key, value in values.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"{key!r} is not a variable name")
+        lines.append(f"{pad}{key}: {yaml_value(value)}\n")
+    return "".join(lines)
