@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,8 @@ def format_path(parts: Sequence[str | int]) -> str:
     for part in parts:
         if isinstance(part, int):
             out += f"[{part}]"
-        else:
+        elif re.fullmatch(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*", part):
             out += ("." if out else "") + part
+        else:  # a key the spec made up (slurm.config, profiles): quoted, on one line
+            out += f"[{part!r}]"
     return out

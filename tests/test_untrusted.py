@@ -1,0 +1,234 @@
+"""Every spec value is data: never more than one line, never a template Ansible would run.
+
+The fields come from the model, not from a list kept by hand: a text field added later is
+changed here too, and tests/data/untrusted/every-field.yaml must give it a value.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import types
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+from ruamel.yaml import YAML
+from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
+
+from provision.errors import SpecError
+from provision.render import render, write_render
+from provision.render.context import Cluster
+from provision.render.yamldata import Template, yaml_value
+from provision.spec import load_spec
+from provision.spec.models import Spec
+
+from .conftest import EXAMPLES, ROOT, load_rendered
+
+EVERY_FIELD = ROOT / "tests" / "data" / "untrusted" / "every-field.yaml"
+ANY_ITEM = "[*]"
+ANY_KEY = "{key}"
+ANY_VALUE = "{*}"
+BREAKS = ("\nAuthType=auth/none", "\r\nInclude /tmp/x", "\u2028allow all", "\x00", "\x1b[2J")
+
+Path_ = tuple[str, ...]
+
+
+def text_fields(model: type[BaseModel], at: Path_ = ()) -> Iterator[Path_]:
+    """Every place in the model that takes free text: (field, '[*]', '{key}', ...) paths."""
+    for name, field in model.model_fields.items():
+        yield from _text_in(field.annotation, (*at, name))
+
+
+def _text_in(annotation: object, at: Path_) -> Iterator[Path_]:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        yield from _text_in(args[0], at)
+    elif origin in (typing.Union, types.UnionType):
+        found = {p for a in args for p in _text_in(a, at)}
+        yield from sorted(found)
+    elif origin is list:
+        yield from _text_in(args[0], (*at, ANY_ITEM))
+    elif origin is dict:
+        yield from _text_in(args[0], (*at, ANY_KEY))
+        yield from _text_in(args[1], (*at, ANY_VALUE))
+    elif annotation is str:
+        yield at
+    elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield from text_fields(annotation, at)
+
+
+def places(doc: object, path: Path_, at: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """Concrete places in a document for an abstract path; a key place ends in ('{key}', key)."""
+    if not path:
+        return [at]
+    head, rest = path[0], path[1:]
+    if head == ANY_ITEM and isinstance(doc, list):
+        return [p for i, item in enumerate(doc) for p in places(item, rest, (*at, i))]
+    if head == ANY_KEY and isinstance(doc, dict):
+        return [(*at, ANY_KEY, k) for k in doc]
+    if head == ANY_VALUE and isinstance(doc, dict):
+        return [p for k, v in doc.items() for p in places(v, rest, (*at, k))]
+    if isinstance(doc, dict) and head in doc:
+        return places(doc[head], rest, (*at, head))
+    return []
+
+
+def get(doc: object, place: tuple[object, ...]) -> str:
+    if place[-2:-1] == (ANY_KEY,):
+        return str(place[-1])
+    for part in place:
+        doc = doc[part]  # type: ignore[index]
+    return str(doc)
+
+
+def changed(doc: object, place: tuple[object, ...], value: str) -> object:
+    """A copy of the document with the value (or the key) at `place` replaced."""
+    new = copy.deepcopy(doc)
+    parent = new
+    key_place = place[-2:-1] == (ANY_KEY,)
+    steps = place[:-2] if key_place else place[:-1]
+    for part in steps:
+        parent = parent[part]  # type: ignore[index]
+    if key_place:
+        assert isinstance(parent, dict)
+        parent[value] = parent.pop(place[-1])
+    else:
+        parent[place[-1]] = value  # type: ignore[index]
+    return new
+
+
+def _yaml() -> YAML:
+    yaml = YAML(typ="rt")
+    yaml.width = 4096
+    return yaml
+
+
+def _write(doc: object, path: Path) -> Path:
+    with path.open("w") as fh:
+        _yaml().dump(doc, fh)
+    return path
+
+
+def _every_place() -> list[tuple[Path_, tuple[object, ...]]]:
+    doc = _yaml().load(EVERY_FIELD.read_text())
+    out = []
+    for field in text_fields(Spec):
+        found = places(doc, field)
+        out.extend((field, p) for p in found[:1])
+    return out
+
+
+def test_the_model_has_text_fields_and_every_field_spec_sets_each() -> None:
+    doc = _yaml().load(EVERY_FIELD.read_text())
+    fields = list(text_fields(Spec))
+    assert ("network", "management", "domain") in fields
+    assert ("security", "admins", ANY_ITEM, "ssh_keys", ANY_ITEM) in fields
+    assert ("slurm", "config", ANY_KEY) in fields
+    missing = [".".join(f) for f in fields if not places(doc, f)]
+    assert not missing, f"give these fields a value in {EVERY_FIELD.name}: {missing}"
+
+
+@pytest.mark.parametrize(("field", "place"), _every_place(), ids=lambda v: ".".join(map(str, v)))
+def test_a_line_break_in_any_text_field_is_refused_on_one_line(
+    field: Path_, place: tuple[object, ...], tmp_path: Path
+) -> None:
+    doc = _yaml().load(EVERY_FIELD.read_text())
+    good = get(doc, place)
+    for n, tail in enumerate(BREAKS):
+        spec = _write(changed(doc, place, good + tail), tmp_path / f"s{n}.yaml")
+        with pytest.raises(SpecError) as caught:
+            load_spec(spec)
+        for issue in caught.value.issues:
+            assert "\n" not in str(issue) and "\r" not in str(issue)
+            assert issue.line is not None, str(issue)
+
+
+def test_the_cli_refuses_a_line_break_with_exit_2_and_one_line(tmp_path: Path) -> None:
+    doc = _yaml().load(EVERY_FIELD.read_text())
+    spec = _write(changed(doc, ("slurm", "config", ANY_KEY, "SchedulerType"),
+                          "SchedulerType\nAuthType"), tmp_path / "spec.yaml")
+    done = subprocess.run([sys.executable, "-m", "provision", "validate", str(spec)],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "spec.yaml:8: slurm.config" in done.stderr
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+
+
+def test_templates_in_any_text_field_are_refused_or_stay_data(tmp_path: Path) -> None:
+    """Each field gets a template that would run a command; whatever the spec accepts is
+    rendered, and Ansible templating every variable of every host runs nothing."""
+    doc = _yaml().load(EVERY_FIELD.read_text())
+    accepted: list[str] = []
+    combined = doc
+    for n, (field, place) in enumerate(_every_place()):
+        marker = tmp_path / f"ran-{n}"
+        payload = "{{ lookup('pipe', 'touch " + str(marker) + "') }}"
+        good = get(doc, place)
+        for value in (payload, f"{good} {payload}", f"{good}{{{{ 7 * 7 }}}}"):
+            try:
+                load_spec(_write(changed(doc, place, value), tmp_path / "one.yaml"))
+            except SpecError:
+                continue
+            combined = changed(combined, place, value)
+            accepted.append(".".join(field))
+            break
+    # free text (key comments, models, descriptions, local paths) is accepted: as data
+    assert "security.admins.[*].ssh_keys.[*]" in accepted
+    spec = load_spec(_write(combined, tmp_path / "combined.yaml"))
+    out = tmp_path / "build"
+    files = render(Cluster(spec))
+    write_render(files, out)
+    ansible = Path(sys.executable).parent / "ansible"
+    done = subprocess.run(
+        [str(ansible), "all", "-i", str(out / "inventory" / "hosts.yml"), "-e",
+         "ansible_connection=local", "-m", "ansible.builtin.debug", "-a",
+         "msg={{ hostvars[inventory_hostname] | to_json }}"],
+        capture_output=True, text=True, check=False, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "alice@example.org {{ lookup" in done.stdout  # the comment came through, as text
+    assert not list(tmp_path.glob("ran-*")), "a spec value was run as a template"
+    assert "49" not in "".join(v for v in files.values() if "{{ 7 * 7 }}" in v)
+
+
+def _value_scalars(node: object, in_value: bool = True) -> Iterator[ScalarNode]:
+    if isinstance(node, ScalarNode):
+        if in_value:
+            yield node
+    elif isinstance(node, MappingNode):
+        for key, value in node.value:
+            yield from _value_scalars(key, False)
+            yield from _value_scalars(value, True)
+    elif isinstance(node, SequenceNode):
+        for item in node.value:
+            yield from _value_scalars(item, True)
+
+
+@pytest.mark.parametrize("example", [*EXAMPLES, EVERY_FIELD], ids=lambda p: p.stem)
+def test_every_rendered_string_is_unsafe_but_the_renderers_own_templates(example: Path) -> None:
+    files = render(Cluster(load_spec(example)))
+    for rel in ("inventory/hosts.yml", "inventory/group_vars/all.yml"):
+        root = YAML(typ="rt").compose(files[rel])
+        for scalar in _value_scalars(root):
+            if getattr(scalar.tag, "value", scalar.tag) == "!unsafe":
+                continue
+            if scalar.style == '"':  # a quoted string: only the renderer's own templates
+                assert scalar.value == "{{ inventory_dir }}/../files", (rel, scalar.value)
+            else:  # plain: numbers, booleans and nothing else
+                assert scalar.value in ("true", "false", "null", "") or scalar.value.isdigit(), (
+                    rel, scalar.value)
+
+
+def test_yaml_value_keeps_every_string_on_one_line_and_unsafe() -> None:
+    nasty = "a\nb\u2028c\x85d\"e\\f{{ x }}"
+    text = yaml_value({"k\n": [nasty, 1, True, None, Template("{{ t }}")]})
+    assert "\n" not in text and "\u2028" not in text and "\x85" not in text
+    assert text.count("!unsafe") == 2
+    loaded = load_rendered("v: " + text)
+    assert loaded == {"v": {"k\n": [nasty, 1, True, None, "{{ t }}"]}}
