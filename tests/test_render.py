@@ -176,3 +176,50 @@ def test_write_render_replaces_and_prunes_only_its_own(tmp_path: Path) -> None:
     assert (tmp_path / "notes.txt").read_text() == "mine"
     (tmp_path / "files" / "hosts").write_text("edited by hand\n")
     assert write_render(fewer, tmp_path) == ["files/hosts"]  # hand edits are put back
+
+
+def _with(example: str, tmp_path: Path, **changes: object) -> Path:
+    """A copy of an example with top-level keys merged in (one level deep)."""
+    from ruamel.yaml import YAML
+
+    yaml = YAML(typ="rt")
+    doc = yaml.load((ROOT / "examples" / example).read_text())
+    for key, value in changes.items():
+        if isinstance(value, dict) and key in doc:
+            doc[key].update(value)
+        else:
+            doc[key] = value
+    out = tmp_path / example
+    with out.open("w") as fh:
+        yaml.dump(doc, fh)
+    return out
+
+
+def test_the_ssh_port_moves_the_firewall_and_the_cloud_rules(tmp_path: Path) -> None:
+    from provision.providers.cloud.layout import layout as cloud_layout
+
+    spec = load_spec(_with("cloud-burst.yaml", tmp_path, ssh={"port": 2222}))
+    files = render(Cluster(spec))
+    rules = [f for name, f in files.items() if name.startswith("files/nftables/") and
+             not name.endswith("sets.nft")]
+    assert rules and all("ip saddr @admin tcp dport 2222 accept" in f for f in rules)
+    assert not any("dport 22 " in f for f in rules)
+    assert "ansible_port: 2222" in files["inventory/hosts.yml"]
+    layout = cloud_layout(Cluster(spec), "aws", "ssh-ed25519 AAAA test")
+    ssh = [i for p in layout.pools for i in p.ingress if "ssh" in i.description]
+    assert ssh and all((i.from_port, i.to_port) == (2222, 2222) for i in ssh)
+
+
+def test_slurm_ports_from_the_spec_reach_slurm_conf_firewall_and_verify(tmp_path: Path) -> None:
+    from provision.spec.ports import service_ports
+
+    spec = load_spec(_with("lab.yaml", tmp_path,
+                           slurm={"config": {"SlurmctldPort": "7817-7818", "SlurmdPort": 7819}}))
+    files = render(Cluster(spec))
+    conf = files["files/slurm/slurm.conf"]
+    assert "SlurmctldPort=7817-7818\n" in conf and "SlurmdPort=7819\n" in conf
+    assert "tcp dport 7817-7818 accept" in files["files/nftables/head.nft"]
+    assert "tcp dport 7819 accept" in files["files/nftables/compute.nft"]
+    assert "6817" not in files["files/nftables/head.nft"]
+    ports = service_ports(spec)
+    assert (ports.slurmctld_first, ports.slurmd) == ("7817", "7819")

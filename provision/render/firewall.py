@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from provision.render.context import Cluster
 from provision.spec.fabric import rails
+from provision.spec.ports import service_ports
 
 # Address sets every rule refers to by name. They live in their own file so that nodes joining
 # (elastic burst nodes) are added with `nft add element` without touching the rules.
@@ -17,12 +18,6 @@ ADMIN = "admin"
 CLUSTER = "cluster_nodes"
 HEADS = "head_nodes"
 COMPUTE = "compute_nodes"
-
-SLURMCTLD_PORT = "6817"
-SLURMD_PORT = "6818"
-SLURMDBD_PORT = "6819"
-MARIADB_PORT = "3306"
-NFS_PORT = "2049"
 
 
 @dataclass(frozen=True)
@@ -62,20 +57,21 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
     spec = cluster.spec
     srun = str(spec.slurm.srun_port_range)
     exporting = {e.pool for e in spec.storage.exports}
+    ports = service_ports(spec)
     out: dict[str, list[Rule]] = {}
     for view in cluster.pools:
         role = view.pool.role
-        rules = [Rule("ssh from admin networks", "tcp", "22", (ADMIN,))]
+        rules = [Rule("ssh from admin networks", "tcp", ports.ssh, (ADMIN,))]
         if role == "head":  # the head pool serves time to the other nodes (common role)
             rules.append(Rule("ntp for the cluster", "udp", "123", (CLUSTER,)))
         if spec.scheduler == "slurm":
             if role == "head":
-                rules.append(Rule("slurmctld", "tcp", SLURMCTLD_PORT, (CLUSTER,)))
+                rules.append(Rule("slurmctld", "tcp", ports.slurmctld, (CLUSTER,)))
                 if spec.slurm.accounting:
-                    rules.append(Rule("slurmdbd", "tcp", SLURMDBD_PORT, (CLUSTER,)))
-                    rules.append(Rule("mariadb for slurmdbd", "tcp", MARIADB_PORT, (HEADS,)))
+                    rules.append(Rule("slurmdbd", "tcp", ports.slurmdbd, (CLUSTER,)))
+                    rules.append(Rule("mariadb for slurmdbd", "tcp", ports.mariadb, (HEADS,)))
             if role == "compute":
-                rules.append(Rule("slurmd", "tcp", SLURMD_PORT, (CLUSTER,)))
+                rules.append(Rule("slurmd", "tcp", ports.slurmd, (CLUSTER,)))
                 rules.append(
                     Rule(
                         "job traffic between compute nodes (MPI, NCCL)",
@@ -104,7 +100,7 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
                 Rule("job traffic over the fabric (IP)", "tcp", "1024-65535", (str(fabric.subnet),))
             )
         if view.name in exporting:
-            rules.append(Rule("nfs", "tcp", NFS_PORT, (CLUSTER,)))
+            rules.append(Rule("nfs", "tcp", ports.nfs, (CLUSTER,)))
         for extra in spec.security.firewall_rules:
             if extra.pools is None or view.name in extra.pools:
                 sources = tuple(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from provision.render.context import Cluster, PoolView
-from provision.render.firewall import SLURMCTLD_PORT, SLURMD_PORT
+from provision.spec.ports import SLURM_DIRECTORIES, service_ports
 
 # Memory Slurm may hand to jobs: what the profile lists, less what the OS and daemons keep.
 # A node whose RealMemory is above what slurmd finds is drained, so stay under.
@@ -28,19 +28,17 @@ def slurm_settings(cluster: Cluster) -> list[tuple[str, str]]:
     """Global slurm.conf keys in a fixed order; the spec's slurm.config overrides or adds."""
     spec = cluster.spec
     heads = cluster.head_nodes
+    ports = service_ports(spec)
     settings: dict[str, str | int | bool] = {
         "ClusterName": spec.name,
         "SlurmUser": "slurm",
         "AuthType": "auth/munge",
-        "SlurmctldPort": SLURMCTLD_PORT,
-        "SlurmdPort": SLURMD_PORT,
+        "SlurmctldPort": ports.slurmctld,
+        "SlurmdPort": ports.slurmd,
         "SrunPortRange": str(spec.slurm.srun_port_range),
-        "StateSaveLocation": "/var/spool/slurmctld",
-        "SlurmdSpoolDir": "/var/spool/slurmd",
+        **SLURM_DIRECTORIES,
         "SlurmctldPidFile": "/run/slurmctld.pid",
         "SlurmdPidFile": "/run/slurmd.pid",
-        "SlurmctldLogFile": "/var/log/slurm/slurmctld.log",
-        "SlurmdLogFile": "/var/log/slurm/slurmd.log",
         "ProctrackType": "proctrack/cgroup",
         "TaskPlugin": "task/affinity,task/cgroup",
         "JobAcctGatherType": "jobacct_gather/cgroup",

@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import posixpath
+import re
 from collections.abc import Callable
 
 from provision.spec.fabric import fabric_addresses, fabric_hcas
 from provision.spec.loader import load_profiles
 from provision.spec.models import BURST_PROVIDERS, CLOUD_PROVIDERS, Spec
 from provision.spec.nodes import Loc, Node, expand_nodes_checked
+from provision.spec.ports import (
+    SLURM_DIRECTORIES,
+    daemon_directory,
+    service_ports,
+    system_directory,
+)
 from provision.spec.yamlfile import format_path
 
 Problem = tuple[Loc, str]
@@ -364,6 +372,13 @@ def _check_security(spec: Spec) -> list[Problem]:
                     "or set security.allow_admin_from_anywhere: true if you mean it",
                 )
             )
+    if spec.ssh.port != 22 and any(p.provider == "lab" for p in spec.pools):
+        problems.append(
+            (
+                ("ssh", "port"),
+                "not supported yet: lab nodes' sshd listens on 22; leave ssh.port out for a lab",
+            )
+        )
     names = [a.name for a in spec.security.admins]
     for i, name in enumerate(names):
         if name in names[:i]:
@@ -570,8 +585,77 @@ def _first_per_loc(problems: list[Problem]) -> list[Problem]:
     return out
 
 
+# slurm.conf keys the renderer owns: the pools and the cluster write them
+_SLURM_RENDERED = {
+    key.lower(): why
+    for keys, why in (
+        (
+            ("NodeName", "PartitionName", "NodeSet", "DownNodes", "FrontendName", "Include",
+             "SlurmctldHost", "ControlMachine", "ControlAddr", "BackupController", "BackupAddr",
+             "ClusterName", "AccountingStorageHost"),
+            "is rendered from the spec's name and pools: change those instead",
+        ),
+        (
+            ("AuthType", "CredType", "SlurmUser"),
+            "is what the cluster is built on (munge, the slurm user): it cannot be changed",
+        ),
+        (
+            ("AccountingStoragePort", "SrunPortRange"),
+            "not supported yet: slurmdbd listens on 6819; srun's ports are slurm.srun_port_range",
+        ),
+    )
+    for key in keys
+}  # fmt: skip
+
+
+def _check_slurm_config(spec: Spec) -> list[Problem]:
+    """slurm.config may tune Slurm, not rebuild what the renderer and the roles rely on."""
+    problems: list[Problem] = []
+    config = spec.slurm.config
+    for key, value in config.items():
+        at: Loc = ("slurm", "config", key)
+        if key.lower() in _SLURM_RENDERED:
+            problems.append((at, f"{key} {_SLURM_RENDERED[key.lower()]}"))
+        elif key in SLURM_DIRECTORIES:
+            text = str(value)
+            if not text.startswith("/") or posixpath.normpath(text) != text:
+                problems.append((at, f"{text!r} must be an absolute, normalised path"))
+                continue
+            directory = daemon_directory(key, text)
+            if system_directory(directory):
+                default = daemon_directory(key, SLURM_DIRECTORIES[key])
+                problems.append(
+                    (
+                        at,
+                        f"{directory} is a system directory the slurm role would give to the "
+                        f"slurm user: use a directory of its own, like {default}",
+                    )
+                )
+        elif key == "SlurmctldPort":
+            problems.extend(_port_problem(at, value, ranges=True))
+        elif key == "SlurmdPort":
+            problems.extend(_port_problem(at, value, ranges=False))
+    ports = service_ports(spec)
+    if ports.ssh in (ports.slurmctld_first, ports.slurmd):
+        problems.append((("ssh", "port"), f"port {ports.ssh} is also a Slurm daemon's port"))
+    return problems
+
+
+def _port_problem(at: Loc, value: object, ranges: bool) -> list[Problem]:
+    text = str(value)
+    pattern = r"[0-9]{1,5}(-[0-9]{1,5})?" if ranges else r"[0-9]{1,5}"
+    if isinstance(value, bool) or not re.fullmatch(pattern, text):
+        what = "a port like 6817 or a range like 6817-6820" if ranges else "a port like 6818"
+        return [(at, f"{text!r} is not {what}")]
+    low, _, high = text.partition("-")
+    if not 1 <= int(low) <= int(high or low) <= 65535:
+        return [(at, f"{text!r}: ports run 1-65535 and a range goes low-high")]
+    return []
+
+
 CHECKS: list[Callable[[Spec], list[Problem]]] = [
     _check_head,
+    _check_slurm_config,
     _check_compute,
     _check_pools,
     _check_networks,

@@ -9,8 +9,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from provision.render.context import compress
-from provision.render.firewall import MARIADB_PORT, SLURMCTLD_PORT, SLURMD_PORT, SLURMDBD_PORT
 from provision.spec.nodes import Node
+from provision.spec.ports import service_ports
 from provision.verify import CheckResult, VerifyContext
 from provision.verify.parsers import (
     parse_sacct_states,
@@ -128,9 +128,10 @@ def check_ports(ctx: VerifyContext, remotes: dict[str, Remote]) -> list[CheckRes
     """From this machine (an admin address): SSH open, every Slurm and database port closed.
     From the head: slurmd's port open on every compute node."""
     results = []
-    closed_ports = [SLURMCTLD_PORT, SLURMD_PORT, SLURMDBD_PORT, MARIADB_PORT]
+    ports = service_ports(ctx.cluster.spec)
+    closed_ports = [ports.slurmctld_first, ports.slurmd, ports.slurmdbd, ports.mariadb]
     nodes = [n for n in ctx.cluster.lasting_nodes if n.address is not None]
-    ssh_port = str(ctx.cluster.spec.ssh.port)
+    ssh_port = ports.ssh
     probes = [(n, p) for n in nodes for p in [ssh_port, *closed_ports]]
     # a filtered port costs a whole timeout: probe them all at once
     with ThreadPoolExecutor(max_workers=min(64, len(probes) or 1)) as pool:
@@ -161,13 +162,13 @@ def check_ports(ctx: VerifyContext, remotes: dict[str, Remote]) -> list[CheckRes
             if node.role != "compute":
                 continue
             out = head.run(
-                f"timeout 3 bash -c '</dev/tcp/{node.address}/{SLURMD_PORT}' "
+                f"timeout 3 bash -c '</dev/tcp/{node.address}/{ports.slurmd}' "
                 "&& echo open || echo closed"
             )
             state = out.stdout.strip() or "closed"
             results.append(
                 CheckResult(
-                    "slurmd port from head", node.name, state == "open", f"{SLURMD_PORT} {state}"
+                    "slurmd port from head", node.name, state == "open", f"{ports.slurmd} {state}"
                 )
             )
     return results
