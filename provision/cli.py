@@ -231,6 +231,23 @@ def plan(
             for change in p.changes:
                 out.print(change.diff, markup=False, end="")
 
+        if p.exposed:
+            exposed = Table(title="Open to the internet (sources beyond private address space)")
+            for col in ("pool", "enforced by", "service", "port", "sources", "public addresses"):
+                exposed.add_column(col)
+            for o in p.exposed:
+                exposed.add_row(
+                    o.pool,
+                    o.where,
+                    o.rule.service,
+                    f"{o.rule.protocol} {o.rule.ports}",
+                    ", ".join(o.cidrs),
+                    f"{o.public:,}",
+                )
+            out.print(exposed)
+        else:
+            out.print("open to the internet: nothing (every source is private address space)")
+
         power = Table(title="Peak power")
         for col in ("pool", "profile", "nodes", "kW/node", "kW"):
             power.add_column(col, justify="right" if col != "pool" else "left")

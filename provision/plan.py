@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from provision.providers import ProviderPlan, get_provider
 from provision.render import read_render, render
 from provision.render.context import Cluster, compress
+from provision.render.firewall import OpenRule, internet_rules
 from provision.spec.models import PROVIDER_ORDER
 from provision.state import State
 
@@ -63,6 +64,7 @@ class Plan:
     first_apply: bool
     power: list[PoolPower]
     cost: list[PoolCost] = field(default_factory=list)
+    exposed: list[OpenRule] = field(default_factory=list)  # rules open to public addresses
 
     @property
     def total_kw(self) -> float:
@@ -120,7 +122,9 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
         for v in cluster.pools
         if v.profile.price is not None
     ]
-    return Plan(providers, groups, changes, unchanged, not old, power, cost)
+    return Plan(
+        providers, groups, changes, unchanged, not old, power, cost, internet_rules(cluster)
+    )
 
 
 def _diff(path: str, old: str, new: str) -> str:

@@ -61,3 +61,29 @@ def test_changes_against_last_apply(tmp_path: Path) -> None:
     assert "+10.77.0.14 compute003.lab.internal compute003" in changed["files/hosts"].diff
     assert "files/nftables/head.nft" not in changed  # rules refer to sets, not addresses
     assert plan.unchanged > 0
+
+
+def test_plan_names_every_rule_open_to_the_internet(tmp_path: Path) -> None:
+    from ruamel.yaml import YAML
+
+    from .conftest import run_provision
+
+    yaml = YAML(typ="rt")
+    doc = yaml.load((ROOT / "examples" / "cloud-burst.yaml").read_text())
+    doc["security"]["firewall_rules"] = [
+        {"name": "web", "port": 443, "sources": ["0.0.0.0/0"], "open_to_internet": True,
+         "pools": ["head", "awsh100"]},
+        {"name": "lab", "port": 8888, "sources": ["10.0.0.0/8"]},
+    ]
+    spec = tmp_path / "burst.yaml"
+    with spec.open("w") as fh:
+        yaml.dump(doc, fh)
+    plan = make_plan(Cluster(load_spec(spec)), State(tmp_path, "burst"))
+    exposed = {(o.pool, o.where, o.rule.service, o.rule.ports) for o in plan.exposed}
+    # the admin network (203.0.113.0/24) is documentation space: private, not listed
+    assert exposed == {("head", "nftables", "web", "443"),
+                       ("awsh100", "AWS security group", "web", "443")}
+    done = run_provision("plan", str(spec), "--state-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "Open to the internet" in done.stdout
+    assert "AWS security group" in done.stdout and "3,702,258,688" in done.stdout

@@ -6,9 +6,11 @@ cloud security groups, which are built from the same `pool_rules`.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 from provision.render.context import Cluster
+from provision.spec.exposure import public_addresses
 from provision.spec.fabric import rails
 from provision.spec.ports import service_ports
 
@@ -108,4 +110,34 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
                 )
                 rules.append(Rule(extra.name, extra.protocol, str(extra.port), sources))
         out[view.name] = rules
+    return out
+
+
+@dataclass(frozen=True)
+class OpenRule:
+    """A rule that admits public addresses, and where it is enforced."""
+
+    pool: str
+    where: str  # "nftables" on premises and in the lab; the cloud's firewall otherwise
+    rule: Rule
+    cidrs: tuple[str, ...]
+    public: int  # public addresses it admits
+
+
+_ENFORCED_BY = {"aws": "AWS security group", "gcp": "GCP firewall", "azure": "Azure NSG"}
+
+
+def internet_rules(cluster: Cluster) -> list[OpenRule]:
+    """Every rule, on every pool, whose sources reach beyond private address space."""
+    admin = tuple(str(c) for c in cluster.spec.security.admin_cidrs)
+    out = []
+    for pool, rules in pool_rules(cluster).items():
+        provider = next(v.pool.provider for v in cluster.pools if v.name == pool)
+        for rule in rules:
+            # the cluster's own sets hold node addresses, not networks: only CIDRs reach out
+            cidrs = [c for s in rule.sources for c in (admin if s == ADMIN else (s,)) if "/" in c]
+            public = public_addresses(ipaddress.IPv4Network(c) for c in cidrs)
+            if public:
+                where = _ENFORCED_BY.get(provider, "nftables")
+                out.append(OpenRule(pool, where, rule, tuple(dict.fromkeys(cidrs)), public))
     return out

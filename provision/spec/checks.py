@@ -9,6 +9,7 @@ import posixpath
 import re
 from collections.abc import Callable
 
+from provision.spec.exposure import WIDE, describe_size, public_addresses
 from provision.spec.fabric import fabric_addresses, fabric_hcas
 from provision.spec.loader import load_profiles
 from provision.spec.models import BURST_PROVIDERS, CLOUD_PROVIDERS, Spec
@@ -363,15 +364,45 @@ def _pool_size(spec: Spec, i: int) -> int:
 
 def _check_security(spec: Spec) -> list[Problem]:
     problems: list[Problem] = []
-    for i, cidr in enumerate(spec.security.admin_cidrs):
-        if cidr.prefixlen == 0 and not spec.security.allow_admin_from_anywhere:
+    security = spec.security
+    admin = public_addresses(security.admin_cidrs)
+    if admin > WIDE and not security.allow_admin_from_anywhere:
+        what = ", ".join(str(c) for c in security.admin_cidrs)
+        whole = any(c.prefixlen == 0 for c in security.admin_cidrs)
+        wide = [i for i, c in enumerate(security.admin_cidrs) if public_addresses([c]) > WIDE]
+        problems.append(
+            (
+                ("security", "admin_cidrs", *wide[:1]),
+                f"{'0.0.0.0/0' if whole else what} opens SSH to "
+                f"{'the whole internet' if whole else describe_size(admin)}: name your admin "
+                "networks, or set security.allow_admin_from_anywhere: true if you mean it",
+            )
+        )
+    # each rule, and all rules together, may admit at most a /8 of the internet unless opted in
+    admin_nets = list(security.admin_cidrs)
+    so_far: list[ipaddress.IPv4Network] = []
+    for i, rule in enumerate(security.firewall_rules):
+        nets = [s for s in rule.sources if isinstance(s, ipaddress.IPv4Network)]
+        if "admin" in rule.sources and security.allow_admin_from_anywhere:
+            nets += admin_nets
+        if rule.open_to_internet:
+            continue
+        so_far += nets
+        alone, together = public_addresses(nets), public_addresses(so_far)
+        if max(alone, together) > WIDE:
+            size = (
+                describe_size(alone)
+                if alone > WIDE
+                else (f"{describe_size(together)} with the rules before it")
+            )
             problems.append(
                 (
-                    ("security", "admin_cidrs", i),
-                    "0.0.0.0/0 opens SSH to the whole internet: name your admin networks, "
-                    "or set security.allow_admin_from_anywhere: true if you mean it",
+                    ("security", "firewall_rules", i, "sources"),
+                    f"rule '{rule.name}' opens port {rule.port} to {size}: narrow its sources, "
+                    "or set open_to_internet: true on it if you mean it",
                 )
             )
+            so_far = []
     if spec.ssh.port != 22 and any(p.provider == "lab" for p in spec.pools):
         problems.append(
             (

@@ -601,6 +601,11 @@ class FirewallRule(Model):
     pools: list[PoolName] | None = Field(
         default=None, description="pools it applies to; all if unset"
     )
+    open_to_internet: bool = Field(
+        default=False,
+        description="opt-in: the sources may admit more than a /8 of public addresses "
+        "(0.0.0.0/0 included)",
+    )
 
 
 class Security(Model):
@@ -610,7 +615,9 @@ class Security(Model):
         min_length=1, description="networks allowed to reach SSH and the admin services"
     )
     allow_admin_from_anywhere: bool = Field(
-        default=False, description="opt-in needed before an admin CIDR may be 0.0.0.0/0"
+        default=False,
+        description="opt-in needed before the admin networks may cover more than a /8 of "
+        "public addresses (0.0.0.0/0 included)",
     )
     admins: list[AdminUser] = Field(default=[], description="admin users on every node")
     firewall_rules: list[FirewallRule] = Field(

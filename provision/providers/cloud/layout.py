@@ -12,7 +12,6 @@ from provision.render.firewall import ADMIN, CLUSTER, COMPUTE, HEADS, pool_rules
 # A tag or label on every resource, naming what made it
 TAG_CLUSTER = "provision-cluster"
 TAG_POOL = "provision-pool"
-WORLD = "0.0.0.0/0"
 
 # Each OS's official image on each cloud: AWS (owner account, name pattern), GCP (family),
 # Azure (publisher, offer, SKU)
@@ -127,13 +126,6 @@ def layout(cluster: Cluster, provider: str, ssh_public_key: str) -> CloudLayout:
             )
         )
     return CloudLayout(spec.name, provider, cidr, spec.ssh.user, ssh_public_key, tuple(pools))
-
-
-def open_to_world(layout: CloudLayout) -> list[str]:
-    """Rules that admit the whole internet: only where the spec opted in."""
-    return [
-        f"{p.name}: {i.description}" for p in layout.pools for i in p.ingress if WORLD in i.cidrs
-    ]
 
 
 NETWORK = {
