@@ -232,3 +232,75 @@ def test_yaml_value_keeps_every_string_on_one_line_and_unsafe() -> None:
     assert text.count("!unsafe") == 2
     loaded = load_rendered("v: " + text)
     assert loaded == {"v": {"k\n": [nasty, 1, True, None, "{{ t }}"]}}
+
+
+def _malformed() -> dict[str, str]:
+    laughs = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, 10):
+        prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
+        laughs.append(f"{cur}: &{cur} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    return {
+        "laughs": "\n".join(laughs) + "\n",
+        "deep-flow": "name: " + "[" * 5000 + "]" * 5000 + "\n",
+        "deep-flow-40": "name: " + "[" * 40 + "]" * 40 + "\n",
+        "deep-block": "".join("  " * i + f"k{i}:\n" for i in range(200)) + "  " * 200 + "v: 1\n",
+        "unclosed": "name: " + "{a: " * 20000 + "\n",
+        "huge": "name: x\npools:\n" + "  - name: p\n" * 200_000,
+    }
+
+
+@pytest.mark.parametrize("kind", list(_malformed()))
+def test_malformed_yaml_is_refused_quickly_with_exit_2(kind: str, tmp_path: Path) -> None:
+    spec = tmp_path / f"{kind}.yaml"
+    spec.write_text(_malformed()[kind])
+    with pytest.raises(SpecError) as caught:
+        load_spec(spec)
+    assert len(caught.value.issues) == 1
+    message = str(caught.value.issues[0])
+    assert any(w in message for w in ("nested deeper", "expand to more", "more than a spec",
+                                      "YAML syntax error")), message
+
+
+def test_malformed_yaml_from_the_cli(tmp_path: Path) -> None:
+    spec = tmp_path / "laughs.yaml"
+    spec.write_text(_malformed()["laughs"])
+    done = subprocess.run([sys.executable, "-m", "provision", "validate", str(spec)],
+                          capture_output=True, text=True, check=False, timeout=20)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_addresses_past_the_last_ipv4_address_are_a_spec_error(tmp_path: Path) -> None:
+    doc = _yaml().load((ROOT / "examples" / "dgx-superpod.yaml").read_text())
+    doc["pools"][2]["first_address"] = "255.255.255.250"
+    with pytest.raises(SpecError) as caught:
+        load_spec(_write(doc, tmp_path / "spec.yaml"))
+    assert any("run past 255.255.255.255" in str(i) for i in caught.value.issues)
+
+
+def test_render_into_a_file_is_a_usage_error(tmp_path: Path) -> None:
+    target = tmp_path / "a-file"
+    target.write_text("keep me\n")
+    done = subprocess.run([sys.executable, "-m", "provision", "render", "--out", str(target)],
+                          capture_output=True, text=True, check=False, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    assert "is a file" in done.stderr and target.read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize("name", ["../victim", "/tmp/victim-abs", "sub/../../victim"])
+def test_a_manifest_naming_paths_outside_its_tree_is_refused(name: str, tmp_path: Path) -> None:
+    import json
+
+    from provision.errors import UsageError
+    from provision.render import MANIFEST, read_render
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    out = tmp_path / "build"
+    out.mkdir()
+    (out / MANIFEST).write_text(json.dumps({"files": {name: "0" * 64}}))
+    files = render(Cluster(load_spec(ROOT / "examples" / "lab.yaml")))
+    with pytest.raises(UsageError, match="outside"):
+        write_render(files, out)
+    with pytest.raises(UsageError, match="outside"):
+        read_render(out)
+    assert victim.read_text() == "keep me\n"

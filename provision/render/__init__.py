@@ -17,6 +17,7 @@ from typing import Any
 import jinja2
 
 from provision import REPO_ROOT
+from provision.errors import UsageError
 from provision.render.context import Cluster
 from provision.render.firewall import address_sets, pool_rules
 from provision.render.gpu import nccl_conf
@@ -243,11 +244,11 @@ def render_group_vars(cluster: Cluster) -> str:
 def write_render(files: dict[str, str], out: Path) -> list[str]:
     """Write files under `out`; return the paths that changed. Files an earlier render wrote
     and this one does not are removed; files the render does not own are never touched."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} is a file: name a directory to render into")
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / MANIFEST
-    previous: dict[str, str] = {}
-    if manifest_path.exists():
-        previous = json.loads(manifest_path.read_text()).get("files", {})
+    previous = _manifest(out)
     changed = []
     digests = {}
     for rel, content in files.items():
@@ -260,7 +261,7 @@ def write_render(files: dict[str, str], out: Path) -> list[str]:
         changed.append(rel)
     for rel in sorted(set(previous) - set(files)):
         stale = out / rel
-        if stale.exists():
+        if stale.is_file():
             stale.unlink()
             changed.append(rel)
     _atomic_write(manifest_path, json.dumps({"files": digests}, indent=1, sort_keys=True) + "\n")
@@ -282,10 +283,30 @@ def _atomic_write(target: Path, content: str) -> None:
 
 def read_render(directory: Path) -> dict[str, str]:
     """The files a render wrote into `directory` (by its manifest), or {} if none."""
-    manifest_path = directory / MANIFEST
-    if not manifest_path.exists():
-        return {}
-    names = json.loads(manifest_path.read_text()).get("files", {})
+    names = _manifest(directory)
     return {
-        rel: (directory / rel).read_text() for rel in sorted(names) if (directory / rel).exists()
+        rel: (directory / rel).read_text() for rel in sorted(names) if (directory / rel).is_file()
     }
+
+
+def _manifest(directory: Path) -> dict[str, str]:
+    """The files an earlier render recorded in `directory`: each a plain relative path that
+    stays inside it (a manifest is a file anyone could edit; render deletes what it names)."""
+    path = directory / MANIFEST
+    if not path.exists():
+        return {}
+    try:
+        names = json.loads(path.read_text()).get("files", {})
+        assert isinstance(names, dict)
+    except (ValueError, AttributeError, AssertionError):
+        raise UsageError(f"{path} is damaged: remove it (render writes it again)") from None
+    root = directory.resolve()
+    for rel in names:
+        parts = Path(rel).parts
+        inside = (directory / rel).resolve().is_relative_to(root)
+        if not parts or Path(rel).is_absolute() or ".." in parts or not inside:
+            raise UsageError(
+                f"{path} names {rel!r}, outside {directory}: remove the manifest (render writes it "
+                "again) and look at who wrote that"
+            )
+    return {str(k): str(v) for k, v in names.items()}

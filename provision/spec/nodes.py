@@ -100,6 +100,10 @@ def _nth(
 ) -> ipaddress.IPv4Address | None:
     if first is None:
         return None
+    if int(first) + count - 1 > int(ipaddress.IPv4Address("255.255.255.255")):
+        if i == 0:
+            problems.append((loc, f"{count} addresses from {first} run past 255.255.255.255"))
+        return None
     address = first + i
     if cidr is not None and address not in cidr and i == count - 1:
         problems.append((loc, f"{count} addresses from {first} run past the end of {cidr}"))

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.constructor import DuplicateKeyError
@@ -21,15 +22,35 @@ def _yaml() -> YAML:
     return yaml
 
 
+# What a spec may ask of the parser. A 10,000-node cluster written with `count:` is a few KiB;
+# 1 MiB holds some 20,000 explicit `hosts:` entries.
+MAX_BYTES = 1024 * 1024
+MAX_DEPTH = 32
+MAX_NODES = 200_000  # values after every alias is expanded (a "billion laughs" stops here)
+
+
 def read_yaml(path: Path, display: str | None = None) -> Any:
     """Parse a YAML file into ruamel's round-trip nodes, which carry their line numbers."""
     name = display or str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise SpecError(
+                [
+                    Issue(
+                        name, None, "", f"{size:,} bytes is more than a spec may be ({MAX_BYTES:,})"
+                    )
+                ]
+            )
+        with path.open(encoding="utf-8") as fh:
+            text = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise SpecError([Issue(name, None, "", "file not found")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError([Issue(name, None, "", f"cannot read: {exc}")]) from None
+    if len(text) > MAX_BYTES:  # a file that grew, or one with no size (a pipe)
+        raise SpecError([Issue(name, None, "", f"more than a spec may be ({MAX_BYTES:,} bytes)")])
+    _check_shape(text, name)
     try:
         doc = _yaml().load(text)
     except DuplicateKeyError as exc:
@@ -46,9 +67,66 @@ def read_yaml(path: Path, display: str | None = None) -> Any:
         raise SpecError([Issue(name, line, "", f"YAML syntax error: {what}")]) from None
     except YAMLError as exc:
         raise SpecError([Issue(name, None, "", f"YAML syntax error: {exc}")]) from None
+    except RecursionError:
+        raise SpecError([Issue(name, None, "", f"nested deeper than {MAX_DEPTH} levels")]) from None
     if doc is None:
         raise SpecError([Issue(name, None, "", "the file is empty")])
     return doc
+
+
+def _check_shape(text: str, name: str) -> None:
+    """Refuse, before the (slow, recursive) round-trip parser runs, a document nested too deep
+    or one whose aliases expand past MAX_NODES values. libyaml's event stream is flat and fast,
+    and its syntax errors name their line as the round-trip parser's do."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    sizes: dict[str, int] = {}  # anchor -> values under it, aliases expanded
+    open_: list[list[Any]] = []  # [anchor, values so far, line] per open collection
+    expanded = 0
+    try:
+        for event in yaml.parse(text, Loader=loader):
+            line = event.start_mark.line + 1 if event.start_mark else None
+            if isinstance(event, yaml.CollectionStartEvent):
+                open_.append([event.anchor, 1, line])
+                expanded += 1
+                if len(open_) > MAX_DEPTH:
+                    raise SpecError(
+                        [Issue(name, line, "", f"nested deeper than {MAX_DEPTH} levels")]
+                    )
+                continue
+            if isinstance(event, yaml.CollectionEndEvent):
+                anchor, count, _ = open_.pop()
+            elif isinstance(event, yaml.ScalarEvent):
+                anchor, count = event.anchor, 1
+                expanded += 1
+            elif isinstance(event, yaml.AliasEvent):
+                anchor, count = None, sizes.get(event.anchor or "", 1)
+                expanded += count
+            else:
+                continue
+            if anchor:
+                sizes[anchor] = count
+            if open_:
+                open_[-1][1] += count
+            if expanded > MAX_NODES:
+                raise SpecError(
+                    [
+                        Issue(
+                            name,
+                            line,
+                            "",
+                            f"its aliases expand to more than {MAX_NODES:,} values: "
+                            "write the values out, or use fewer aliases",
+                        )
+                    ]
+                )
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        what = exc.problem or exc.context or "invalid YAML"
+        raise SpecError(
+            [Issue(name, mark.line + 1 if mark else None, "", f"YAML syntax error: {what}")]
+        ) from None
+    except yaml.YAMLError as exc:
+        raise SpecError([Issue(name, None, "", f"YAML syntax error: {exc}")]) from None
 
 
 def plain(node: Any) -> Any:
