@@ -381,6 +381,12 @@ def power(
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="do not ask before off or cycle")
     ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout", min=1, help="seconds for the whole command; BMCs still silent then fail"
+        ),
+    ] = 60.0,
 ) -> None:
     """Power status, on, off or cycle through the nodes' BMCs (Redfish or IPMI)."""
 
@@ -402,13 +408,14 @@ def power(
             raise UsageError(f"{spec}: network.bmc is not set: the spec names no BMC network")
         chosen = pw.select_nodes(expand_nodes(cluster), nodes)
         creds = pw.load_credentials(State(_state_root(state_dir), cluster.name))
+        pw.check_settings(settings)
         names = compress([n.name for n in chosen])
         if action in ("off", "cycle") and not yes:
             verb = f"{'soft ' if soft else ''}{'power off' if action == 'off' else 'power cycle'}"
             if not typer.confirm(f"{verb} {len(chosen)} node(s): {names}?"):
                 raise typer.Exit(1)
         err.print(f"power {action}: {len(chosen)} node(s) {names} over {settings.protocol}")
-        results = pw.power(chosen, action, settings, creds, soft=soft)
+        results = pw.power(chosen, action, settings, creds, soft=soft, deadline_s=timeout)
         for r in results:
             mark = "[green]ok[/green]" if r.ok else "[red]FAIL[/red]"
             out.print(f"{mark} {r.node} ({r.bmc}): ", end="")

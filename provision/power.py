@@ -11,12 +11,15 @@ import base64
 import difflib
 import json
 import os
+import queue
 import shutil
 import ssl
 import subprocess
+import threading
+import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,7 +34,9 @@ from provision.state import State
 Action = Literal["status", "on", "off", "cycle"]
 ACTIONS: tuple[Action, ...] = ("status", "on", "off", "cycle")
 CREDENTIALS = "bmc.json"
-TIMEOUT_S = 20.0
+TIMEOUT_S = 20.0  # one socket operation
+DEADLINE_S = 60.0  # the whole command, every BMC together (--timeout)
+MAX_ANSWER = 1024 * 1024  # a Redfish answer larger than this is not one power control reads
 
 
 class BmcError(Exception):
@@ -134,8 +139,7 @@ class Redfish:
         token = base64.b64encode(f"{creds.user}:{creds.password}".encode()).decode()
         self._auth = f"Basic {token}"
         if settings.verify_tls:
-            cafile = str(Path(settings.ca_file).expanduser()) if settings.ca_file else None
-            self._tls = ssl.create_default_context(cafile=cafile)
+            self._tls = _tls_context(settings.ca_file)
         else:
             self._tls = ssl.create_default_context()
             self._tls.check_hostname = False
@@ -143,18 +147,29 @@ class Redfish:
         self._system: dict[str, Any] | None = None
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        if not path.startswith("/") or path.startswith("//"):
+            raise BmcError(f"the BMC named {path[:80]!r}, not a path on itself: not followed")
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.base + path, data=data, method=method)
         request.add_header("Authorization", self._auth)
         request.add_header("Accept", "application/json")
         if data is not None:
             request.add_header("Content-Type", "application/json")
+        opener = urllib.request.build_opener(
+            _NoRedirect, urllib.request.HTTPSHandler(context=self._tls)
+        )
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=self._tls) as resp:
-                raw = resp.read()
+            with opener.open(request, timeout=TIMEOUT_S) as resp:
+                raw = resp.read(MAX_ANSWER + 1)
         except urllib.error.HTTPError as exc:
             if exc.code in (401, 403):
                 raise BmcError(f"credentials refused (HTTP {exc.code})") from None
+            if 300 <= exc.code < 400:
+                where = str(exc.headers.get("Location", "?"))[:120]
+                raise BmcError(
+                    f"{method} {path}: redirected (HTTP {exc.code}) to {where}: not followed, "
+                    "so the credentials never leave for another address"
+                ) from None
             raise BmcError(f"{method} {path}: HTTP {exc.code} {exc.reason}") from None
         except urllib.error.URLError as exc:
             reason = exc.reason
@@ -166,26 +181,43 @@ class Redfish:
             raise BmcError(f"unreachable: {reason}") from None
         except (TimeoutError, OSError) as exc:
             raise BmcError(f"unreachable: {exc}") from None
-        return json.loads(raw) if raw else {}
+        if len(raw) > MAX_ANSWER:
+            raise BmcError(f"{method} {path}: an answer of more than {MAX_ANSWER:,} bytes")
+        if not raw:
+            return {}
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            raise BmcError(f"{method} {path}: the answer is not JSON") from None
+        if not isinstance(answer, dict):
+            raise BmcError(f"{method} {path}: the answer is not a JSON object")
+        return answer
 
     def system(self) -> dict[str, Any]:
         if self._system is None:
-            members = self._call("GET", "/redfish/v1/Systems").get("Members", [])
-            if not members:
+            members = self._call("GET", "/redfish/v1/Systems").get("Members")
+            if not isinstance(members, list) or not members:
                 raise BmcError("the BMC lists no system")
-            self._system = self._call("GET", members[0]["@odata.id"])
+            link = members[0].get("@odata.id") if isinstance(members[0], dict) else None
+            if not isinstance(link, str):
+                raise BmcError("the BMC's system has no @odata.id link")
+            self._system = self._call("GET", link)
         return self._system
 
     def status(self) -> str:
         self._system = None
-        return str(self.system().get("PowerState", "unknown")).lower()
+        return str(self.system().get("PowerState", "unknown")).lower()[:40]
 
     def reset(self, action: Action, soft: bool) -> None:
-        reset = self.system().get("Actions", {}).get("#ComputerSystem.Reset", {})
-        target = reset.get("target")
-        if not target:
+        actions = self.system().get("Actions")
+        reset = actions.get("#ComputerSystem.Reset") if isinstance(actions, dict) else None
+        target = reset.get("target") if isinstance(reset, dict) else None
+        if not isinstance(reset, dict) or not isinstance(target, str) or not target:
             raise BmcError("the BMC offers no ComputerSystem.Reset action")
         allowed = reset.get("ResetType@Redfish.AllowableValues") or []
+        if not isinstance(allowed, list):
+            allowed = []
+        allowed = [str(a)[:40] for a in allowed]
         wanted = {
             "on": ["On"],
             "off": ["GracefulShutdown"] if soft else ["ForceOff"],
@@ -197,6 +229,27 @@ class Redfish:
                 f"the BMC does not offer {' or '.join(wanted)} (it offers {', '.join(allowed)})"
             )
         self._call("POST", target, {"ResetType": kind})
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: urllib would carry the Authorization header to the new place."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _tls_context(ca_file: str | None) -> ssl.SSLContext:
+    if ca_file is None:
+        return ssl.create_default_context()
+    path = Path(ca_file).expanduser()
+    try:
+        return ssl.create_default_context(cafile=str(path))
+    except FileNotFoundError:
+        raise UsageError(f"network.bmc.ca_file: {path} does not exist") from None
+    except (ssl.SSLError, OSError) as exc:
+        raise UsageError(
+            f"network.bmc.ca_file: {path} holds no usable CA certificate ({exc})"
+        ) from None
 
 
 # --- IPMI ----------------------------------------------------------------------------------
@@ -261,17 +314,32 @@ def client_for(node: Node, settings: BmcNetwork, creds: Credentials) -> Redfish 
     return Ipmi(str(node.bmc_address), port, creds)
 
 
+def check_settings(settings: BmcNetwork) -> None:
+    """What the user must fix before any BMC is asked: a CA bundle that is missing or bad."""
+    if settings.protocol == "redfish" and settings.verify_tls:
+        _tls_context(settings.ca_file)
+
+
 def power(
     nodes: list[Node],
     action: Action,
     settings: BmcNetwork,
     creds: Credentials,
     soft: bool = False,
+    deadline_s: float = DEADLINE_S,
 ) -> list[PowerResult]:
-    """Run one action on every node's BMC, 32 at a time; a failed BMC never stops the others."""
+    """Run one action on every node's BMC, 32 at a time; a failed BMC never stops the others,
+    and a BMC that has not answered when `deadline_s` is up is reported as such."""
+    check_settings(settings)
 
     def one(node: Node) -> PowerResult:
         bmc = str(node.bmc_address)
+        try:
+            return _one(node, bmc)
+        except Exception as exc:  # an answer nobody foresaw: this BMC's line, not the command's
+            return PowerResult(node.name, bmc, False, f"unexpected answer ({type(exc).__name__})")
+
+    def _one(node: Node, bmc: str) -> PowerResult:
         client = client_for(node, settings, creds)
         try:
             before = client.status()
@@ -294,5 +362,40 @@ def power(
             result = PowerResult(node.name, bmc, False, str(exc))
         return result
 
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(nodes)))) as pool:
-        return list(pool.map(one, nodes))
+    finished = _bounded(one, nodes, workers=32, deadline_s=deadline_s)
+    return [
+        finished.get(i)
+        or PowerResult(n.name, str(n.bmc_address), False, f"no answer within {deadline_s:g} s")
+        for i, n in enumerate(nodes)
+    ]
+
+
+def _bounded(
+    fn: Callable[[Node], PowerResult], nodes: list[Node], workers: int, deadline_s: float
+) -> dict[int, PowerResult]:
+    """fn over nodes on daemon threads; what has finished when the deadline passes. A BMC that
+    trickles its answer byte by byte holds only its own thread, which exit does not wait for."""
+    todo: queue.Queue[int] = queue.Queue()
+    for i in range(len(nodes)):
+        todo.put(i)
+    done: dict[int, PowerResult] = {}
+    changed = threading.Condition()
+
+    def work() -> None:
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            result = fn(nodes[i])
+            with changed:
+                done[i] = result
+                changed.notify()
+
+    for _ in range(max(1, min(workers, len(nodes)))):
+        threading.Thread(target=work, daemon=True).start()
+    end = time.monotonic() + deadline_s
+    with changed:
+        while len(done) < len(nodes) and (left := end - time.monotonic()) > 0:
+            changed.wait(left)
+        return dict(done)

@@ -69,6 +69,10 @@ class FakeRedfish:
                  allowed: list[str] | None = None) -> None:
         self.power = "Off"
         self.resets: list[str] = []
+        # how it answers GETs: ok, redirect (to redirect_to), not-json, no-odata, trickle
+        self.behaviour = "ok"
+        self.redirect_to = ""
+        self.stopping = threading.Event()
         self.auth_failures = 0
         self.allowed = allowed or ["On", "ForceOff", "GracefulShutdown", "ForceRestart",
                                    "GracefulRestart", "PowerCycle"]
@@ -94,8 +98,32 @@ class FakeRedfish:
                 self._send(401, {"error": {"message": "authentication required"}})
                 return False
 
+            def _misbehave(self) -> bool:
+                if bmc.behaviour == "redirect":
+                    self.send_response(302)
+                    self.send_header("Location", bmc.redirect_to)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                elif bmc.behaviour == "not-json":
+                    self.send_response(200)
+                    self.send_header("Content-Length", "22")
+                    self.end_headers()
+                    self.wfile.write(b"<html>login page</html>"[:22])
+                elif bmc.behaviour == "no-odata" and self.path == "/redfish/v1/Systems":
+                    self._send(200, {"Members": [{"Name": "system"}]})
+                elif bmc.behaviour == "trickle":  # one byte a second, never the whole answer
+                    self.send_response(200)
+                    self.send_header("Content-Length", "100000")
+                    self.end_headers()
+                    while not bmc.stopping.wait(1.0):
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                else:
+                    return False
+                return True
+
             def do_GET(self) -> None:
-                if not self._authorised():
+                if not self._authorised() or self._misbehave():
                     return
                 if self.path == "/redfish/v1/Systems":
                     self._send(200, {"Members": [{"@odata.id": SYSTEM}], "Members@odata.count": 1})
@@ -140,6 +168,7 @@ class FakeRedfish:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
         self.server.shutdown()
         self.server.server_close()
 

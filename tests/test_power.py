@@ -216,3 +216,89 @@ def test_ipmi_against_a_fake_bmc(tmp_path: Path) -> None:
     finally:
         server.kill()
         server.wait()
+
+
+class _Catcher:
+    """A plain-HTTP listener on loopback that records any request (a redirect's target)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, HTTPServer
+
+        seen = self.seen = []  # type: list[str]
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                seen.append(str(self.headers.get("Authorization")))
+                self.send_response(200)
+                self.end_headers()
+
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/redfish/v1/Systems"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_redfish_redirects_are_not_followed_with_the_credentials(
+    redfish: tuple[Path, Path, list[FakeRedfish]]
+) -> None:
+    spec, state, bmcs = redfish
+    _login(spec, state)
+    catcher = _Catcher()
+    bmcs[0].behaviour, bmcs[0].redirect_to = "redirect", catcher.url
+    try:
+        r = provision("power", "status", "gpu", "-f", str(spec), "--state-dir", str(state))
+    finally:
+        catcher.close()
+    assert r.returncode == 1
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("FAIL gpu001 (127.0.0.2): GET /redfish/v1/Systems: redirected")
+    assert "not followed" in lines[0]
+    assert lines[1] == "ok gpu002 (127.0.0.3): off"
+    assert catcher.seen == []  # nothing, and so no credentials, went to the redirect's target
+
+
+@pytest.mark.parametrize(("behaviour", "says"), [
+    ("not-json", "the answer is not JSON"),
+    ("no-odata", "has no @odata.id link"),
+])
+def test_a_bmc_answering_nonsense_gets_its_line_and_the_others_theirs(
+    redfish: tuple[Path, Path, list[FakeRedfish]], behaviour: str, says: str
+) -> None:
+    spec, state, bmcs = redfish
+    _login(spec, state)
+    bmcs[0].behaviour = behaviour
+    r = provision("power", "status", "gpu", "-f", str(spec), "--state-dir", str(state))
+    assert r.returncode == 1 and "internal error" not in r.stderr, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("FAIL gpu001 (127.0.0.2): ") and says in lines[0], lines
+    assert lines[1] == "ok gpu002 (127.0.0.3): off"
+
+
+def test_a_trickling_bmc_cannot_hold_the_command_past_its_timeout(
+    redfish: tuple[Path, Path, list[FakeRedfish]]
+) -> None:
+    spec, state, bmcs = redfish
+    _login(spec, state)
+    bmcs[0].behaviour = "trickle"
+    # the trickle would take 100,000 s: the run's own timeout fails the test if it is followed
+    r = provision("power", "status", "gpu", "--timeout", "3", "-f", str(spec),
+                  "--state-dir", str(state), timeout=60)
+    assert r.returncode == 1
+    assert r.stdout.splitlines() == ["FAIL gpu001 (127.0.0.2): no answer within 3 s",
+                                     "ok gpu002 (127.0.0.3): off"]
+
+
+def test_a_missing_ca_bundle_is_a_usage_error(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "    cidr: 127.0.0.0/24\n    ca_file: /nonexistent/bmc-ca.pem")
+    state = tmp_path / "state"
+    _login(spec, state)
+    r = provision("power", "status", "gpu001", "-f", str(spec), "--state-dir", str(state))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == "error: network.bmc.ca_file: /nonexistent/bmc-ca.pem does not exist"
