@@ -160,12 +160,18 @@ def render(
         from provision.render import write_render
         from provision.render.context import Cluster
         from provision.spec import load_spec
-        from provision.state import State
+        from provision.state import State, command_line
 
         loaded = load_spec(spec)
-        target = out_dir or State(_state_root(state_dir), loaded.name).build
         files = render_files(Cluster(loaded))
-        changed = write_render(files, target)
+        if out_dir is not None:
+            target = out_dir
+            changed = write_render(files, target)
+        else:
+            state = State(_state_root(state_dir), loaded.name)
+            target = state.build
+            with state.locked(command_line()):
+                changed = write_render(files, target)
         out.print(
             f"rendered {len(files)} files into {target} ({len(changed)} changed)", markup=False
         )
@@ -456,9 +462,11 @@ def bmc_credentials(
             password = typer.prompt("BMC password", hide_input=True, confirmation_prompt=True)
         if not password:
             raise UsageError("the password is empty")
-        path = pw.save_credentials(
-            State(_state_root(state_dir), name), pw.Credentials(user, password)
-        )
+        from provision.state import command_line
+
+        state = State(_state_root(state_dir), name)
+        with state.locked(command_line()):
+            path = pw.save_credentials(state, pw.Credentials(user, password))
         out.print(f"bmc-credentials: saved for user {user} in {path} (0600)")
 
     _guard(run)

@@ -21,7 +21,7 @@ from provision.run.progress import HostProgress, summary_table
 from provision.secrets import ensure_cluster_secrets
 from provision.spec import Spec, load_spec
 from provision.spec.models import CLOUD_PROVIDERS, PROVIDER_ORDER
-from provision.state import State
+from provision.state import State, command_line
 from provision.verify import CheckResult, verify_cluster
 
 REPORT = "last-apply.json"
@@ -128,12 +128,12 @@ def create_nodes(cluster: Cluster, state: State, console: Console) -> Cluster:
 
 def apply(spec_path: Path, state_root: Path, console: Console, verify: bool = True) -> ApplyReport:
     spec, cluster, state = open_cluster(spec_path, state_root)
-    state.ensure()
-    report = ApplyReport()
-    try:
-        return _apply(spec, cluster, state, console, verify, report)
-    finally:
-        (state.dir / REPORT).write_text(report.to_json())
+    with state.locked(command_line()):
+        report = ApplyReport()
+        try:
+            return _apply(spec, cluster, state, console, verify, report)
+        finally:
+            (state.dir / REPORT).write_text(report.to_json())
 
 
 def _apply(
@@ -190,10 +190,11 @@ def verify(spec_path: Path, state_root: Path) -> list[CheckResult]:
 def destroy(spec_path: Path, state_root: Path, console: Console) -> list[str]:
     spec, cluster, state = open_cluster(spec_path, state_root)
     removed: list[str] = []
-    for kind in _providers_in(cluster):
-        nodes = [n for n in cluster.nodes if n.provider == kind]
-        removed += get_provider(kind, spec).destroy(nodes, state)
-    if any(n.provider == "static" for n in cluster.nodes):
-        console.print("static hosts are left as they are: destroy only forgets them")
-    state.remove()
+    with state.locked(command_line()):
+        for kind in _providers_in(cluster):
+            nodes = [n for n in cluster.nodes if n.provider == kind]
+            removed += get_provider(kind, spec).destroy(nodes, state)
+        if any(n.provider == "static" for n in cluster.nodes):
+            console.print("static hosts are left as they are: destroy only forgets them")
+        state.remove()
     return removed

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import hostlist
 
 from provision.errors import UsageError
+from provision.secrets import check_secret_file
 from provision.spec.models import BmcNetwork
 from provision.spec.nodes import Node
 from provision.state import State
@@ -67,7 +68,8 @@ def save_credentials(state: State, creds: Credentials) -> Path:
     state.ensure()
     path = state.secrets / CREDENTIALS
     tmp = path.with_name(f".{CREDENTIALS}.new")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump({"user": creds.user, "password": creds.password}, fh)
     os.replace(tmp, path)
@@ -81,8 +83,7 @@ def load_credentials(state: State) -> Credentials:
             f"no BMC credentials for cluster '{state.cluster}': "
             "run `provision bmc-credentials SPEC --user NAME` first"
         )
-    if path.stat().st_mode & 0o077:
-        path.chmod(0o600)
+    check_secret_file(path, (2, 64 * 1024))
     try:
         data = json.loads(path.read_text())
         return Credentials(str(data["user"]), str(data["password"]))

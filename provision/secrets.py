@@ -7,19 +7,49 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from provision.state import State
+from provision.errors import UsageError
+from provision.state import State, private_dir
 
 MUNGE_KEY = "munge.key"
 SLURMDBD_PASSWORD = "slurmdbd.password"
 
 
-def create_once(path: Path, make: Callable[[], bytes]) -> Path:
-    if path.exists():
-        path.chmod(0o600)
-        return path
+def check_secret_file(path: Path, sizes: tuple[int, int]) -> Path:
+    """An existing secret is used only if it is this user's regular file, 0600 or stricter,
+    and of a size such a secret has; anything else is refused with how to fix it."""
+    info = path.lstat()
+    remake = "or remove it and run again to make a new one"
+    if not stat.S_ISREG(info.st_mode):
+        raise UsageError(f"{path} is not a regular file (a link?): remove it and run again")
+    if info.st_uid != os.geteuid():
+        raise UsageError(
+            f"{path} belongs to user {info.st_uid}, not to you: `chown {os.geteuid()} {path}` "
+            f"if it is yours, {remake}"
+        )
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o077:
+        raise UsageError(
+            f"{path} is mode {mode:04o}, readable by others: `chmod 600 {path}` if nobody "
+            f"else read it, {remake}"
+        )
+    low, high = sizes
+    if not low <= info.st_size <= high:
+        raise UsageError(
+            f"{path} is {info.st_size} bytes, not {low}-{high} as this secret is: remove it and "
+            "run again to make a new one"
+        )
+    return path
+
+
+def create_once(
+    path: Path, make: Callable[[], bytes], sizes: tuple[int, int] = (16, 64 * 1024)
+) -> Path:
+    if os.path.lexists(path):
+        return check_secret_file(path, sizes)
     # O_EXCL: two runs racing never both write; 0600 from the first byte on
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as fh:
@@ -29,10 +59,10 @@ def create_once(path: Path, make: Callable[[], bytes]) -> Path:
 
 def make_secrets(directory: Path, scheduler: str) -> Path:
     """Create, once, the secrets a cluster with this scheduler needs in `directory` (0700)."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    directory.chmod(0o700)
+    private_dir(directory)
     if scheduler == "slurm":
-        create_once(directory / MUNGE_KEY, lambda: secrets.token_bytes(1024))
+        # munge takes keys of 32 bytes to 1 MiB
+        create_once(directory / MUNGE_KEY, lambda: secrets.token_bytes(1024), (32, 1024 * 1024))
         create_once(directory / SLURMDBD_PASSWORD, lambda: secrets.token_urlsafe(32).encode())
     return directory
 

@@ -12,14 +12,41 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import shutil
+import stat
+import sys
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from provision.errors import OperationError, UsageError
+
 DEFAULT_ROOT = Path(".provision")
 ENV_ROOT = "PROVISION_STATE_DIR"
+LOCK = "lock"
+
+
+def private_dir(path: Path) -> Path:
+    """A directory only this user reaches: made 0700, corrected if looser; refused if it is a
+    link or another user's (its files would be theirs to read or replace)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"{path} is not a directory but a link or a file: remove it")
+    if info.st_uid != os.geteuid():
+        raise UsageError(
+            f"{path} belongs to user {info.st_uid}, not to you ({os.geteuid()}): run as its "
+            "owner, or use another --state-dir"
+        )
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        path.chmod(0o700)
+    return path
 
 
 def default_root() -> Path:
@@ -64,12 +91,34 @@ class State:
         return self.dir / "logs"
 
     def ensure(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for private in (self.keys, self.secrets):
-            private.mkdir(mode=0o700, exist_ok=True)
-            os.chmod(private, 0o700)
+        for private in (self.dir, self.keys, self.secrets):
+            private_dir(private)
         self.logs.mkdir(exist_ok=True)
         self.facts.mkdir(exist_ok=True)
+
+    @contextmanager
+    def locked(self, command: str) -> Iterator[None]:
+        """Hold the cluster's lock while `command` changes its state; a second command on the
+        same cluster fails at once, naming the one that holds it."""
+        self.ensure()
+        path = self.dir / LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise OperationError(
+                    f"cluster '{self.cluster}' is busy: {_holder(path)} holds {path}; "
+                    "wait for it to finish, then run again"
+                ) from None
+            os.ftruncate(fd, 0)
+            since = time.strftime("%Y-%m-%d %H:%M:%S")
+            os.write(
+                fd, json.dumps({"pid": os.getpid(), "command": command, "since": since}).encode()
+            )
+            yield
+        finally:
+            os.close(fd)
 
     def record_applied(self) -> None:
         """Copy the build to applied/ in one rename, so a crash never leaves half of it."""
@@ -89,3 +138,16 @@ class State:
         shutil.rmtree(self.dir, ignore_errors=True)
         if self.root.exists() and not any(self.root.iterdir()):
             self.root.rmdir()
+
+
+def _holder(path: Path) -> str:
+    try:
+        info = json.loads(path.read_text())
+        return f"`provision {info['command']}` (pid {info['pid']}, since {info['since']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another provision command"
+
+
+def command_line() -> str:
+    """What the lock file says is running: the verb and its arguments, one line."""
+    return " ".join(sys.argv[1:])[:200].replace("\n", " ")

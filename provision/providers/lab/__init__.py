@@ -19,6 +19,7 @@ from provision.errors import OperationError
 from provision.providers import ProviderPlan
 from provision.providers.lab import podman
 from provision.providers.lab.image import debian_mirror, ensure_image
+from provision.secrets import check_secret_file
 from provision.spec.nodes import Node
 from provision.state import State
 
@@ -208,8 +209,7 @@ def ensure_ssh_key(state: State) -> Path:
             check=True,
             capture_output=True,
         )
-    key.chmod(0o600)
-    return key
+    return check_secret_file(key, (64, 16 * 1024))
 
 
 def forget_host_key(state: State, address: str) -> None:

@@ -15,7 +15,8 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from provision.errors import OperationError
@@ -127,12 +128,30 @@ def mirror_from_sources(apt_dir: Path, suite: str = SUITE) -> str | None:
 ALIAS = "localhost/provision-lab:latest"
 
 
+@contextmanager
+def _image_lock() -> Iterator[None]:
+    """The machine-wide build lock, in the temporary directory: never through a link another
+    user planted there, never a file of theirs."""
+    path = Path(tempfile.gettempdir()) / f"provision-lab-image-{os.geteuid()}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise OperationError(
+            f"{path}: cannot open the image build lock ({exc}): remove it"
+        ) from None
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise OperationError(f"{path} belongs to another user: remove it")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def ensure_image(mirror: str, log: Callable[[str], None] = print) -> tuple[str, float]:
     """Build the base image unless it exists. Returns its name and the seconds spent."""
     name = image_name(mirror)
-    lock_path = Path(tempfile.gettempdir()) / "provision-lab-image.lock"
-    with lock_path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two builds at once would both debootstrap
+    with _image_lock():  # two builds at once would both debootstrap
         seconds = 0.0
         if not podman.image_exists(name):
             started = time.monotonic()
