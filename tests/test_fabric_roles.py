@@ -50,7 +50,7 @@ def render_case(os_name: str) -> str:
     doca = _templar(os_name, {"provision_fabric": "infiniband", "rdma_stack": "doca"})
     lines.append("\n## rdma doca\n" + _render(
         doca, "{{ _rdma_packages.doca[ansible_facts.os_family] | join(', ') }} from "
-        "{{ _rdma_doca_repo }}/ (key {{ _rdma_doca_key_file }}, ID {{ rdma_doca_key_id }})"))
+        "{{ _rdma_doca_repo }}/ (key {{ _rdma_doca_key_file }})"))
     mirror = _templar(os_name, {"rdma_stack": "doca",
                                 "rdma_doca_mirror_url": "https://mirror.example.org/doca/"})
     lines.append("\n## rdma doca from a mirror\n" + _render(mirror, "{{ _rdma_doca_repo }}/"))

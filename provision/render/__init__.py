@@ -220,6 +220,7 @@ _VERSION_VARS = {
 _FABRIC_VARS = {
     "rdma": "rdma_stack",
     "doca_mirror_url": "rdma_doca_mirror_url",
+    "doca_key_fingerprint": "rdma_doca_key_fingerprint",
     "ipoib_mode": "ipoib_mode",
     "mtu": "ipoib_mtu",
 }
@@ -234,6 +235,7 @@ _NVIDIA_VARS = {
     "dcgm_exporter_sha256": "dcgm_exporter_sha256",
     "container_toolkit": "provision_nvidia_container_toolkit",
     "nccl_tests": "provision_nvidia_nccl_tests",
+    "nccl_tests_sha256": "nccl_tests_sha256",
 }
 
 

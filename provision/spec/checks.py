@@ -533,8 +533,24 @@ def _check_fabric(spec: Spec) -> list[Problem]:
         problems.append(
             ((*loc, "rdma"), "DOCA-OFED needs its release: set software.doca (like 2.9.1)")
         )
+    if fabric.rdma == "doca" and fabric.doca_key_fingerprint is None:
+        problems.append(
+            (
+                (*loc, "rdma"),
+                "DOCA-OFED needs the full fingerprint of its signing key: set "
+                "network.fabric.doca_key_fingerprint (gpg --show-keys --with-colons "
+                "GPG-KEY-Mellanox.pub; Mellanox's ends in A024F6F0E6D6A281)",
+            )
+        )
     if fabric.kind == "ethernet":
-        for key in ("subnet_managers", "bootstrap_interface", "rdma", "doca_mirror_url", "roce"):
+        for key in (
+            "subnet_managers",
+            "bootstrap_interface",
+            "rdma",
+            "doca_mirror_url",
+            "doca_key_fingerprint",
+            "roce",
+        ):
             if key in fabric.model_fields_set:
                 problems.append(
                     ((*loc, key), f"'{key}' needs an infiniband or roce fabric, not ethernet")

@@ -169,6 +169,14 @@ MigProfile = Annotated[
     _matching(r"[1-7]g\.[0-9]+gb", "{!r} is not a MIG profile: write it like 1g.10gb or 3g.40gb"),
 ]
 Url = Annotated[str, AfterValidator(_url)]
+GpgFingerprint = Annotated[
+    str,
+    _matching(
+        r"[0-9A-F]{40}",
+        "{!r} is not an OpenPGP fingerprint: 40 upper-case hex digits, no spaces "
+        "(gpg --show-keys --with-colons KEYFILE prints it on the fpr line)",
+    ),
+]
 Sha256 = Annotated[
     str, _matching(r"[0-9a-f]{64}", "not a SHA-256: 64 lower-case hex digits (sha256sum prints it)")
 ]
@@ -412,6 +420,11 @@ class Fabric(Model):
     doca_mirror_url: Url | None = Field(
         default=None, description="local mirror of NVIDIA's DOCA repository (same paths below it)"
     )
+    doca_key_fingerprint: GpgFingerprint | None = Field(
+        default=None,
+        description="full fingerprint of the key that signs the DOCA repository (or your "
+        "mirror); the node's keyring must hold exactly this key",
+    )
     subnet_managers: list[Hostname] = Field(
         default=[],
         description="nodes that run opensm, by priority (first is master); none: a managed "
@@ -581,6 +594,11 @@ class NvidiaSettings(Model):
         default=True, description="NVIDIA Container Toolkit (enroot/pyxis, containers)"
     )
     nccl_tests: bool = Field(default=True, description="build nccl-tests for `provision verify`")
+    nccl_tests_sha256: Sha256 | None = Field(
+        default=None,
+        description="SHA-256 of the nccl-tests source archive; the build refuses an archive "
+        "without one",
+    )
 
 
 class AdminUser(Model):
