@@ -22,7 +22,10 @@ _ESCAPE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff]")
 
 
 def _quoted(text: str) -> str:
-    return _ESCAPE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(text, ensure_ascii=False))
+    quoted = json.dumps(text, ensure_ascii=False)
+    if not _ESCAPE.search(quoted):
+        return quoted
+    return _ESCAPE.sub(lambda m: f"\\u{ord(m.group()):04x}", quoted)
 
 
 def yaml_value(value: object) -> str:
