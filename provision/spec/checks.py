@@ -659,10 +659,14 @@ def _check_slurm_config(spec: Spec) -> list[Problem]:
     """slurm.config may tune Slurm, not rebuild what the renderer and the roles rely on."""
     problems: list[Problem] = []
     config = spec.slurm.config
+    # Slurm reads keys in any case; the ports, the firewall and the role read them as written
+    canonical = {k.lower(): k for k in (*SLURM_DIRECTORIES, "SlurmctldPort", "SlurmdPort")}
     for key, value in config.items():
         at: Loc = ("slurm", "config", key)
         if key.lower() in _SLURM_RENDERED:
             problems.append((at, f"{key} {_SLURM_RENDERED[key.lower()]}"))
+        elif key.lower() in canonical and key != canonical[key.lower()]:
+            problems.append((at, f"write it as {canonical[key.lower()]}"))
         elif key in SLURM_DIRECTORIES:
             text = str(value)
             if not text.startswith("/") or posixpath.normpath(text) != text:
