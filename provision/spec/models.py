@@ -230,8 +230,8 @@ SlurmKey = Annotated[
 SlurmValue = Annotated[
     str,
     _matching(
-        r"[^\s#\"'\\]{1,1024}",
-        "{!r} is not a slurm.conf value: no spaces, quotes, '#' or backslashes",
+        r"[^\s#\"'\\{}]{1,1024}",
+        "{!r} is not a slurm.conf value: no spaces, quotes, braces, '#' or backslashes",
     ),
 ]
 NfsOptions = Annotated[
