@@ -22,7 +22,7 @@ from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 from provision.errors import SpecError
 from provision.render import render, write_render
 from provision.render.context import Cluster
-from provision.render.yamldata import Template, yaml_value
+from provision.render.yamldata import Template, _resolves_to_other_type, yaml_value
 from provision.spec import load_spec
 from provision.spec.models import Spec
 
@@ -218,8 +218,11 @@ def test_every_rendered_string_is_unsafe_but_the_renderers_own_templates(example
         for scalar in _value_scalars(root):
             if getattr(scalar.tag, "value", scalar.tag) == "!unsafe":
                 continue
-            if scalar.style == '"':  # a quoted string: only the renderer's own templates
-                assert scalar.value == "{{ inventory_dir }}/../files", (rel, scalar.value)
+            if scalar.style == '"':  # quoted, untagged: the renderer's own template, or a
+                # string YAML would type otherwise (no '{' in it: nothing to template)
+                assert scalar.value == "{{ inventory_dir }}/../files" or (
+                    "{" not in scalar.value and _resolves_to_other_type(scalar.value)
+                ), (rel, scalar.value)
             else:  # plain: numbers, booleans and nothing else
                 assert scalar.value in ("true", "false", "null", "") or scalar.value.isdigit(), (
                     rel, scalar.value)
@@ -304,3 +307,16 @@ def test_a_manifest_naming_paths_outside_its_tree_is_refused(name: str, tmp_path
     with pytest.raises(UsageError, match="outside"):
         read_render(out)
     assert victim.read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize("text", ["535", "12.4", "550.90.07", "true", "no", "null", "~",
+                                  "10.0.0.1", "2026-01-01", "1:20", "0x1F", ".inf", "",
+                                  "{{ x }}", "12.4 {{ x }}", "{% if %}", "a\nb"])
+def test_ansible_reads_every_rendered_string_back_as_the_same_string(text: str) -> None:
+    """`!unsafe` must not change a value's type: Ansible resolves a tagged scalar as if plain."""
+    from ansible.parsing.yaml.loader import AnsibleLoader
+
+    loaded = AnsibleLoader("k: " + yaml_value(text)).get_single_data()["k"]
+    assert isinstance(loaded, str) and loaded == text
+    if "{" in text:
+        assert yaml_value(text).startswith("!unsafe ")

@@ -1,7 +1,9 @@
 """The one way a value reaches Ansible: YAML that Ansible can never template.
 
 Every string the renderer writes into the inventory or group_vars is tagged `!unsafe`, so
-Ansible treats it as data, never as a Jinja template, whatever a spec put in it. A renderer that
+Ansible treats it as data, never as a Jinja template, whatever a spec put in it (a string YAML
+would read as a number, boolean or null stays a plain quoted string: the tag would change its
+type, and such a string has no '{' to template). A renderer that
 means a template says so with `Template(...)`; nothing else is ever templated. Values are written
 in flow style from JSON's escaping, so a string is always one YAML scalar on one line.
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+
+import yaml
 
 
 class Template(str):
@@ -28,11 +32,26 @@ def _quoted(text: str) -> str:
     return _ESCAPE.sub(lambda m: f"\\u{ord(m.group()):04x}", quoted)
 
 
+_RESOLVER = yaml.resolver.Resolver()
+_STR = "tag:yaml.org,2002:str"
+
+
+def _resolves_to_other_type(text: str) -> bool:
+    """What Ansible's `!unsafe` constructor does: resolve the scalar's type as if it were plain
+    (YAML 1.1's rules, PyYAML's resolver, which Ansible uses)."""
+    tag: str = _RESOLVER.resolve(yaml.ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
+    return tag != _STR
+
+
 def yaml_value(value: object) -> str:
     """One YAML flow value: strings `!unsafe`, Template strings plain, containers recursively."""
     if isinstance(value, Template):
         return _quoted(str(value))
     if isinstance(value, str):
+        if _resolves_to_other_type(value):
+            # `!unsafe` makes Ansible read the scalar as if plain ("12.4" -> 12.4): such a
+            # string stays quoted and plain; it holds no '{', so it cannot be a template
+            return _quoted(value)
         return "!unsafe " + _quoted(value)
     if isinstance(value, bool):
         return "true" if value else "false"
