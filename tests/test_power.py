@@ -195,7 +195,11 @@ def test_ipmi_against_a_fake_bmc(tmp_path: Path) -> None:
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        assert server.stdout is not None and server.stdout.readline().strip() == "listening"
+        assert server.stdout is not None
+        if server.stdout.readline().strip() != "listening":  # say why, not '' == 'listening'
+            server.kill()
+            _, stderr = server.communicate(timeout=10)
+            pytest.fail(f"the fake IPMI BMC did not start (pyghmi is a dev dependency): {stderr}")
         time.sleep(0.2)
         spec = _spec(tmp_path, f"    cidr: 127.0.0.0/24\n    protocol: ipmi\n    port: {port}")
         state = tmp_path / "state"

@@ -44,6 +44,35 @@ def test_deterministic(example: Path) -> None:
     assert _render(example) == _render(example)
 
 
+_DIGESTS = """
+import hashlib, json, sys
+from provision.render import render
+from provision.render.context import Cluster
+from provision.spec import load_spec
+out = {}
+for path in sys.argv[1:]:
+    for rel, text in render(Cluster(load_spec(path))).items():
+        out[path + ":" + rel] = hashlib.sha256(text.encode()).hexdigest()
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+def test_deterministic_across_processes_and_hash_seeds() -> None:
+    """Byte-identical in two interpreters whose set and dict-of-str orders differ."""
+    import json
+    import os
+
+    digests = []
+    for seed in ("1", "4242"):
+        done = subprocess.run(
+            [sys.executable, "-c", _DIGESTS, *map(str, EXAMPLES)],
+            capture_output=True, text=True, check=True, cwd=ROOT,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        digests.append(json.loads(done.stdout))
+    assert len(digests[0]) > 40 and digests[0] == digests[1]
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_inventory_and_vars_are_valid_yaml(example: Path) -> None:
     files = _render(example)
