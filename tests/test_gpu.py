@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -205,10 +206,22 @@ def test_gpu_facts_in_a_container_never_touch_the_kernel(tmp_path: Path) -> None
     assert facts["nvidia_summary"].startswith("container: userspace only")
 
 
-def test_gpu_facts_on_this_machine_find_no_gpu() -> None:
-    facts = _facts_module().detect("/")
-    assert facts["nvidia_hardware"] is False
+def test_gpu_facts_on_a_machine_without_nvidia_find_no_gpu(tmp_path: Path) -> None:
+    _pci(tmp_path, "0000:00:1f.0", "0x8086", "0x060100")
+    _pci(tmp_path, "0000:03:00.0", "0x1a03", "0x030000")  # a BMC's VGA: a display, not NVIDIA
+    facts = _facts_module().detect(str(tmp_path))
+    assert facts["nvidia_gpu_count"] == 0 and facts["nvidia_hardware"] is False
     assert facts["nvidia_loaded_driver"] == ""
+    assert facts["nvidia_summary"].startswith("no NVIDIA GPU")
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs a GPU host (nvidia-smi)")
+def test_gpu_facts_on_this_gpu_host_count_what_nvidia_smi_lists() -> None:
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True)
+    gpus = [line for line in listed.stdout.splitlines() if line.startswith("GPU ")]
+    facts = _facts_module().detect("/")
+    assert facts["nvidia_gpu_count"] == len(gpus) > 0
+    assert facts["nvidia_loaded_driver"]  # the kernel module nvidia-smi talks to is loaded
 
 
 # --- the one script for a GPU host -------------------------------------------------------------
