@@ -12,6 +12,7 @@ import difflib
 import json
 import os
 import queue
+import re
 import shutil
 import ssl
 import subprocess
@@ -20,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +39,7 @@ CREDENTIALS = "bmc.json"
 TIMEOUT_S = 20.0  # one socket operation
 DEADLINE_S = 60.0  # the whole command, every BMC together (--timeout)
 MAX_ANSWER = 1024 * 1024  # a Redfish answer larger than this is not one power control reads
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class BmcError(Exception):
@@ -336,9 +338,11 @@ def power(
     def one(node: Node) -> PowerResult:
         bmc = str(node.bmc_address)
         try:
-            return _one(node, bmc)
+            result = _one(node, bmc)
         except Exception as exc:  # an answer nobody foresaw: this BMC's line, not the command's
             return PowerResult(node.name, bmc, False, f"unexpected answer ({type(exc).__name__})")
+        # what a BMC said reaches a terminal: one line, no escape sequences
+        return replace(result, state=_UNPRINTABLE.sub("?", result.state))
 
     def _one(node: Node, bmc: str) -> PowerResult:
         client = client_for(node, settings, creds)

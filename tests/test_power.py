@@ -306,3 +306,14 @@ def test_a_missing_ca_bundle_is_a_usage_error(tmp_path: Path) -> None:
     r = provision("power", "status", "gpu001", "-f", str(spec), "--state-dir", str(state))
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip() == "error: network.bmc.ca_file: /nonexistent/bmc-ca.pem does not exist"
+
+
+def test_what_a_bmc_says_reaches_the_terminal_as_one_plain_line(
+    redfish: tuple[Path, Path, list[FakeRedfish]]
+) -> None:
+    spec, state, bmcs = redfish
+    _login(spec, state)
+    bmcs[0].power = "On\x1b[2J\nok gpu999 (1.2.3.4): on"
+    r = provision("power", "status", "gpu", "-f", str(spec), "--state-dir", str(state))
+    assert "\x1b" not in r.stdout and "gpu999" not in r.stdout.splitlines()[1]
+    assert r.stdout.splitlines()[0] == "ok gpu001 (127.0.0.2): on?[2j?ok gpu999 (1.2.3.4): on"
