@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# What no value shown or written as one line may hold: line breaks of every kind, other control
+# characters, and a byte-order mark. The spec refuses them; output escapes them.
+NOT_ONE_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff]")
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,7 @@ class Issue:
         where = f"{self.file}:{self.line}" if self.line else self.file
         text = f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
         # one problem, one line, whatever a file name or a value held
-        return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+        return NOT_ONE_LINE.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 class ProvisionError(Exception):

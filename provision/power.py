@@ -12,7 +12,6 @@ import difflib
 import json
 import os
 import queue
-import re
 import shutil
 import ssl
 import subprocess
@@ -27,7 +26,7 @@ from typing import Any, Literal
 
 import hostlist
 
-from provision.errors import UsageError
+from provision.errors import NOT_ONE_LINE, UsageError
 from provision.secrets import check_secret_file
 from provision.spec.models import BmcNetwork
 from provision.spec.nodes import Node
@@ -39,7 +38,6 @@ CREDENTIALS = "bmc.json"
 TIMEOUT_S = 20.0  # one socket operation
 DEADLINE_S = 60.0  # the whole command, every BMC together (--timeout)
 MAX_ANSWER = 1024 * 1024  # a Redfish answer larger than this is not one power control reads
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class BmcError(Exception):
@@ -342,7 +340,7 @@ def power(
         except Exception as exc:  # an answer nobody foresaw: this BMC's line, not the command's
             return PowerResult(node.name, bmc, False, f"unexpected answer ({type(exc).__name__})")
         # what a BMC said reaches a terminal: one line, no escape sequences
-        return replace(result, state=_UNPRINTABLE.sub("?", result.state))
+        return replace(result, state=NOT_ONE_LINE.sub("?", result.state))
 
     def _one(node: Node, bmc: str) -> PowerResult:
         client = client_for(node, settings, creds)

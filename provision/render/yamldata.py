@@ -16,13 +16,16 @@ from collections.abc import Mapping, Sequence
 
 import yaml
 
+from provision.errors import NOT_ONE_LINE
+
 
 class Template(str):
     """A string the renderer itself wrote as a Jinja template (never a spec value)."""
 
 
-# Characters YAML would read as a line break or refuses in a stream; JSON leaves some as they are.
-_ESCAPE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff]")
+# Characters YAML would read as a line break or refuses in a stream (JSON leaves some as they
+# are), and lone surrogates, which no UTF-8 file can hold.
+_ESCAPE = re.compile(f"{NOT_ONE_LINE.pattern}|[\ud800-\udfff]")
 
 
 def _quoted(text: str) -> str:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import posixpath
-import re
 from collections.abc import Callable
 
 from provision.spec.exposure import WIDE, describe_size, public_addresses
 from provision.spec.fabric import fabric_addresses, fabric_hcas
 from provision.spec.loader import load_profiles
-from provision.spec.models import BURST_PROVIDERS, CLOUD_PROVIDERS, Spec
+from provision.spec.models import BURST_PROVIDERS, CLOUD_PROVIDERS, Spec, port_range
 from provision.spec.nodes import Loc, Node, expand_nodes_checked
 from provision.spec.ports import (
     SLURM_DIRECTORIES,
@@ -693,14 +692,12 @@ def _check_slurm_config(spec: Spec) -> list[Problem]:
 
 
 def _port_problem(at: Loc, value: object, ranges: bool) -> list[Problem]:
-    text = str(value)
-    pattern = r"[0-9]{1,5}(-[0-9]{1,5})?" if ranges else r"[0-9]{1,5}"
-    if isinstance(value, bool) or not re.fullmatch(pattern, text):
-        what = "a port like 6817 or a range like 6817-6820" if ranges else "a port like 6818"
-        return [(at, f"{text!r} is not {what}")]
-    low, _, high = text.partition("-")
-    if not 1 <= int(low) <= int(high or low) <= 65535:
-        return [(at, f"{text!r}: ports run 1-65535 and a range goes low-high")]
+    try:
+        text = port_range(str(value))  # str(True) is "True": not a port
+    except ValueError as exc:
+        return [(at, str(exc))]
+    if not ranges and "-" in text:
+        return [(at, f"{text!r} is a range: slurmd listens on one port, like 6818")]
     return []
 
 

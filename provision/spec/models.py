@@ -17,6 +17,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from provision.errors import NOT_ONE_LINE
+
 OsName = Literal["ubuntu22.04", "ubuntu24.04", "debian12", "rocky9"]
 SchedulerKind = Literal["slurm", "kubernetes"]
 ProviderKind = Literal["static", "lab", "aws", "gcp", "azure"]
@@ -33,9 +35,6 @@ _HOSTNAME_RE = re.compile(r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?")
 _POOL_RE = re.compile(r"[a-z][a-z0-9]{0,30}")
 _USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 _VERSION_RE = re.compile(r"[0-9]+(\.[0-9]+){0,3}")
-# What no spec value may hold: line breaks of any kind and other control characters. A value
-# is one line of plain data wherever it lands (slurm.conf, /etc/hosts, chrony.conf, YAML).
-_NOT_ONE_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff]")
 _SSH_KEY_TYPES = (
     "ssh-ed25519",
     "ssh-rsa",
@@ -115,7 +114,7 @@ def _abs_path(value: str) -> str:
     return value
 
 
-def _port_range(value: int | str) -> str:
+def port_range(value: int | str) -> str:
     text = str(value)
     m = re.fullmatch(r"([0-9]{1,5})(?:-([0-9]{1,5}))?", text)
     if not m:
@@ -163,7 +162,7 @@ UserName = Annotated[str, AfterValidator(_user_name)]
 Version = Annotated[str, AfterValidator(_version)]
 SshPublicKey = Annotated[str, AfterValidator(_ssh_public_key)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
-PortRange = Annotated[int | str, AfterValidator(_port_range)]
+PortRange = Annotated[int | str, AfterValidator(port_range)]
 MigProfile = Annotated[
     str,
     _matching(r"[1-7]g\.[0-9]+gb", "{!r} is not a MIG profile: write it like 1g.10gb or 3g.40gb"),
@@ -253,7 +252,7 @@ MountSource = Annotated[
 def one_line(value: object) -> None:
     """Refuse a line break or control character anywhere in a value (keys of mappings too)."""
     if isinstance(value, str):
-        bad = _NOT_ONE_LINE.search(value)
+        bad = NOT_ONE_LINE.search(value)
         if bad:
             shown = value if len(value) <= 40 else value[:37] + "..."
             raise ValueError(
