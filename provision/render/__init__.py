@@ -18,7 +18,9 @@ import jinja2
 
 from provision import REPO_ROOT
 from provision.errors import UsageError
+from provision.render import contract
 from provision.render.context import Cluster
+from provision.render.contract import emitted
 from provision.render.firewall import address_sets, pool_rules
 from provision.render.gpu import nccl_conf
 from provision.render.slurm import gres_conf_context, slurm_conf_context
@@ -118,12 +120,7 @@ def render_inventory(cluster: Cluster) -> str:
     groups.append({"name": "subnet_manager", "vars": [], "hosts": hosts})
     for view in cluster.pools:
         gpu = view.profile.gpu
-        gvars: dict[str, object] = {
-            "provision_pool": view.name,
-            "provision_profile": view.pool.profile,
-            "provision_provider": view.pool.provider,
-            "provision_gpus": gpu.count if gpu else 0,
-        }
+        gvars: dict[str, object] = {"provision_pool": view.name}
         if gpu:
             gvars["provision_nvswitch"] = gpu.nvswitch
         if view.pool.mig:
@@ -143,7 +140,9 @@ def render_inventory(cluster: Cluster) -> str:
             for n in view.nodes
             if not n.elastic
         ]
-        groups.append({"name": f"pool_{view.name}", "vars": _pairs(gvars), "hosts": hosts})
+        groups.append(
+            {"name": f"pool_{view.name}", "vars": _pairs(emitted(gvars, "pool")), "hosts": hosts}
+        )
     for provider in sorted({p.pool.provider for p in cluster.pools}):
         hosts = [_host(n.name) for n in lasting if n.provider == provider]
         groups.append({"name": f"provider_{provider}", "vars": [], "hosts": hosts})
@@ -156,7 +155,10 @@ def render_inventory(cluster: Cluster) -> str:
     if spec.ssh.user != "root":
         all_vars["ansible_become"] = True
     return _template(
-        "inventory.yml.j2", header=cluster.header, all_vars=_pairs(all_vars), groups=groups
+        "inventory.yml.j2",
+        header=cluster.header,
+        all_vars=_pairs(emitted(all_vars, "connection")),
+        groups=groups,
     )
 
 
@@ -167,7 +169,7 @@ def _pairs(values: dict[str, object]) -> list[tuple[str, str]]:
 
 def _host(name: str, **hostvars: object) -> tuple[str, list[tuple[str, str]]]:
     """A host of the inventory: its name and its variables, each as a YAML value."""
-    return name, _pairs(hostvars)
+    return name, _pairs(emitted(hostvars, "host"))
 
 
 def group_vars(cluster: Cluster) -> dict[str, Any]:
@@ -175,13 +177,10 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
     spec = cluster.spec
     out: dict[str, Any] = {
         "provision_cluster": spec.name,
-        "provision_os": spec.os,
         "provision_scheduler": spec.scheduler,
         "provision_files_dir": Template("{{ inventory_dir }}/../files"),
         "provision_nft_sets_path": NFT_SETS_PATH,
     }
-    if spec.network.management.domain:
-        out["common_domain"] = spec.network.management.domain
     if spec.network.time_servers:
         out["common_time_servers"] = list(spec.network.time_servers)
     out["common_time_allow"] = [str(spec.network.management.cidr)]
@@ -192,51 +191,20 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
         ]
     if spec.scheduler == "slurm" and "accounting" in spec.slurm.model_fields_set:
         out["slurm_accounting"] = spec.slurm.accounting
-    software = spec.software
-    for field in sorted(software.model_fields_set):
-        value = getattr(software, field)
-        if value is not None:
-            out[_VERSION_VARS.get(field, f"{field}_version")] = value
-    nvidia = spec.nvidia
-    for field in sorted(nvidia.model_fields_set):
-        value = getattr(nvidia, field)
-        if value is not None:
-            out[_NVIDIA_VARS[field]] = value
     fabric = spec.network.fabric
     if "fabric" in spec.network.model_fields_set:
         out["provision_fabric"] = fabric.kind
-    for field in sorted(fabric.model_fields_set & set(_FABRIC_VARS)):
-        out[_FABRIC_VARS[field]] = getattr(fabric, field)
-    for field in sorted(fabric.roce.model_fields_set):
-        out[f"rdma_roce_{field}"] = getattr(fabric.roce, field)
-    return out
-
-
-# spec field -> the variable of the role that owns it (provision_* are read by several roles)
-_VERSION_VARS = {
-    "container_toolkit": "nvidia_container_toolkit_version",
-    "doca": "rdma_doca_version",
-}
-_FABRIC_VARS = {
-    "rdma": "rdma_stack",
-    "doca_mirror_url": "rdma_doca_mirror_url",
-    "doca_key_fingerprint": "rdma_doca_key_fingerprint",
-    "ipoib_mode": "ipoib_mode",
-    "mtu": "ipoib_mtu",
-}
-_NVIDIA_VARS = {
-    "source": "provision_nvidia_source",
-    "mirror_url": "provision_nvidia_mirror_url",
-    "driver_modules": "nvidia_driver_modules",
-    "reboot": "nvidia_driver_reboot",
-    "dcgm": "provision_nvidia_dcgm",
-    "dcgm_exporter_port": "dcgm_exporter_port",
-    "dcgm_exporter_url": "dcgm_exporter_url",
-    "dcgm_exporter_sha256": "dcgm_exporter_sha256",
-    "container_toolkit": "provision_nvidia_container_toolkit",
-    "nccl_tests": "provision_nvidia_nccl_tests",
-    "nccl_tests_sha256": "nccl_tests_sha256",
-}
+    for section, table in (
+        (spec.software, contract.SOFTWARE),
+        (spec.nvidia, contract.NVIDIA),
+        (fabric, contract.FABRIC),
+        (fabric.roce, contract.ROCE),
+    ):
+        for field in sorted(section.model_fields_set & set(table)):
+            value = getattr(section, field)
+            if value is not None:
+                out[table[field]] = value
+    return emitted(out, "all")
 
 
 def render_group_vars(cluster: Cluster) -> str:

@@ -1,0 +1,166 @@
+"""The contract between the renderer and the roles: every variable the renderer hands Ansible,
+where it is set, and who reads it.
+
+The renderer emits no variable this table does not name (`emitted` raises), and
+tests/test_contract.py fails when a variable here has no reader that uses it, or when a role or
+playbook reads a `provision_*` variable that nothing here provides. A spec field reaches a role
+only through this table: a field whose feature no role builds is refused instead (spec/unbuilt.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# all: inventory/group_vars/all.yml; pool: the pool_<name> group; host: one host's variables;
+# extra: passed by apply as an extra variable (never written to a file); connection: Ansible's own
+Scope = Literal["all", "pool", "host", "extra", "connection"]
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    scope: Scope
+    readers: tuple[str, ...]  # roles/<name>, or playbooks/<name>.yml; () for Ansible's own
+    meaning: str
+
+
+_TABLE = (
+    # connection: Ansible itself reads these
+    Variable("ansible_user", "connection", (), "ssh.user"),
+    Variable("ansible_port", "connection", (), "ssh.port"),
+    Variable("ansible_python_interpreter", "connection", (), "/usr/bin/python3 on every OS"),
+    Variable("ansible_become", "connection", (), "sudo when ssh.user is not root"),
+    Variable("ansible_host", "host", (), "the node's management address"),
+    # the cluster
+    Variable("provision_cluster", "all", ("common",), "name, in the marker of managed blocks"),
+    Variable("provision_scheduler", "all", ("playbooks/site",), "which scheduler's plays run"),
+    Variable(
+        "provision_files_dir", "all", ("common", "firewall", "nccl", "slurm"),
+        "where the rendered files are, beside the inventory",
+    ),
+    Variable(
+        "provision_nft_sets_path", "all", ("firewall",), "where the address sets go on a node"
+    ),
+    Variable(
+        "provision_secrets_dir", "extra", ("munge", "slurm"),
+        "the state directory's secrets (munge key, slurmdbd password): read on the controller",
+    ),
+    Variable("common_time_servers", "all", ("common",), "network.time_servers"),
+    Variable("common_time_allow", "all", ("common",), "the management network, chrony's clients"),
+    Variable("common_admin_users", "all", ("common",), "security.admins"),
+    Variable("slurm_accounting", "all", ("slurm",), "slurm.accounting"),
+    # pools and hosts
+    Variable(
+        "provision_pool", "pool", ("firewall", "nccl"),
+        "the pool: names its nftables and NCCL files",
+    ),
+    Variable("provision_nvswitch", "pool", ("playbooks/site",), "fabric manager on NVSwitch GPUs"),
+    Variable("provision_mig_layout", "pool", ("playbooks/site", "nvidia_mig"), "pools[].mig"),
+    Variable(
+        "provision_fabric_netdevs", "pool", ("rdma", "ipoib"), "the profile's fabric interfaces"
+    ),
+    Variable("provision_fabric_devices", "pool", ("rdma",), "the profile's RDMA devices"),
+    Variable(
+        "provision_fabric_addresses", "host", ("playbooks/site", "ipoib"),
+        "the node's address on each rail",
+    ),
+    Variable("opensm_priority", "host", ("opensm",), "network.fabric.subnet_managers' order"),
+    # GPU software: network.fabric, nvidia and software
+    Variable("provision_fabric", "all", ("rdma", "ipoib"), "network.fabric.kind"),
+    Variable("rdma_stack", "all", ("rdma",), "network.fabric.rdma"),
+    Variable("rdma_doca_mirror_url", "all", ("rdma",), "network.fabric.doca_mirror_url"),
+    Variable(
+        "rdma_doca_key_fingerprint", "all", ("rdma",), "network.fabric.doca_key_fingerprint"
+    ),
+    Variable("ipoib_mode", "all", ("ipoib",), "network.fabric.ipoib_mode"),
+    Variable("ipoib_mtu", "all", ("ipoib",), "network.fabric.mtu"),
+    Variable("rdma_roce_trust", "all", ("rdma",), "network.fabric.roce.trust"),
+    Variable("rdma_roce_traffic_class", "all", ("rdma",), "network.fabric.roce.traffic_class"),
+    Variable("rdma_roce_priority", "all", ("rdma",), "network.fabric.roce.priority"),
+    Variable("rdma_roce_pfc", "all", ("rdma",), "network.fabric.roce.pfc"),
+    Variable(
+        "provision_nvidia_source", "all",
+        ("nvidia_repos", "nvidia_driver", "cuda", "cudnn", "nccl", "nccl_tests"),
+        "nvidia.source",
+    ),
+    Variable("provision_nvidia_mirror_url", "all", ("nvidia_repos",), "nvidia.mirror_url"),
+    Variable("nvidia_driver_modules", "all", ("nvidia_driver",), "nvidia.driver_modules"),
+    Variable("nvidia_driver_reboot", "all", ("nvidia_driver",), "nvidia.reboot"),
+    Variable("provision_nvidia_dcgm", "all", ("playbooks/site",), "nvidia.dcgm"),
+    Variable("dcgm_exporter_port", "all", ("dcgm",), "nvidia.dcgm_exporter_port"),
+    Variable("dcgm_exporter_url", "all", ("dcgm",), "nvidia.dcgm_exporter_url"),
+    Variable("dcgm_exporter_sha256", "all", ("dcgm",), "nvidia.dcgm_exporter_sha256"),
+    Variable(
+        "provision_nvidia_container_toolkit", "all", ("playbooks/site",),
+        "nvidia.container_toolkit",
+    ),
+    Variable("provision_nvidia_nccl_tests", "all", ("playbooks/site",), "nvidia.nccl_tests"),
+    Variable("nccl_tests_sha256", "all", ("nccl_tests",), "nvidia.nccl_tests_sha256"),
+    Variable(
+        "nvidia_driver_version", "all", ("nvidia_driver", "nvidia_fabricmanager"),
+        "software.nvidia_driver",
+    ),
+    Variable("cuda_version", "all", ("cuda",), "software.cuda"),
+    Variable("cudnn_version", "all", ("cudnn",), "software.cudnn"),
+    Variable("nccl_version", "all", ("nccl",), "software.nccl"),
+    Variable("dcgm_version", "all", ("dcgm",), "software.dcgm"),
+    Variable(
+        "nvidia_container_toolkit_version", "all", ("nvidia_container_toolkit",),
+        "software.container_toolkit",
+    ),
+    Variable("nccl_tests_version", "all", ("nccl_tests",), "software.nccl_tests"),
+    Variable("rdma_doca_version", "all", ("rdma",), "software.doca"),
+)  # fmt: skip
+
+VARIABLES: dict[str, Variable] = {v.name: v for v in _TABLE}
+
+# spec section -> field -> variable: the fields group_vars copies as they are
+SOFTWARE = {
+    "nvidia_driver": "nvidia_driver_version",
+    "cuda": "cuda_version",
+    "cudnn": "cudnn_version",
+    "nccl": "nccl_version",
+    "dcgm": "dcgm_version",
+    "container_toolkit": "nvidia_container_toolkit_version",
+    "nccl_tests": "nccl_tests_version",
+    "doca": "rdma_doca_version",
+}
+NVIDIA = {
+    "source": "provision_nvidia_source",
+    "mirror_url": "provision_nvidia_mirror_url",
+    "driver_modules": "nvidia_driver_modules",
+    "reboot": "nvidia_driver_reboot",
+    "dcgm": "provision_nvidia_dcgm",
+    "dcgm_exporter_port": "dcgm_exporter_port",
+    "dcgm_exporter_url": "dcgm_exporter_url",
+    "dcgm_exporter_sha256": "dcgm_exporter_sha256",
+    "container_toolkit": "provision_nvidia_container_toolkit",
+    "nccl_tests": "provision_nvidia_nccl_tests",
+    "nccl_tests_sha256": "nccl_tests_sha256",
+}
+FABRIC = {
+    "rdma": "rdma_stack",
+    "doca_mirror_url": "rdma_doca_mirror_url",
+    "doca_key_fingerprint": "rdma_doca_key_fingerprint",
+    "ipoib_mode": "ipoib_mode",
+    "mtu": "ipoib_mtu",
+}
+ROCE = {
+    "trust": "rdma_roce_trust",
+    "traffic_class": "rdma_roce_traffic_class",
+    "priority": "rdma_roce_priority",
+    "pfc": "rdma_roce_pfc",
+}
+
+
+def emitted(values: dict[str, object], scope: Scope) -> dict[str, object]:
+    """`values` as they are, once every name is checked against the contract at that scope."""
+    for name in values:
+        variable = VARIABLES.get(name)
+        if variable is None or variable.scope != scope:
+            raise AssertionError(
+                f"the renderer emits {name} ({scope}), which render/contract.py does not name "
+                "at that scope: add it there with the role that reads it"
+            )
+    return values

@@ -1,0 +1,125 @@
+"""The renderer and the roles agree on every variable: render/contract.py names each one the
+renderer emits, each has a reader that uses it, and no role reads a provision_* variable that
+nothing provides. Fields whose feature is not built are refused (spec/unbuilt.py)."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from provision.render import render
+from provision.render.context import Cluster
+from provision.render.contract import FABRIC, NVIDIA, ROCE, SOFTWARE, VARIABLES, emitted
+from provision.spec import Spec, load_spec
+from provision.spec.models import NvidiaSettings, RoceSettings, Software
+
+from .conftest import EXAMPLES, ROOT, UNBUILT, load_any, load_rendered
+
+EVERY_FIELD = ROOT / "tests" / "data" / "untrusted" / "every-field.yaml"
+SPECS = [*EXAMPLES, *UNBUILT, EVERY_FIELD]
+# what sets a variable and so is not a use of it: a key of defaults, argument_specs, vars
+_DEFINITION = re.compile(r"^\s*(- )?(?P<name>[a-z_][a-z0-9_]*):")
+
+
+@cache
+def _emitted() -> dict[str, set[str]]:
+    """scope -> the variable names the renderer wrote, over every spec."""
+    found: dict[str, set[str]] = {"all": set(), "pool": set(), "host": set(), "connection": set()}
+    for path in SPECS:
+        spec = _every_field() if path == EVERY_FIELD else load_any(path)
+        files = render(Cluster(spec))
+        inventory = load_rendered(files["inventory/hosts.yml"])
+        assert isinstance(inventory, dict)
+        found["connection"] |= set(inventory["all"].get("vars") or {})
+        for name, group in inventory["all"]["children"].items():
+            if name.startswith("pool_"):
+                found["pool"] |= set((group or {}).get("vars") or {})
+            for hostvars in ((group or {}).get("hosts") or {}).values():
+                found["host"] |= set(hostvars or {})
+        group_vars = load_rendered(files["inventory/group_vars/all.yml"])
+        assert isinstance(group_vars, dict)
+        found["all"] |= set(group_vars)
+    return found
+
+
+def _every_field() -> Spec:
+    return load_spec(EVERY_FIELD, unbuilt=True)
+
+
+def _reader_files(reader: str) -> list[Path]:
+    if reader.startswith("playbooks/"):
+        return [ROOT / f"{reader}.yml"]
+    role = ROOT / "roles" / reader
+    assert role.is_dir(), f"contract names role {reader}, which does not exist"
+    return [p for p in sorted(role.rglob("*")) if p.is_file()]
+
+
+def _uses(path: Path, name: str) -> bool:
+    """`name` is read in `path`: named anywhere but as the key that defines it."""
+    word = re.compile(rf"\b{name}\b")
+    for line in path.read_text(errors="replace").splitlines():
+        definition = _DEFINITION.match(line)
+        rest = line[definition.end() :] if definition and definition["name"] == name else line
+        if word.search(rest):
+            return True
+    return False
+
+
+def test_every_emitted_variable_is_in_the_contract_at_its_scope() -> None:
+    for scope, names in _emitted().items():
+        for name in names:
+            assert name in VARIABLES, f"{name} is rendered but not in render/contract.py"
+            assert VARIABLES[name].scope == scope, f"{name}: rendered at {scope}"
+
+
+def test_every_contract_variable_is_rendered_or_passed() -> None:
+    """No dead entries: each is written by some spec, or passed by apply."""
+    emitted_names = set().union(*_emitted().values())
+    lifecycle = (ROOT / "provision" / "lifecycle.py").read_text()
+    for variable in VARIABLES.values():
+        if variable.scope == "extra":
+            assert f'"{variable.name}"' in lifecycle, f"apply does not pass {variable.name}"
+        else:
+            assert variable.name in emitted_names, f"no spec renders {variable.name}"
+
+
+@pytest.mark.parametrize("name", sorted(VARIABLES))
+def test_every_reader_uses_its_variable(name: str) -> None:
+    variable = VARIABLES[name]
+    for reader in variable.readers:
+        files = _reader_files(reader)
+        assert any(_uses(f, name) for f in files), f"{reader} does not read {name}"
+
+
+def test_no_role_reads_a_provision_variable_nobody_provides() -> None:
+    places = [*sorted((ROOT / "roles").rglob("*.yml")), *sorted((ROOT / "roles").rglob("*.j2")),
+              *sorted((ROOT / "playbooks").glob("*.yml")),
+              *sorted((ROOT / "molecule").rglob("*.yml"))]
+    unknown = set()
+    for path in places:
+        for name in re.findall(r"\bprovision_[a-z0-9_]+\b", path.read_text()):
+            if name not in VARIABLES:
+                unknown.add(f"{path.relative_to(ROOT)}: {name}")
+    assert not unknown, sorted(unknown)
+
+
+def test_every_software_and_nvidia_field_reaches_a_role_or_is_refused() -> None:
+    from provision.spec.unbuilt import check_unbuilt
+
+    refused = {"slurm"}  # software.slurm: spec/unbuilt.py
+    assert set(Software.model_fields) == set(SOFTWARE) | refused
+    assert set(NvidiaSettings.model_fields) == set(NVIDIA)
+    assert set(RoceSettings.model_fields) == set(ROCE)
+    assert set(FABRIC.values()) <= set(VARIABLES)
+    spec = _every_field()
+    assert any(loc == ("software", "slurm") for loc, _ in check_unbuilt(spec))
+
+
+def test_the_renderer_refuses_a_variable_outside_the_contract() -> None:
+    with pytest.raises(AssertionError, match=r"provision_gpus.*render/contract\.py"):
+        emitted({"provision_pool": "gpu", "provision_gpus": 8}, "pool")
+    with pytest.raises(AssertionError, match="provision_pool"):
+        emitted({"provision_pool": "gpu"}, "all")  # right name, wrong scope
