@@ -19,7 +19,7 @@ def test_validate_ok() -> None:
     r = provision("validate", "examples/dgx-superpod.yaml")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("\n") == 1
-    assert "cluster 'superpod': slurm on ubuntu22.04, 38 nodes" in r.stdout
+    assert "cluster 'superpod': slurm on ubuntu22.04, 37 nodes" in r.stdout
     assert "272 GPUs" in r.stdout
 
 
@@ -60,10 +60,11 @@ def test_render_to_out_and_default_state_dir(tmp_path: Path) -> None:
 
 
 def test_plan_prints_power_cost_and_diff(tmp_path: Path) -> None:
-    r = provision("plan", "examples/cloud-burst.yaml", "--state-dir", str(tmp_path))
+    r = provision("plan", "examples/hybrid-cloud.yaml", "--state-dir", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert "Peak power" in r.stdout and "338.70" in r.stdout
-    assert "2,373.20" in r.stdout  # USD per hour with every elastic node up
+    # 1.1 kW head + 4 x 2.8 kW L40S + 6 x 10.2 kW H100 in three clouds
+    assert "Peak power" in r.stdout and "73.50" in r.stdout
+    assert "483.22" in r.stdout  # USD per hour: 2 x (55.04 + 88.25 + 98.32)
     r = provision("plan", "examples/lab.yaml", "--diff", "--state-dir", str(tmp_path))
     assert "+++ build/files/slurm/slurm.conf" in r.stdout
 

@@ -17,14 +17,15 @@ import pytest
 from provision.errors import OperationError
 from provision.render import render_inventory
 from provision.render.context import Cluster
-from provision.spec.loader import load_spec
 
-from .conftest import ROOT
+from .conftest import ROOT, load_any
 from .conftest import run_provision as provision
 
 pulumi = pytest.importorskip("pulumi")  # a dev install has it: the check is for a bare install
 
-SPECS = [ROOT / "tests" / "data" / "cloud" / "cluster.yaml", ROOT / "examples" / "cloud-burst.yaml"]
+SPECS = [ROOT / "tests" / "data" / "cloud" / "cluster.yaml",
+         ROOT / "examples" / "hybrid-cloud.yaml",
+         ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml"]
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFxsWi/kWC/jwkJ3ZrWg1zvAFVA3skOEzrF8xvZk54Zh test"
 TAG = "provision-cluster"
 
@@ -75,7 +76,7 @@ def build(spec_path: Path) -> tuple[Recorder, Cluster, dict[str, Any]]:
 
     recorder = Recorder()
     pulumi.runtime.set_mocks(recorder, preview=False)
-    cluster = Cluster(load_spec(spec_path))
+    cluster = Cluster(load_any(spec_path))
     kinds = sorted({p.pool.provider for p in cluster.pools} - {"static", "lab"})
     outputs: dict[str, Any] = {}
 
@@ -310,7 +311,7 @@ def test_the_toolkit_runs_without_the_cloud_sdks() -> None:
         "main()\n"
     )
     r = subprocess.run(
-        [sys.executable, "-c", blocker, str(ROOT / "examples" / "cloud-burst.yaml"), "/tmp/none"],
+        [sys.executable, "-c", blocker, str(ROOT / "examples" / "hybrid-cloud.yaml"), "/tmp/none"],
         capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
     )
     assert r.returncode == 0, r.stderr

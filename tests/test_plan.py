@@ -12,7 +12,7 @@ from provision.render.context import Cluster
 from provision.spec import load_spec
 from provision.state import State
 
-from .conftest import ROOT
+from .conftest import ROOT, load_any
 
 
 def test_superpod_power() -> None:
@@ -22,16 +22,16 @@ def test_superpod_power() -> None:
     assert by_pool["gpu"].nodes == 32
     assert by_pool["gpu"].kw == pytest.approx(32 * 10.2)
     assert by_pool["mig"].kw == pytest.approx(2 * 10.2)
-    assert plan.total_kw == pytest.approx(34 * 10.2 + 4 * 1.1)
+    assert plan.total_kw == pytest.approx(34 * 10.2 + 3 * 1.1)
     assert plan.cost == []
     assert plan.first_apply
     assert plan.groups["compute"] == "gpu[001-032],mig[001-002]"
     assert plan.providers[0].provider == "static"
-    assert len(plan.providers[0].existing) == 38
+    assert len(plan.providers[0].existing) == 37
 
 
 def test_cloud_cost() -> None:
-    cluster = Cluster(load_spec(ROOT / "examples" / "cloud-burst.yaml"))
+    cluster = Cluster(load_any(ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml"))
     plan = make_plan(cluster, State(Path("/nonexistent"), "burst"))
     cost = {c.pool: c for c in plan.cost}
     assert set(cost) == {"awsh100", "gcph100", "azh100"}
@@ -69,7 +69,7 @@ def test_plan_names_every_rule_open_to_the_internet(tmp_path: Path) -> None:
     from .conftest import run_provision
 
     yaml = YAML(typ="rt")
-    doc = yaml.load((ROOT / "examples" / "cloud-burst.yaml").read_text())
+    doc = yaml.load((ROOT / "examples" / "hybrid-cloud.yaml").read_text())
     doc["security"]["firewall_rules"] = [
         {"name": "web", "port": 443, "sources": ["0.0.0.0/0"], "open_to_internet": True,
          "pools": ["head", "awsh100"]},

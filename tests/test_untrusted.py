@@ -142,7 +142,7 @@ def test_a_line_break_in_any_text_field_is_refused_on_one_line(
     for n, tail in enumerate(BREAKS):
         spec = _write(changed(doc, place, good + tail), tmp_path / f"s{n}.yaml")
         with pytest.raises(SpecError) as caught:
-            load_spec(spec)
+            load_spec(spec, unbuilt=True)
         for issue in caught.value.issues:
             assert "\n" not in str(issue) and "\r" not in str(issue)
             assert issue.line is not None, str(issue)
@@ -150,6 +150,8 @@ def test_a_line_break_in_any_text_field_is_refused_on_one_line(
 
 def test_the_cli_refuses_a_line_break_with_exit_2_and_one_line(tmp_path: Path) -> None:
     doc = _yaml().load(EVERY_FIELD.read_text())
+    # without the fields the command line refuses as not supported yet (one line each)
+    del doc["storage"], doc["software"]["slurm"], doc["pools"][2]["elastic"]
     spec = _write(changed(doc, ("slurm", "config", ANY_KEY, "SchedulerType"),
                           "SchedulerType\nAuthType"), tmp_path / "spec.yaml")
     done = subprocess.run([sys.executable, "-m", "provision", "validate", str(spec)],
@@ -172,7 +174,7 @@ def test_templates_in_any_text_field_are_refused_or_stay_data(tmp_path: Path) ->
         good = get(doc, place)
         for value in (payload, f"{good} {payload}", f"{good}{{{{ 7 * 7 }}}}"):
             try:
-                load_spec(_write(changed(doc, place, value), tmp_path / "one.yaml"))
+                load_spec(_write(changed(doc, place, value), tmp_path / "one.yaml"), unbuilt=True)
             except SpecError:
                 continue
             combined = changed(combined, place, value)
@@ -180,7 +182,7 @@ def test_templates_in_any_text_field_are_refused_or_stay_data(tmp_path: Path) ->
             break
     # free text (key comments, models, descriptions, local paths) is accepted: as data
     assert "security.admins.[*].ssh_keys.[*]" in accepted
-    spec = load_spec(_write(combined, tmp_path / "combined.yaml"))
+    spec = load_spec(_write(combined, tmp_path / "combined.yaml"), unbuilt=True)
     out = tmp_path / "build"
     files = render(Cluster(spec))
     write_render(files, out)
@@ -212,7 +214,7 @@ def _value_scalars(node: object, in_value: bool = True) -> Iterator[ScalarNode]:
 
 @pytest.mark.parametrize("example", [*EXAMPLES, EVERY_FIELD], ids=lambda p: p.stem)
 def test_every_rendered_string_is_unsafe_but_the_renderers_own_templates(example: Path) -> None:
-    files = render(Cluster(load_spec(example)))
+    files = render(Cluster(load_spec(example, unbuilt=example == EVERY_FIELD)))
     for rel in ("inventory/hosts.yml", "inventory/group_vars/all.yml"):
         root = YAML(typ="rt").compose(files[rel])
         for scalar in _value_scalars(root):

@@ -44,9 +44,8 @@ def _check_head(spec: Spec) -> list[Problem]:
     return [
         (
             ("pools", i, "role"),
-            f"a second head pool ({spec.pools[i].name}); the cluster has one head pool: "
-            f"put every controller node in pool '{spec.pools[heads[0]].name}' "
-            "(count: 2 for a backup)",
+            f"a second head pool ({spec.pools[i].name}); the cluster has one head pool, "
+            f"'{spec.pools[heads[0]].name}'",
         )
         for i in heads[1:]
     ]

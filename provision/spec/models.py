@@ -499,7 +499,8 @@ class Pool(Model):
         default=None, ge=0, description="GPUs per node you expect; must agree with the profile"
     )
     elastic: bool = Field(
-        default=False, description="nodes are created when jobs wait and removed when idle"
+        default=False,
+        description="nodes are created when jobs wait and removed when idle (not supported yet)",
     )
     mig: list[MigProfile] | None = Field(
         default=None,
@@ -542,7 +543,9 @@ class Software(Model):
     cuda: Version | None = Field(default=None, description="CUDA toolkit version (12.4)")
     cudnn: Version | None = Field(default=None, description="cuDNN version (9.1)")
     nccl: Version | None = Field(default=None, description="NCCL version (2.21.5)")
-    slurm: Version | None = Field(default=None, description="Slurm version (23.11)")
+    slurm: Version | None = Field(
+        default=None, description="Slurm version (not supported yet: the OS's packages)"
+    )
     dcgm: Version | None = Field(default=None, description="DCGM version (3.3.7)")
     container_toolkit: Version | None = Field(
         default=None, description="NVIDIA Container Toolkit version (1.16.2)"
@@ -680,10 +683,12 @@ class Spec(Model):
 
     name: Hostname = Field(description="cluster name; names the state directory and resources")
     os: OsName = Field(description="operating system every node runs")
-    scheduler: SchedulerKind = Field(default="slurm", description="workload manager")
+    scheduler: SchedulerKind = Field(
+        default="slurm", description="workload manager (kubernetes: not supported yet)"
+    )
     slurm: SlurmSettings = Field(default=SlurmSettings(), description="Slurm settings")
     kubernetes: KubernetesSettings = Field(
-        default=KubernetesSettings(), description="Kubernetes settings"
+        default=KubernetesSettings(), description="Kubernetes settings (not supported yet)"
     )
     network: Networks = Field(description="management, out-of-band and fabric networks")
     pools: list[Pool] = Field(min_length=1, description="groups of identical nodes")
@@ -693,7 +698,9 @@ class Spec(Model):
     )
     security: Security = Field(description="who may reach the nodes, and how")
     ssh: SshAccess = Field(default=SshAccess(), description="how Ansible logs in to the nodes")
-    storage: Storage = Field(default=Storage(), description="shared file systems")
+    storage: Storage = Field(
+        default=Storage(), description="shared NFS file systems (not supported yet)"
+    )
     profiles: dict[ProfileName, Profile] = Field(
         default={}, description="extra hardware profiles, by name, beside the built-in ones"
     )
