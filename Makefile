@@ -1,5 +1,6 @@
 # The two commands of README.md: `make demo` (the main job) and `make test` (every gate).
-.PHONY: setup demo test lint typecheck unit integration molecule image docs goldens bench clean
+.PHONY: setup demo test lint typecheck unit integration molecule image docs goldens bench clean \
+	constraints wheel collection
 
 VENV := .venv/bin
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
@@ -50,9 +51,21 @@ docs: setup
 goldens: setup
 	$(VENV)/pytest -q tests/test_render.py tests/test_nvidia_sources.py tests/test_fabric_roles.py -k golden --update-goldens
 
+constraints: setup
+	@{ echo "# Exact versions the tests were last run with: scripts/setup.sh installs with -c this file."; \
+	   echo "# Refresh after a deliberate upgrade: make constraints"; \
+	   $(VENV)/pip freeze --exclude-editable | grep -v '^-e\|^gpu-provision' | LC_ALL=C sort -f; } > constraints.txt
+
+wheel: setup
+	$(VENV)/python -m pip wheel -q --no-deps -w dist .
+
+collection: setup
+	$(VENV)/ansible-galaxy collection build --force --output-path dist \
+	  provision/ansible_collections/gpu_provision/cluster
+
 bench: setup image
 	$(VENV)/python bench/render.py
 	$(VENV)/python bench/apply.py
 
 clean:
-	rm -rf .venv .provision .pytest_cache .mypy_cache .ruff_cache .molecule-*.log
+	rm -rf .venv .provision .pytest_cache .mypy_cache .ruff_cache .ansible dist .molecule-*.log

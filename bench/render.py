@@ -12,8 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provision.cluster import Cluster
 from provision.render import render, write_render
-from provision.render.context import Cluster
 from provision.spec import load_spec
 
 NODES = 10_000

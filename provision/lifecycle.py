@@ -10,17 +10,18 @@ from pathlib import Path
 
 from rich.console import Console
 
+from provision.cluster import Cluster
 from provision.errors import OperationError, UsageError
 from provision.preflight import preflight
 from provision.providers import get_provider
 from provision.providers.cloud import check_ready
 from provision.render import render, write_render
-from provision.render.context import Cluster
 from provision.run.ansible import RunResult, run_playbook
 from provision.run.progress import HostProgress, summary_table
 from provision.secrets import ensure_cluster_secrets
 from provision.spec import Spec, load_spec
 from provision.spec.models import CLOUD_PROVIDERS, PROVIDER_ORDER
+from provision.sshkeys import private_key
 from provision.state import State, command_line
 from provision.verify import CheckResult, verify_cluster
 
@@ -69,34 +70,6 @@ class _Phase:
 def open_cluster(spec_path: Path, state_root: Path) -> tuple[Spec, Cluster, State]:
     spec = load_spec(spec_path)
     return spec, Cluster(spec), State(state_root, spec.name)
-
-
-def private_key(spec: Spec, state: State) -> Path | None:
-    """The key Ansible and verify log in with: the spec's, or the lab's own."""
-    if spec.ssh.private_key_file:
-        key = Path(spec.ssh.private_key_file).expanduser()
-        if not key.exists():
-            raise UsageError(f"ssh.private_key_file: {key} does not exist")
-        return key
-    own_key = state.keys / "id_ed25519"
-    if any(p.provider in ("lab", *CLOUD_PROVIDERS) for p in spec.pools) and own_key.exists():
-        return own_key
-    return None
-
-
-def public_key(spec: Spec, state: State) -> str:
-    """The public half of that key, for cloud instances: the spec's, or the cluster's own."""
-    from provision.providers.lab import ensure_ssh_key
-
-    private = (
-        Path(spec.ssh.private_key_file).expanduser()
-        if spec.ssh.private_key_file
-        else ensure_ssh_key(state)
-    )
-    public = private.with_name(private.name + ".pub")
-    if not public.exists():
-        raise UsageError(f"ssh.private_key_file: {public} does not exist (cloud nodes need it)")
-    return public.read_text().strip()
 
 
 def _providers_in(cluster: Cluster) -> list[str]:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
+from rich.console import Console
+from rich.table import Table
+
+from provision.cluster import Cluster, compress
 from provision.providers import ProviderPlan, get_provider
 from provision.render import read_render, render
-from provision.render.context import Cluster, compress
 from provision.render.firewall import OpenRule, internet_rules
 from provision.spec.models import PROVIDER_ORDER
 from provision.state import State
@@ -136,3 +139,98 @@ def _diff(path: str, old: str, new: str) -> str:
             tofile=f"build/{path}",
         )
     )
+
+
+def print_plan(plan: Plan, console: Console, diff: bool = False) -> None:
+    """The plan as `provision plan` shows it: tables of nodes, groups, files, exposure, power
+    and cost; with `diff`, the unified diff of every changed file."""
+    nodes = Table(title="Nodes")
+    for col in ("provider", "create", "existing", "on demand (elastic)"):
+        nodes.add_column(col)
+    for pp in plan.providers:
+        nodes.add_row(
+            pp.provider,
+            f"{len(pp.create)} {pp.what}(s) {compress(pp.create)}" if pp.create else "-",
+            f"{len(pp.existing)} {compress(pp.existing)}" if pp.existing else "-",
+            f"up to {len(pp.on_demand)} {compress(pp.on_demand)}" if pp.on_demand else "-",
+        )
+    console.print(nodes)
+    for line in (r for pp in plan.providers for r in pp.resources):
+        console.print(f"cloud: {line}", markup=False)
+
+    groups = Table(title="Ansible groups")
+    groups.add_column("group")
+    groups.add_column("hosts")
+    for group, hosts in plan.groups.items():
+        groups.add_row(group, hosts)
+    console.print(groups)
+
+    base = "the last apply" if not plan.first_apply else "nothing (first apply)"
+    files = Table(title=f"Rendered files compared with {base}")
+    files.add_column("file")
+    files.add_column("change")
+    for change in plan.changes:
+        files.add_row(change.path, change.kind)
+    console.print(files)
+    console.print(f"{len(plan.changes)} file(s) would change, {plan.unchanged} unchanged")
+    if diff:
+        for change in plan.changes:
+            console.print(change.diff, markup=False, end="")
+
+    if plan.exposed:
+        exposed = Table(title="Open to the internet (sources beyond private address space)")
+        for col in ("pool", "enforced by", "service", "port", "sources", "public addresses"):
+            exposed.add_column(col)
+        for o in plan.exposed:
+            exposed.add_row(
+                o.pool,
+                o.where,
+                o.rule.service,
+                f"{o.rule.protocol} {o.rule.ports}",
+                ", ".join(o.cidrs),
+                f"{o.public:,}",
+            )
+        console.print(exposed)
+    else:
+        console.print("open to the internet: nothing (every source is private address space)")
+
+    power = Table(title="Peak power")
+    for col in ("pool", "profile", "nodes", "kW/node", "kW"):
+        power.add_column(col, justify="right" if col != "pool" else "left")
+    for pw in plan.power:
+        power.add_row(
+            pw.pool + (" (elastic, at most)" if pw.elastic else ""),
+            pw.profile,
+            str(pw.nodes),
+            f"{pw.kw_per_node:.2f}",
+            f"{pw.kw:.2f}",
+        )
+    power.add_row("total", "", "", "", f"{plan.total_kw:.2f}", style="bold")
+    console.print(power)
+
+    if plan.cost:
+        cost = Table(title=f"Cloud cost at on-demand list prices ({HOURS_PER_MONTH} h/month)")
+        for col in ("pool", "instance", "nodes", "USD/node-h", "USD/h", "USD/month", "price"):
+            cost.add_column(col)
+        for c in plan.cost:
+            cost.add_row(
+                c.pool + (" (elastic, at most)" if c.elastic else ""),
+                c.instance_type,
+                str(c.nodes),
+                f"{c.usd_per_node_hour:,.2f}",
+                f"{c.usd_per_hour:,.2f}",
+                f"{c.usd_per_month:,.0f}",
+                f"{c.price_region}, {c.price_as_of}",
+            )
+        total_h = sum(c.usd_per_hour for c in plan.cost)
+        cost.add_row(
+            "total",
+            "",
+            "",
+            "",
+            f"{total_h:,.2f}",
+            f"{total_h * HOURS_PER_MONTH:,.0f}",
+            "",
+            style="bold",
+        )
+        console.print(cost)

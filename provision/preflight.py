@@ -11,11 +11,11 @@ import ipaddress
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from provision.render.context import Cluster
+from provision.cluster import Cluster
 from provision.spec.nodes import Node
 from provision.state import State
 from provision.verify import CheckResult, connect_all
-from provision.verify.parsers import os_matches, parse_os_release
+from provision.verify.node_parsers import os_matches, parse_os_release
 from provision.verify.remote import Remote
 
 PROBE = (

@@ -10,6 +10,10 @@ from provision.spec import Spec, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+# the package's Ansible collection: roles, playbooks, the nvidia_gpu_facts module
+COLLECTION = ROOT / "provision" / "ansible_collections" / "gpu_provision" / "cluster"
+ROLES_DIR = COLLECTION / "roles"
+PLAYBOOKS_DIR = COLLECTION / "playbooks"
 # Specs of features not built yet (spec/unbuilt.py refuses them): the parts written so far
 # are rendered and tested from these, loaded with load_spec(path, unbuilt=True)
 UNBUILT = sorted((ROOT / "tests" / "data" / "unbuilt").glob("*.yaml"))

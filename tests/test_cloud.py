@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from provision.cluster import Cluster
 from provision.errors import OperationError
 from provision.render import render_inventory
-from provision.render.context import Cluster
 
 from .conftest import ROOT, load_any
 from .conftest import run_provision as provision
@@ -284,7 +284,7 @@ def test_missing_cli_plugin_sdk_or_credentials_is_one_clear_error(
         return real(name)
 
     monkeypatch.setattr(cloud.importlib, "import_module", without_gcp)
-    with pytest.raises(OperationError, match=r"pip install 'provision\[gcp\]'"):
+    with pytest.raises(OperationError, match=r"pip install 'gpu-provision\[gcp\]'"):
         cloud.check_ready("gcp", env={})
 
 
@@ -317,7 +317,7 @@ def test_the_toolkit_runs_without_the_cloud_sdks() -> None:
     assert r.returncode == 0, r.stderr
     assert "cloud: aws pool awsh100:" in r.stdout and "32 EFA" in r.stdout
     assert "aws: from the spec only, no preview: the aws pools need Pulumi's Python SDK" in r.stdout
-    assert "pip install 'provision[aws]'" in r.stdout
+    assert "pip install 'gpu-provision[aws]'" in r.stdout
 
 
 def test_every_os_has_an_image_on_every_cloud() -> None:

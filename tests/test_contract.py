@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from provision.cluster import Cluster
 from provision.render import render
-from provision.render.context import Cluster
 from provision.render.contract import FABRIC, NVIDIA, ROCE, SOFTWARE, VARIABLES, emitted
 from provision.spec import Spec, load_spec
 from provision.spec.models import NvidiaSettings, RoceSettings, Software
 
-from .conftest import EXAMPLES, ROOT, UNBUILT, load_any, load_rendered
+from .conftest import EXAMPLES, PLAYBOOKS_DIR, ROLES_DIR, ROOT, UNBUILT, load_any, load_rendered
 
 EVERY_FIELD = ROOT / "tests" / "data" / "untrusted" / "every-field.yaml"
 SPECS = [*EXAMPLES, *UNBUILT, EVERY_FIELD]
@@ -51,8 +51,8 @@ def _every_field() -> Spec:
 
 def _reader_files(reader: str) -> list[Path]:
     if reader.startswith("playbooks/"):
-        return [ROOT / f"{reader}.yml"]
-    role = ROOT / "roles" / reader
+        return [PLAYBOOKS_DIR / f"{reader.removeprefix('playbooks/')}.yml"]
+    role = ROLES_DIR / reader
     assert role.is_dir(), f"contract names role {reader}, which does not exist"
     return [p for p in sorted(role.rglob("*")) if p.is_file()]
 
@@ -95,8 +95,8 @@ def test_every_reader_uses_its_variable(name: str) -> None:
 
 
 def test_no_role_reads_a_provision_variable_nobody_provides() -> None:
-    places = [*sorted((ROOT / "roles").rglob("*.yml")), *sorted((ROOT / "roles").rglob("*.j2")),
-              *sorted((ROOT / "playbooks").glob("*.yml")),
+    places = [*sorted(ROLES_DIR.rglob("*.yml")), *sorted(ROLES_DIR.rglob("*.j2")),
+              *sorted((PLAYBOOKS_DIR).glob("*.yml")),
               *sorted((ROOT / "molecule").rglob("*.yml"))]
     unknown = set()
     for path in places:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.render.context import Cluster
+from provision.cluster import Cluster
 from provision.render.gpu import nccl_settings
 from provision.spec.fabric import fabric_addresses, rail_subnets, rails
 from provision.spec.loader import load_profiles, load_spec

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROOT, assert_golden
+from .conftest import ROLES_DIR, ROOT, assert_golden
 from .test_nvidia_sources import FACTS, _variables
 
-ROLES = ROOT / "roles"
+ROLES = ROLES_DIR
 GOLDEN = ROOT / "tests" / "golden" / "fabric-roles"
 FABRIC = {
     "provision_fabric_netdevs": ["ibp24s0", "ibp64s0"],

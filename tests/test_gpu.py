@@ -22,7 +22,7 @@ from provision.verify.gpu_parsers import (
     parse_remapped_rows,
 )
 
-from .conftest import ROOT
+from .conftest import COLLECTION, ROOT
 
 DATA = ROOT / "tests" / "data" / "nvidia"
 H100 = GpuExpect(
@@ -157,7 +157,7 @@ def test_all_reduce_wrong_values_fail_whatever_the_speed() -> None:
 
 def _facts_module():
     spec = importlib.util.spec_from_file_location(
-        "nvidia_gpu_facts", ROOT / "library" / "nvidia_gpu_facts.py"
+        "nvidia_gpu_facts", COLLECTION / "plugins" / "modules" / "nvidia_gpu_facts.py"
     )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -323,7 +323,7 @@ def test_findings_from_command_outputs() -> None:
 
 
 def test_verify_runs_the_gpu_checks_over_a_session() -> None:
-    from provision.render.context import Cluster
+    from provision.cluster import Cluster
     from provision.spec import load_spec
     from provision.state import State
     from provision.verify import VerifyContext

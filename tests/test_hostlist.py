@@ -5,7 +5,7 @@ from __future__ import annotations
 import hostlist
 import pytest
 
-from provision.render.context import compress
+from provision.cluster import compress
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from .conftest import ROOT, assert_golden
+from .conftest import PLAYBOOKS_DIR, ROLES_DIR, ROOT, assert_golden
 
-ROLES = ROOT / "roles"
+ROLES = ROLES_DIR
 GOLDEN = ROOT / "tests" / "golden" / "nvidia-sources"
 _yaml = YAML(typ="safe", pure=True)
 
@@ -230,7 +230,7 @@ def test_role_defaults_agree_with_the_spec_defaults() -> None:
 
     spec = NvidiaSettings()
     texts = [p.read_text() for p in ROLES.glob("*/defaults/main.yml")]
-    texts.append((ROOT / "playbooks" / "site.yml").read_text())
+    texts.append((PLAYBOOKS_DIR / "site.yml").read_text())
     seen = 0
     for text in texts:
         for field, default in re.findall(r"provision_nvidia_(\w+) \| default\(([^)]*)\)", text):

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from provision.cluster import Cluster
 from provision.plan import HOURS_PER_MONTH, make_plan
 from provision.render import render, write_render
-from provision.render.context import Cluster
 from provision.spec import load_spec
 from provision.state import State
 

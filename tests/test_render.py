@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from provision.cluster import Cluster
 from provision.render import render, write_render
-from provision.render.context import Cluster
 from provision.spec import load_spec
 
 from .conftest import EXAMPLES, ROOT, UNBUILT, load_any, load_rendered, unwrap_unsafe
@@ -45,7 +45,7 @@ def test_golden(example: Path, update_goldens: bool) -> None:
 _DIGESTS = """
 import hashlib, json, sys
 from provision.render import render
-from provision.render.context import Cluster
+from provision.cluster import Cluster
 from provision.spec import load_spec
 out = {}
 for path in sys.argv[1:]:

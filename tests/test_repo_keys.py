@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import ROOT
+from .conftest import ROLES_DIR
 
 
 def _gpg(home: Path, *args: str, data: bytes | None = None) -> str:
@@ -44,7 +44,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _assertion(role: str, tasks: str, name_part: str) -> str:
-    for task in yaml.safe_load((ROOT / "roles" / role / "tasks" / tasks).read_text()):
+    for task in yaml.safe_load((ROLES_DIR / role / "tasks" / tasks).read_text()):
         if name_part in task["name"]:
             return str(task["ansible.builtin.assert"]["that"])
     raise AssertionError(f"no task '{name_part}' in {role}/tasks/{tasks}")

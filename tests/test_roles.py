@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from .conftest import ROOT
+from .conftest import PLAYBOOKS_DIR, ROLES_DIR, ROOT
 
-ROLES = sorted(p for p in (ROOT / "roles").iterdir() if p.is_dir())
+ROLES = sorted(p for p in (ROLES_DIR).iterdir() if p.is_dir())
 _yaml = YAML(typ="safe", pure=True)
 
 
@@ -53,8 +53,8 @@ def _render(expressions: dict[str, str], variables: dict[str, Any]) -> dict[str,
     ("RedHat", "chronyd", "/etc/chrony.conf", "/etc/sysconfig/nftables.conf", "sshd"),
 ])
 def test_os_family_paths(family: str, service: str, conf: str, nft: str, ssh: str) -> None:
-    exprs = {**_load(ROOT / "roles" / "common" / "vars" / "main.yml"),
-             **_load(ROOT / "roles" / "firewall" / "vars" / "main.yml")}
+    exprs = {**_load(ROLES_DIR / "common" / "vars" / "main.yml"),
+             **_load(ROLES_DIR / "firewall" / "vars" / "main.yml")}
     wanted = {k: exprs[k] for k in ("_common_chrony_service", "_common_chrony_conf",
                                     "_firewall_main_conf", "_common_ssh_service")}
     got = _render(wanted, {"ansible_facts": {"os_family": family}})
@@ -63,7 +63,7 @@ def test_os_family_paths(family: str, service: str, conf: str, nft: str, ssh: st
 
 
 def test_slurm_packages_per_os() -> None:
-    vars_dir = ROOT / "roles" / "slurm" / "vars"
+    vars_dir = ROLES_DIR / "slurm" / "vars"
     debian, redhat = _load(vars_dir / "Debian.yml"), _load(vars_dir / "RedHat.yml")
     assert set(debian) == set(redhat), "both OS families define the same variables"
     assert debian["_slurm_packages_controller"] == ["slurmctld", "slurm-client"]
@@ -75,20 +75,20 @@ def test_slurm_packages_per_os() -> None:
     assert redhat["_slurm_packages_compute"] == ["slurm", "slurm-slurmd"]
     assert redhat["_slurm_packages_dbd"][0] == "slurm-slurmdbd"
     assert redhat["_slurm_mariadb_socket"] == "/var/lib/mysql/mysql.sock"
-    repos = _load(ROOT / "roles" / "slurm" / "tasks" / "repos-redhat.yml")
+    repos = _load(ROLES_DIR / "slurm" / "tasks" / "repos-redhat.yml")
     assert [t.get("community.general.dnf_config_manager", t.get("ansible.builtin.dnf"))
             for t in repos] == [{"name": "crb", "state": "enabled"},
                                 {"name": "epel-release", "state": "present"}]
 
 
 def test_slurm_paths_come_from_the_rendered_conf(tmp_path: Path) -> None:
+    from provision.cluster import Cluster
     from provision.render import render
-    from provision.render.context import Cluster
     from provision.spec import load_spec
 
     conf = render(Cluster(load_spec(ROOT / "examples" / "dgx-superpod.yaml")))[
         "files/slurm/slurm.conf"]
-    exprs = _load(ROOT / "roles" / "slurm" / "vars" / "main.yml")
+    exprs = _load(ROLES_DIR / "slurm" / "vars" / "main.yml")
     wanted = {k: exprs[k] for k in ("_slurm_state_save", "_slurm_spool", "_slurm_log_dir")}
     got = _render(wanted, {"_slurm_conf_text": conf})
     assert got == {"_slurm_state_save": "/var/spool/slurmctld",
@@ -96,18 +96,18 @@ def test_slurm_paths_come_from_the_rendered_conf(tmp_path: Path) -> None:
 
 
 def test_playbooks_syntax(tmp_path: Path) -> None:
+    from provision.cluster import Cluster
     from provision.render import render, write_render
-    from provision.render.context import Cluster
     from provision.spec import load_spec
 
     write_render(render(Cluster(load_spec(ROOT / "examples" / "lab.yaml"))), tmp_path)
     playbook = Path(sys.executable).parent / "ansible-playbook"
-    for book in sorted((ROOT / "playbooks").glob("*.yml")):
+    for book in sorted((PLAYBOOKS_DIR).glob("*.yml")):
         r = subprocess.run(
             [str(playbook), "--syntax-check", "-i", str(tmp_path / "inventory" / "hosts.yml"),
              str(book)],
             capture_output=True, text=True, check=False,
-            env={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-                 "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "PATH": "/usr/bin:/bin"},
+            env={"ANSIBLE_CONFIG": str(ROOT / "provision" / "run" / "ansible.cfg"),
+                 "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "provision"), "PATH": "/usr/bin:/bin"},
         )
         assert r.returncode == 0, r.stdout + r.stderr

@@ -19,9 +19,9 @@ from pydantic import BaseModel
 from ruamel.yaml import YAML
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
+from provision.cluster import Cluster
 from provision.errors import SpecError
 from provision.render import render, write_render
-from provision.render.context import Cluster
 from provision.render.yamldata import Template, _resolves_to_other_type, yaml_value
 from provision.spec import load_spec
 from provision.spec.models import Spec

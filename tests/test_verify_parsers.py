@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from provision.verify.parsers import (
+from provision.verify.node_parsers import (
     host_entries,
     missing_host_lines,
     missing_keys,
     os_matches,
     parse_os_release,
-    parse_sacct_states,
-    parse_sinfo_nodes,
-    parse_srun_hosts,
     parse_stat,
 )
+from provision.verify.slurm_parsers import parse_sacct_states, parse_sinfo_nodes, parse_srun_hosts
 
 DATA = Path(__file__).parent / "data"
 KEY_A = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFxsWi/kWC/jwkJ3ZrWg1zvAFVA3skOEzrF8xvZk54Zh "

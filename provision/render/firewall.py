@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from provision.render.context import Cluster
+from provision.cluster import Cluster
 from provision.spec.exposure import public_addresses
 from provision.spec.fabric import rails
 from provision.spec.ports import service_ports
@@ -141,3 +141,15 @@ def internet_rules(cluster: Cluster) -> list[OpenRule]:
                 where = _ENFORCED_BY.get(provider, "nftables")
                 out.append(OpenRule(pool, where, rule, tuple(dict.fromkeys(cidrs)), public))
     return out
+
+
+def rule_lines(rules: list[Rule]) -> list[str]:
+    """nftables accept lines of a pool's rules: one per source (a set name, or a network)."""
+    lines = []
+    for rule in rules:
+        for source in rule.sources:
+            match = f"ip saddr @{source}" if "/" not in source else f"ip saddr {source}"
+            lines.append(
+                f'{match} {rule.protocol} dport {rule.ports} accept comment "{rule.service}"'
+            )
+    return lines

@@ -4,7 +4,7 @@ the fabric's NCCL settings are written. The nccl role installs it; NCCL reads it
 
 from __future__ import annotations
 
-from provision.render.context import Cluster, PoolView
+from provision.cluster import Cluster, PoolView
 from provision.spec.fabric import rails
 
 # Bootstrap and socket traffic over the host's real interfaces, never loopback or the

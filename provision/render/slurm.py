@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from provision.render.context import Cluster, PoolView
+from provision.cluster import Cluster, PoolView
 from provision.spec.ports import SLURM_DIRECTORIES, service_ports
 
 # Memory Slurm may hand to jobs: what the profile lists, less what the OS and daemons keep.

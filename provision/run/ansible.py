@@ -12,12 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provision import REPO_ROOT
+from provision import assets
 from provision.errors import OperationError
 from provision.state import State
-
-PLAYBOOKS = REPO_ROOT / "playbooks"
-ANSIBLE_CFG = REPO_ROOT / "ansible.cfg"
 
 EventHandler = Callable[[dict[str, Any]], None]
 
@@ -90,8 +87,11 @@ def run_playbook(
     bindir = str(Path(sys.executable).parent)
     envvars = {
         "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
-        "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
-        "ANSIBLE_ROLES_PATH": str(REPO_ROOT / "roles"),
+        "ANSIBLE_CONFIG": str(assets.ansible_cfg()),
+        # the roles, playbooks and modules: the package's collection, gpu_provision.cluster
+        "ANSIBLE_COLLECTIONS_PATH": str(assets.collections_path()),
+        # Ansible's own files (local temp, caches) under the state directory, not ~ or the cwd
+        "ANSIBLE_HOME": str((state.dir / "ansible").resolve()),
         "ANSIBLE_HOST_KEY_CHECKING": "True",
         "ANSIBLE_SSH_COMMON_ARGS": ssh_common_args(state),
         "ANSIBLE_NOCOLOR": "1",
@@ -120,7 +120,7 @@ def run_playbook(
         private_data_dir=str(private_data_dir.resolve()),
         artifact_dir=str(state.logs.resolve()),
         ident=ident,
-        project_dir=str(PLAYBOOKS),
+        project_dir=str(assets.playbook(playbook).parent),
         playbook=playbook,
         inventory=str(inventory.resolve()),
         envvars=envvars,

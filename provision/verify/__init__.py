@@ -1,19 +1,21 @@
 """Live acceptance checks, run after apply and on demand: one result per check and node, with
-the evidence. Parsers of command output are pure functions in `parsers.py`."""
+the evidence. Parsers of command output are pure functions in the `*_parsers.py` beside it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from provision.render.context import Cluster
+from rich.console import Console
+
+from provision.cluster import Cluster
 from provision.spec.fabric import rails
 from provision.spec.nodes import Node
 from provision.state import State
-from provision.verify import parsers
+from provision.verify import node_parsers as parsers
 from provision.verify.remote import Remote
 
 
@@ -205,3 +207,15 @@ def verify_cluster(cluster: Cluster, state: State, key_file: Path | None) -> lis
         for remote in remotes.values():
             remote.close()
     return results
+
+
+def print_checks(results: Sequence[CheckResult], console: Console) -> int:
+    """One line per check, PASS or FAIL with its evidence, then the count; returns the failed."""
+    failed = 0
+    for r in results:
+        mark = "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]"
+        failed += not r.passed
+        console.print(f"{mark} {r.check} {r.target}: ", end="")
+        console.print(r.evidence, markup=False)
+    console.print(f"verify: {len(results) - failed} passed, {failed} failed")
+    return failed

@@ -8,7 +8,7 @@ import shlex
 import threading
 import time
 
-from provision.render.context import PoolView
+from provision.cluster import PoolView
 from provision.spec.fabric import Rail, rails
 from provision.spec.nodes import Node
 from provision.verify import CheckResult, VerifyContext, in_parallel

@@ -3,7 +3,7 @@ an NCCL all_reduce on all of a node's GPUs at the profile's bus bandwidth."""
 
 from __future__ import annotations
 
-from provision.render.context import PoolView
+from provision.cluster import PoolView
 from provision.spec.nodes import Node
 from provision.verify import CheckResult, VerifyContext
 from provision.verify.gpu_parsers import (

@@ -7,7 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from ..conftest import ROOT
+from ..conftest import PLAYBOOKS_DIR
 from ..conftest import run_provision as provision
 
 
@@ -90,4 +90,6 @@ ssh: {{private_key_file: {ssh_key}}}
 
 
 def test_rendered_playbook_paths_exist() -> None:
-    assert (ROOT / "playbooks" / "site.yml").exists()
+    from provision.assets import playbook
+
+    assert playbook("site.yml") == PLAYBOOKS_DIR / "site.yml" and playbook("site.yml").exists()

@@ -19,12 +19,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from provision.cluster import Cluster
 from provision.errors import OperationError
 from provision.providers import ProviderPlan, planned_only
-from provision.render.context import Cluster
 from provision.secrets import create_once
 from provision.spec.models import Spec
 from provision.spec.nodes import Node
+from provision.sshkeys import public_key
 from provision.state import State
 
 PROJECT = "provision"
@@ -119,7 +120,7 @@ def check_ready(kind: str, env: dict[str, str] | None = None) -> None:
         except ImportError:
             raise OperationError(
                 f"the {kind} pools need Pulumi's Python SDK ({module}): "
-                f"pip install 'provision[{kind}]'"
+                f"pip install 'gpu-provision[{kind}]'"
             ) from None
     if shutil.which("pulumi") is None:
         raise OperationError(
@@ -192,7 +193,6 @@ class CloudProvider:
         except OperationError as exc:
             lines.append(f"{self.kind}: from the spec only, no preview: {exc}")
             return replace(planned, resources=lines)
-        from provision.lifecycle import public_key
 
         stack = self._stack(state, Cluster(self.spec), public_key(self.spec, state))
         preview = stack.preview()
@@ -226,7 +226,6 @@ class CloudProvider:
 
     def create(self, nodes: list[Node], state: State) -> dict[str, ipaddress.IPv4Address]:
         check_ready(self.kind)
-        from provision.lifecycle import public_key
 
         cluster = Cluster(self.spec)
         stack = self._stack(state, cluster, public_key(self.spec, state))
@@ -249,7 +248,6 @@ class CloudProvider:
         if not (state.dir / "pulumi").exists():
             return []
         check_ready(self.kind)
-        from provision.lifecycle import public_key
 
         stack = self._stack(state, Cluster(self.spec), public_key(self.spec, state))
         stack.destroy(on_output=self.log)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from provision.render.context import Cluster
+from provision.cluster import Cluster
 from provision.render.firewall import ADMIN, CLUSTER, COMPUTE, HEADS, pool_rules
 
 # A tag or label on every resource, naming what made it

@@ -10,7 +10,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,8 +18,8 @@ from provision.errors import OperationError
 from provision.providers import ProviderPlan
 from provision.providers.lab import podman
 from provision.providers.lab.image import debian_mirror, ensure_image
-from provision.secrets import check_secret_file
 from provision.spec.nodes import Node
+from provision.sshkeys import ensure_ssh_key, forget_host_key
 from provision.state import State
 
 LABEL = "provision.cluster"
@@ -186,40 +185,6 @@ def _require_root() -> None:
             "the lab provider needs root (podman networks with fixed addresses and systemd "
             "containers): run it with sudo"
         )
-
-
-def ensure_ssh_key(state: State) -> Path:
-    """The cluster's own SSH key for Ansible, made once, kept private to the state dir."""
-    state.ensure()
-    key = state.keys / "id_ed25519"
-    if not key.exists():
-        subprocess.run(
-            [
-                "ssh-keygen",
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-C",
-                f"provision@{state.cluster}",
-                "-f",
-                str(key),
-            ],
-            check=True,
-            capture_output=True,
-        )
-    return check_secret_file(key, (64, 16 * 1024))
-
-
-def forget_host_key(state: State, address: str) -> None:
-    if state.known_hosts.exists():
-        subprocess.run(
-            ["ssh-keygen", "-R", address, "-f", str(state.known_hosts)],
-            capture_output=True,
-            check=False,
-        )
-        Path(f"{state.known_hosts}.old").unlink(missing_ok=True)
 
 
 def _wait_for_ssh(addresses: list[str], timeout: float) -> None:

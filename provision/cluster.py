@@ -1,0 +1,96 @@
+"""The expanded cluster: the spec, its profiles and its nodes, grouped once. Render, providers,
+verify and plan all read it."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+import hostlist
+
+from provision.spec.loader import load_profiles
+from provision.spec.models import Pool, Profile, Spec
+from provision.spec.nodes import Node, expand_nodes
+
+HEADER = "Rendered by provision for cluster {name}; do not edit: change the spec and re-render."
+
+
+def compress(names: list[str]) -> str:
+    """Slurm-style hostlist: ['gpu001', 'gpu002'] -> 'gpu[001-002]'."""
+    return str(hostlist.collect_hostlist(names))
+
+
+@dataclass(frozen=True)
+class PoolView:
+    pool: Pool
+    profile: Profile
+    nodes: tuple[Node, ...]
+
+    @property
+    def name(self) -> str:
+        return self.pool.name
+
+    @property
+    def hostlist(self) -> str:
+        return compress([n.name for n in self.nodes])
+
+
+class Cluster:
+    """A spec with its nodes; `addresses` fills in what providers report (cloud nodes)."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        addresses: dict[str, ipaddress.IPv4Address] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.profiles = load_profiles(spec.profiles)
+        nodes = expand_nodes(spec)
+        if addresses:
+            nodes = [
+                replace(n, address=addresses[n.name]) if n.name in addresses else n for n in nodes
+            ]
+        self.nodes = nodes
+
+    @property
+    def header(self) -> str:
+        return HEADER.format(name=self.spec.name)
+
+    @cached_property
+    def pools(self) -> list[PoolView]:
+        by_pool: dict[str, list[Node]] = {p.name: [] for p in self.spec.pools}
+        for node in self.nodes:
+            by_pool[node.pool].append(node)
+        return [
+            PoolView(p, self.profiles[p.profile], tuple(by_pool[p.name])) for p in self.spec.pools
+        ]
+
+    def pools_with_role(self, role: str) -> list[PoolView]:
+        return [p for p in self.pools if p.pool.role == role]
+
+    @cached_property
+    def head_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.role == "head"]
+
+    @cached_property
+    def lasting_nodes(self) -> list[Node]:
+        """Nodes that live as long as the cluster: everything but elastic burst nodes."""
+        return [n for n in self.nodes if not n.elastic]
+
+    def describe(self) -> str:
+        """One line: what the cluster is (validate prints it, plan heads with it)."""
+        s = self.spec
+        roles: dict[str, int] = {}
+        for n in self.nodes:
+            roles[n.role] = roles.get(n.role, 0) + 1
+        role_text = ", ".join(f"{c} {r}" for r, c in roles.items())
+        gpus = sum((v.profile.gpu.count if v.profile.gpu else 0) * len(v.nodes) for v in self.pools)
+        providers = ", ".join(sorted({p.provider for p in s.pools}))
+        elastic = sum(1 for n in self.nodes if n.elastic)
+        extra = f", {elastic} of them elastic" if elastic else ""
+        return (
+            f"cluster '{s.name}': {s.scheduler} on {s.os}, {len(self.nodes)} nodes "
+            f"({role_text}{extra}) in {len(s.pools)} pools on {providers}, {gpus} GPUs, "
+            f"{s.network.fabric.kind} fabric"
+        )

@@ -1,0 +1,134 @@
+"""The Ansible inventory and group_vars of a cluster: groups per role, pool and provider, and
+every variable the roles read, each named in contract.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from provision.cluster import Cluster
+from provision.render import contract
+from provision.render.contract import emitted
+from provision.render.jinja import template
+from provision.render.yamldata import Template, yaml_mapping, yaml_value
+from provision.spec.fabric import fabric_addresses, rails
+
+# Where the roles install the rendered nftables sets file on each node.
+NFT_SETS_PATH = "/etc/nftables.d/provision-sets.nft"
+
+
+def render_inventory(cluster: Cluster) -> str:
+    spec = cluster.spec
+    lasting = cluster.lasting_nodes
+    fabric = spec.network.fabric
+    addresses, _ = fabric_addresses(spec, cluster.profiles, lasting)
+    groups: list[dict[str, Any]] = []
+    for role in ("head", "login", "compute", "storage"):
+        hosts = [
+            _host(n.name, ansible_host=n.address and str(n.address))
+            for n in lasting
+            if n.role == role
+        ]
+        groups.append({"name": role, "vars": [], "hosts": hosts})
+    # GPU nodes: the NVIDIA roles run here
+    hosts = [
+        _host(n.name) for v in cluster.pools if v.profile.gpu for n in v.nodes if not n.elastic
+    ]
+    groups.append({"name": "gpu", "vars": [], "hosts": hosts})
+    # Nodes on the RDMA fabric (the rdma and ipoib roles), and the fabric's subnet managers
+    fabric_pools = [v for v in cluster.pools if rails(v.profile, fabric.kind)]
+    hosts = [_host(n.name) for v in fabric_pools for n in v.nodes if not n.elastic]
+    groups.append({"name": "fabric", "vars": [], "hosts": hosts})
+    # opensm: the higher priority is master; the first named gets 15, the next 14, ...
+    hosts = [_host(name, opensm_priority=15 - i) for i, name in enumerate(fabric.subnet_managers)]
+    groups.append({"name": "subnet_manager", "vars": [], "hosts": hosts})
+    for view in cluster.pools:
+        gpu = view.profile.gpu
+        gvars: dict[str, object] = {"provision_pool": view.name}
+        if gpu:
+            gvars["provision_nvswitch"] = gpu.nvswitch
+        if view.pool.mig:
+            gvars["provision_mig_layout"] = list(view.pool.mig)
+        pool_rails = rails(view.profile, fabric.kind)
+        if pool_rails:
+            netdevs = [r.netdev for r in pool_rails if r.netdev]
+            devices = [r.device for r in pool_rails if r.device]
+            if netdevs:
+                gvars["provision_fabric_netdevs"] = netdevs
+            if devices:
+                gvars["provision_fabric_devices"] = devices
+        hosts = [
+            _host(n.name, provision_fabric_addresses=addresses[n.name])
+            if n.name in addresses
+            else _host(n.name)
+            for n in view.nodes
+            if not n.elastic
+        ]
+        groups.append(
+            {"name": f"pool_{view.name}", "vars": _pairs(emitted(gvars, "pool")), "hosts": hosts}
+        )
+    for provider in sorted({p.pool.provider for p in cluster.pools}):
+        hosts = [_host(n.name) for n in lasting if n.provider == provider]
+        groups.append({"name": f"provider_{provider}", "vars": [], "hosts": hosts})
+    all_vars = {
+        "ansible_user": spec.ssh.user,
+        "ansible_port": spec.ssh.port,
+        # every supported OS has it; naming it saves Ansible's interpreter discovery on each run
+        "ansible_python_interpreter": "/usr/bin/python3",
+    }
+    if spec.ssh.user != "root":
+        all_vars["ansible_become"] = True
+    return template(
+        "inventory.yml.j2",
+        header=cluster.header,
+        all_vars=_pairs(emitted(all_vars, "connection")),
+        groups=groups,
+    )
+
+
+def _pairs(values: dict[str, object]) -> list[tuple[str, str]]:
+    """Variables as (name, YAML value) pairs; every string is data (see yamldata)."""
+    return [(key, yaml_value(value)) for key, value in values.items() if value is not None]
+
+
+def _host(name: str, **hostvars: object) -> tuple[str, list[tuple[str, str]]]:
+    """A host of the inventory: its name and its variables, each as a YAML value."""
+    return name, _pairs(emitted(hostvars, "host"))
+
+
+def group_vars(cluster: Cluster) -> dict[str, Any]:
+    """Variables for every host: only what the spec sets; the roles own their defaults."""
+    spec = cluster.spec
+    out: dict[str, Any] = {
+        "provision_cluster": spec.name,
+        "provision_scheduler": spec.scheduler,
+        "provision_files_dir": Template("{{ inventory_dir }}/../files"),
+        "provision_nft_sets_path": NFT_SETS_PATH,
+    }
+    if spec.network.time_servers:
+        out["common_time_servers"] = list(spec.network.time_servers)
+    out["common_time_allow"] = [str(spec.network.management.cidr)]
+    if spec.security.admins:
+        out["common_admin_users"] = [
+            {"name": a.name, "sudo": a.sudo, "ssh_keys": list(a.ssh_keys)}
+            for a in spec.security.admins
+        ]
+    if spec.scheduler == "slurm" and "accounting" in spec.slurm.model_fields_set:
+        out["slurm_accounting"] = spec.slurm.accounting
+    fabric = spec.network.fabric
+    if "fabric" in spec.network.model_fields_set:
+        out["provision_fabric"] = fabric.kind
+    for section, table in (
+        (spec.software, contract.SOFTWARE),
+        (spec.nvidia, contract.NVIDIA),
+        (fabric, contract.FABRIC),
+        (fabric.roce, contract.ROCE),
+    ):
+        for field in sorted(section.model_fields_set & set(table)):
+            value = getattr(section, field)
+            if value is not None:
+                out[table[field]] = value
+    return emitted(out, "all")
+
+
+def render_group_vars(cluster: Cluster) -> str:
+    return f"---\n# {cluster.header}\n" + yaml_mapping(group_vars(cluster))

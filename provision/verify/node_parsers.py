@@ -1,0 +1,71 @@
+"""Parsers of what any node says (/etc/hosts, authorized_keys, os-release, stat): pure
+functions, tested on recorded output in tests/data/."""
+
+from __future__ import annotations
+
+
+def host_entries(hosts_text: str) -> list[tuple[str, tuple[str, ...]]]:
+    """(address, names) for every entry of an /etc/hosts file, comments dropped."""
+    entries = []
+    for raw in hosts_text.splitlines():
+        line = raw.split("#", 1)[0].split()
+        if len(line) >= 2:
+            entries.append((line[0], tuple(line[1:])))
+    return entries
+
+
+def missing_host_lines(rendered: str, actual: str) -> list[str]:
+    """Rendered entries that /etc/hosts on the node does not carry (same address, same names)."""
+    have = set(host_entries(actual))
+    return [
+        f"{addr} {' '.join(names)}"
+        for addr, names in host_entries(rendered)
+        if (addr, names) not in have
+    ]
+
+
+def missing_keys(wanted: list[str], authorized_keys: str) -> list[str]:
+    """Keys (type and base64, comment ignored) absent from an authorized_keys file."""
+    have = set()
+    for line in authorized_keys.splitlines():
+        parts = line.split()
+        # options may come first: find the key type
+        for i, part in enumerate(parts[:-1]):
+            if part.startswith(("ssh-", "ecdsa-", "sk-")):
+                have.add((part, parts[i + 1]))
+                break
+    out = []
+    for key in wanted:
+        parts = key.split()
+        if (parts[0], parts[1]) not in have:
+            out.append(key)
+    return out
+
+
+def parse_os_release(text: str) -> tuple[str, str]:
+    """(ID, VERSION_ID) from /etc/os-release."""
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip().strip('"')
+    return values.get("ID", "?"), values.get("VERSION_ID", "?")
+
+
+_SPEC_OS = {
+    "debian12": ("debian", "12"),
+    "ubuntu22.04": ("ubuntu", "22.04"),
+    "ubuntu24.04": ("ubuntu", "24.04"),
+    "rocky9": ("rocky", "9"),
+}
+
+
+def os_matches(spec_os: str, os_id: str, version: str) -> bool:
+    want_id, want_version = _SPEC_OS[spec_os]
+    return os_id == want_id and (version == want_version or version.startswith(want_version + "."))
+
+
+def parse_stat(text: str) -> tuple[str, str]:
+    """`stat -c '%a %U:%G'` -> (mode, owner:group)."""
+    parts = text.split()
+    return (parts[0], parts[1]) if len(parts) >= 2 else ("?", "?")

@@ -1,0 +1,79 @@
+"""The package's layers, in the order a cluster is made: no module imports from a layer above
+its own (spec knows nothing of render, render nothing of providers, and so on up to the CLI)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from .conftest import ROOT
+
+PACKAGE = ROOT / "provision"
+# lowest first; a module may import from its own layer and the ones before it
+LAYERS: list[set[str]] = [
+    {"errors", "assets", "state", "secrets"},
+    {"spec"},
+    {"cluster", "sshkeys"},
+    {"render"},
+    {"providers"},
+    {"run"},
+    {"preflight", "verify"},
+    {"lifecycle", "plan", "power"},
+    {"cli", "__main__"},
+]
+
+
+def _layer(unit: str) -> int:
+    for i, units in enumerate(LAYERS):
+        if unit in units:
+            return i
+    raise AssertionError(f"provision.{unit} is in no layer of tests/test_layout.py: add it")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found += [(node.lineno, n) for n in names if n.split(".")[0] == "provision"]
+    return found
+
+
+def upward_imports(package: Path) -> list[str]:
+    """Every import in `package` (the provision folder) of a layer above the importer's."""
+    upward = []
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).parts
+        if "ansible_collections" in parts or parts == ("__init__.py",):
+            continue  # the collection's module runs on the nodes; __init__ is the version
+        mine = _layer(parts[0].removesuffix(".py"))
+        for line, name in _imports(path):
+            names = name.split(".")
+            if len(names) > 1 and _layer(names[1]) > mine:
+                upward.append(f"{path.relative_to(package.parent)}:{line}: imports {name}")
+    return upward
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    upward = upward_imports(PACKAGE)
+    assert not upward, "\n".join(upward)
+
+
+def test_every_top_level_part_of_the_package_has_a_layer() -> None:
+    parts = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
+             if (p.suffix == ".py" and p.name != "__init__.py")
+             or (p.is_dir() and (p / "__init__.py").exists())}
+    assert parts == set().union(*LAYERS)
+
+
+def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
+    package = tmp_path / "provision"
+    (package / "spec").mkdir(parents=True)
+    (package / "spec" / "models.py").write_text("import os\nfrom provision.errors import X\n")
+    assert upward_imports(package) == []
+    (package / "spec" / "models.py").write_text("from provision.render import render\n")
+    assert upward_imports(package) == ["provision/spec/models.py:1: imports provision.render"]
