@@ -21,7 +21,7 @@ test: setup lint typecheck image
 
 lint: setup
 	$(VENV)/ruff check provision tests bench scripts
-	$(VENV)/ruff format --check provision
+	$(VENV)/ruff format --check provision tests bench scripts
 	$(VENV)/yamllint -s .
 	$(VENV)/ansible-lint -q
 

@@ -39,8 +39,14 @@ def spec(work: Path, name: str, prefix: str, computes: int) -> Path:
 
 def provision(args: list[str], work: Path, env: dict[str, str]) -> tuple[float, dict]:  # type: ignore[type-arg]
     started = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "provision", *args], cwd=work, env=env,
-                       capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "provision", *args],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     wall = time.monotonic() - started
     if r.returncode != 0:
         print(r.stdout[-2000:], r.stderr, file=sys.stderr)
@@ -77,11 +83,15 @@ def main() -> int:
     rows += run("3 nodes, untuned", three, work, tuned=False)
     rows += run("12 nodes, tuned", twelve, work, tuned=True)
     print()
-    print(f"{'run':<28} {'total':>7} {'nodes':>7} {'preflt':>7} {'ansible':>8} {'verify':>7}"
-          f" {'changed':>8}")
+    print(
+        f"{'run':<28} {'total':>7} {'nodes':>7} {'preflt':>7} {'ansible':>8} {'verify':>7}"
+        f" {'changed':>8}"
+    )
     for label, wall, p in rows:
-        print(f"{label:<28} {wall:>6.1f}s {p.get('nodes', 0):>6.1f}s {p.get('preflight', 0):>6.1f}s"
-              f" {p.get('ansible', 0):>7.1f}s {p.get('verify', 0):>6.1f}s {p['changed']:>8}")
+        print(
+            f"{label:<28} {wall:>6.1f}s {p.get('nodes', 0):>6.1f}s {p.get('preflight', 0):>6.1f}s"
+            f" {p.get('ansible', 0):>7.1f}s {p.get('verify', 0):>6.1f}s {p['changed']:>8}"
+        )
     return 0
 
 

@@ -23,9 +23,11 @@ POOLS = 10
 def generate(path: Path) -> None:
     per_pool = (NODES - 2) // (POOLS - 1)
     lines = [
-        "name: bench", "os: ubuntu22.04",
+        "name: bench",
+        "os: ubuntu22.04",
         "slurm: {accounting: true}",
-        "network:", "  management: {cidr: 10.64.0.0/14}",
+        "network:",
+        "  management: {cidr: 10.64.0.0/14}",
         # eight rails, each as large as the management network: every node keeps its offset
         "  fabric: {kind: infiniband, subnet: 10.128.0.0/11}",
         "pools:",
@@ -58,8 +60,9 @@ def main() -> int:
             shutil.rmtree(work / "out", ignore_errors=True)
             write_render(files, work / "out")
             written = time.perf_counter()
-            runs.append((loaded - started, rendered - loaded, written - rendered,
-                         written - started))
+            runs.append(
+                (loaded - started, rendered - loaded, written - rendered, written - started)
+            )
         nodes = len(cluster.nodes)
         slurm_lines = len(files["files/slurm/slurm.conf"].splitlines())
         total_bytes = sum(len(c) for c in files.values())

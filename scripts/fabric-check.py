@@ -61,14 +61,21 @@ def main() -> int:
         found.append(fp.sm_finding(fp.parse_sminfo(raw), raw))
         for device in names:
             raw = run(["perfquery", "-C", device, "-P", "1"], args.record, f"perfquery-{device}")
-            found.append(fp.link_flap_finding(device, fp.parse_perfquery(raw),
-                                              args.link_downed_limit))
+            found.append(
+                fp.link_flap_finding(device, fp.parse_perfquery(raw), args.link_downed_limit)
+            )
     if args.peer and names:
-        raw = run(["ib_write_bw", "-d", names[0], "--report_gbits", "-F", "-D", "5", args.peer],
-                  args.record, "ib_write_bw")
+        raw = run(
+            ["ib_write_bw", "-d", names[0], "--report_gbits", "-F", "-D", "5", args.peer],
+            args.record,
+            "ib_write_bw",
+        )
         threshold = fp.write_bw_threshold(args.rate, None)
-        found.append(fp.write_bw_finding(f"->{args.peer}", names[0], fp.parse_ib_write_bw(raw),
-                                         raw, threshold))
+        found.append(
+            fp.write_bw_finding(
+                f"->{args.peer}", names[0], fp.parse_ib_write_bw(raw), raw, threshold
+            )
+        )
     failed = 0
     for check, ok, evidence in found:
         failed += not ok

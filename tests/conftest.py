@@ -37,12 +37,19 @@ def update_goldens(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-goldens"))
 
 
-def run_provision(*args: str, cwd: Path | None = None, stdin: str | None = None,
-                  timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+def run_provision(
+    *args: str, cwd: Path | None = None, stdin: str | None = None, timeout: float = 1200
+) -> subprocess.CompletedProcess[str]:
     """The CLI as a user runs it: a real process, its exit code and its output."""
-    return subprocess.run([sys.executable, "-m", "provision", *args], cwd=cwd or ROOT,
-                          input=stdin, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "provision", *args],
+        cwd=cwd or ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def assert_golden(golden: Path, got: str, update: bool) -> None:

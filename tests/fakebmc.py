@@ -65,8 +65,15 @@ def self_signed(directory: Path, address: str) -> tuple[Path, Path]:
 class FakeRedfish:
     """One BMC: `power` is its state; `resets` the ResetTypes it was asked for."""
 
-    def __init__(self, address: str, port: int, user: str, password: str, certdir: Path,
-                 allowed: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        user: str,
+        password: str,
+        certdir: Path,
+        allowed: list[str] | None = None,
+    ) -> None:
         self.power = "Off"
         self.resets: list[str] = []
         # how it answers GETs: ok, redirect (to redirect_to), not-json, no-odata, trickle
@@ -74,8 +81,14 @@ class FakeRedfish:
         self.redirect_to = ""
         self.stopping = threading.Event()
         self.auth_failures = 0
-        self.allowed = allowed or ["On", "ForceOff", "GracefulShutdown", "ForceRestart",
-                                   "GracefulRestart", "PowerCycle"]
+        self.allowed = allowed or [
+            "On",
+            "ForceOff",
+            "GracefulShutdown",
+            "ForceRestart",
+            "GracefulRestart",
+            "PowerCycle",
+        ]
         expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
         bmc = self
 
@@ -128,15 +141,20 @@ class FakeRedfish:
                 if self.path == "/redfish/v1/Systems":
                     self._send(200, {"Members": [{"@odata.id": SYSTEM}], "Members@odata.count": 1})
                 elif self.path == SYSTEM:
-                    self._send(200, {
-                        "@odata.id": SYSTEM,
-                        "Id": "1",
-                        "PowerState": bmc.power,
-                        "Actions": {"#ComputerSystem.Reset": {
-                            "target": RESET,
-                            "ResetType@Redfish.AllowableValues": bmc.allowed,
-                        }},
-                    })
+                    self._send(
+                        200,
+                        {
+                            "@odata.id": SYSTEM,
+                            "Id": "1",
+                            "PowerState": bmc.power,
+                            "Actions": {
+                                "#ComputerSystem.Reset": {
+                                    "target": RESET,
+                                    "ResetType@Redfish.AllowableValues": bmc.allowed,
+                                }
+                            },
+                        },
+                    )
                 else:
                     self._send(404)
 

@@ -13,8 +13,6 @@ from .conftest import run_provision as provision
 BAD = Path(__file__).parent / "data" / "bad_specs"
 
 
-
-
 def test_validate_ok() -> None:
     r = provision("validate", "examples/dgx-superpod.yaml")
     assert r.returncode == 0, r.stderr
@@ -29,8 +27,10 @@ def test_validate_default_is_the_lab() -> None:
     assert "cluster 'lab'" in r.stdout
 
 
-@pytest.mark.parametrize("name", ["02-typo-key.yaml", "03-duplicate-key.yaml",
-                                  "32-yaml-syntax.yaml", "12-admin-world.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    ["02-typo-key.yaml", "03-duplicate-key.yaml", "32-yaml-syntax.yaml", "12-admin-world.yaml"],
+)
 def test_validate_bad_exits_2_without_traceback(name: str) -> None:
     r = provision("validate", str(BAD / name))
     assert r.returncode == 2
@@ -117,8 +117,9 @@ def test_destroy_static_forgets_state_only(tmp_path: Path) -> None:
 
 def test_destroy_asks_first(tmp_path: Path) -> None:
     provision("render", "examples/dgx-superpod.yaml", "--state-dir", str(tmp_path))
-    r = provision("destroy", "examples/dgx-superpod.yaml", "--state-dir", str(tmp_path),
-                  stdin="n\n")
+    r = provision(
+        "destroy", "examples/dgx-superpod.yaml", "--state-dir", str(tmp_path), stdin="n\n"
+    )
     assert r.returncode == 1
     assert (tmp_path / "superpod").exists()
 

@@ -23,9 +23,11 @@ from .conftest import run_provision as provision
 
 pulumi = pytest.importorskip("pulumi")  # a dev install has it: the check is for a bare install
 
-SPECS = [ROOT / "tests" / "data" / "cloud" / "cluster.yaml",
-         ROOT / "examples" / "hybrid-cloud.yaml",
-         ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml"]
+SPECS = [
+    ROOT / "tests" / "data" / "cloud" / "cluster.yaml",
+    ROOT / "examples" / "hybrid-cloud.yaml",
+    ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml",
+]
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFxsWi/kWC/jwkJ3ZrWg1zvAFVA3skOEzrF8xvZk54Zh test"
 TAG = "provision-cluster"
 
@@ -103,14 +105,20 @@ def test_instance_types_and_counts_match_the_profiles(made: Any) -> None:
     rec, cluster, _ = made
     name = cluster.spec.name
     aws_types = {m.inputs["name"]: m.inputs["instanceType"] for m in rec.of("LaunchTemplate")}
-    assert aws_types == {f"{name}-{v.name}": v.profile.instance_type
-                         for v in _pools(cluster, "aws")}
-    gcp_types = {m.inputs["namePrefix"]: m.inputs["machineType"]
-                 for m in rec.of("instanceTemplate:InstanceTemplate")}
-    assert gcp_types == {f"{name}-{v.name}-": v.profile.instance_type
-                         for v in _pools(cluster, "gcp")}
-    lasting = {p: sum(1 for v in _pools(cluster, p) for n in v.nodes if not n.elastic)
-               for p in ("aws", "gcp", "azure")}
+    assert aws_types == {
+        f"{name}-{v.name}": v.profile.instance_type for v in _pools(cluster, "aws")
+    }
+    gcp_types = {
+        m.inputs["namePrefix"]: m.inputs["machineType"]
+        for m in rec.of("instanceTemplate:InstanceTemplate")
+    }
+    assert gcp_types == {
+        f"{name}-{v.name}-": v.profile.instance_type for v in _pools(cluster, "gcp")
+    }
+    lasting = {
+        p: sum(1 for v in _pools(cluster, p) for n in v.nodes if not n.elastic)
+        for p in ("aws", "gcp", "azure")
+    }
     assert len(rec.of("ec2/instance:Instance")) == lasting["aws"]
     assert len(rec.of("InstanceFromTemplate")) == lasting["gcp"]
     vms = rec.of("compute:VirtualMachine")
@@ -141,8 +149,16 @@ def test_efa_and_nic_layout_per_type(made: Any) -> None:
 
 def test_every_resource_names_its_cluster(made: Any) -> None:
     rec, cluster, _ = made
-    untaggable = ("RouteTableAssociation", "network:Subnet", "compute/network:", "Subnetwork",
-                  "Firewall", "ResourcePolicy", "pulumi:providers", "provision:")
+    untaggable = (
+        "RouteTableAssociation",
+        "network:Subnet",
+        "compute/network:",
+        "Subnetwork",
+        "Firewall",
+        "ResourcePolicy",
+        "pulumi:providers",
+        "provision:",
+    )
     for m in rec.made:
         if any(u in m.typ for u in untaggable):
             continue
@@ -162,8 +178,10 @@ def test_root_disks_are_encrypted(made: Any) -> None:
         ebs = template.inputs["blockDeviceMappings"][0]["ebs"]
         assert ebs["encrypted"] == "true"
     for vm in rec.of("compute:VirtualMachine") + rec.of("VirtualMachineScaleSet"):
-        profile = vm.inputs.get("securityProfile") or vm.inputs["virtualMachineProfile"][
-            "securityProfile"]
+        profile = (
+            vm.inputs.get("securityProfile")
+            or vm.inputs["virtualMachineProfile"]["securityProfile"]
+        )
         assert profile["encryptionAtHost"] is True
     # GCP encrypts every disk at rest with Google's keys; no template turns that off
     for template in rec.of("instanceTemplate:InstanceTemplate"):
@@ -173,14 +191,18 @@ def test_root_disks_are_encrypted(made: Any) -> None:
 def _world_open(rec: Recorder) -> list[str]:
     found = []
     for sg in rec.of("ec2/securityGroup:SecurityGroup"):
-        found += [r["description"] for r in sg.inputs["ingress"]
-                  if "0.0.0.0/0" in r.get("cidrBlocks", [])]
+        found += [
+            r["description"] for r in sg.inputs["ingress"] if "0.0.0.0/0" in r.get("cidrBlocks", [])
+        ]
     for fw in rec.of("Firewall"):
         if "0.0.0.0/0" in fw.inputs["sourceRanges"]:
             found.append(fw.inputs.get("description", fw.name))
     for nsg in rec.of("NetworkSecurityGroup"):
-        found += [r["description"] for r in nsg.inputs["securityRules"]
-                  if "0.0.0.0/0" in r["sourceAddressPrefixes"]]
+        found += [
+            r["description"]
+            for r in nsg.inputs["securityRules"]
+            if "0.0.0.0/0" in r["sourceAddressPrefixes"]
+        ]
     return found
 
 
@@ -194,9 +216,13 @@ def test_no_ingress_from_the_world_and_ssh_only_from_admin(made: Any) -> None:
 
 
 def test_world_ingress_only_where_the_spec_opted_in(tmp_path: Path) -> None:
-    text = (SPECS[0]).read_text().replace(
-        "admin_cidrs: [203.0.113.0/24]",
-        "admin_cidrs: [0.0.0.0/0]\n  allow_admin_from_anywhere: true",
+    text = (
+        (SPECS[0])
+        .read_text()
+        .replace(
+            "admin_cidrs: [203.0.113.0/24]",
+            "admin_cidrs: [0.0.0.0/0]\n  allow_admin_from_anywhere: true",
+        )
     )
     spec = tmp_path / "open.yaml"
     spec.write_text(text)
@@ -262,9 +288,14 @@ def test_missing_cli_plugin_sdk_or_credentials_is_one_clear_error(
     with pytest.raises(OperationError, match=f"pulumi plugin install resource aws {version}"):
         cloud.check_ready("aws", env={})
 
-    plugins = [{"kind": "resource", "name": name, "version": importlib.metadata.version(sdk)}
-               for name, sdk in (("aws", "pulumi_aws"), ("gcp", "pulumi_gcp"),
-                                 ("azure-native", "pulumi_azure_native"))]
+    plugins = [
+        {"kind": "resource", "name": name, "version": importlib.metadata.version(sdk)}
+        for name, sdk in (
+            ("aws", "pulumi_aws"),
+            ("gcp", "pulumi_gcp"),
+            ("azure-native", "pulumi_azure_native"),
+        )
+    ]
     _fake_pulumi(tmp_path / "bin", plugins)
     with pytest.raises(OperationError, match="no AWS credentials: set AWS_PROFILE"):
         cloud.check_ready("aws", env={})
@@ -312,7 +343,11 @@ def test_the_toolkit_runs_without_the_cloud_sdks() -> None:
     )
     r = subprocess.run(
         [sys.executable, "-c", blocker, str(ROOT / "examples" / "hybrid-cloud.yaml"), "/tmp/none"],
-        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
     )
     assert r.returncode == 0, r.stderr
     assert "cloud: aws pool awsh100:" in r.stdout and "32 EFA" in r.stdout

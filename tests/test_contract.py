@@ -95,9 +95,12 @@ def test_every_reader_uses_its_variable(name: str) -> None:
 
 
 def test_no_role_reads_a_provision_variable_nobody_provides() -> None:
-    places = [*sorted(ROLES_DIR.rglob("*.yml")), *sorted(ROLES_DIR.rglob("*.j2")),
-              *sorted((PLAYBOOKS_DIR).glob("*.yml")),
-              *sorted((ROOT / "molecule").rglob("*.yml"))]
+    places = [
+        *sorted(ROLES_DIR.rglob("*.yml")),
+        *sorted(ROLES_DIR.rglob("*.j2")),
+        *sorted((PLAYBOOKS_DIR).glob("*.yml")),
+        *sorted((ROOT / "molecule").rglob("*.yml")),
+    ]
     unknown = set()
     for path in places:
         for name in re.findall(r"\bprovision_[a-z0-9_]+\b", path.read_text()):

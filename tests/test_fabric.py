@@ -45,8 +45,12 @@ def test_addresses_do_not_move_when_a_pool_is_added_before() -> None:
     profiles = load_profiles(spec.profiles)
     before, _ = fabric_addresses(spec, profiles, expand_nodes(spec))
     extra = spec.pools[1].model_copy(
-        update={"name": "early", "hostname_prefix": "early", "count": 2,
-                "first_address": ipaddress.IPv4Address("10.20.0.100")}
+        update={
+            "name": "early",
+            "hostname_prefix": "early",
+            "count": 2,
+            "first_address": ipaddress.IPv4Address("10.20.0.100"),
+        }
     )
     grown = spec.model_copy(update={"pools": [spec.pools[0], extra, *spec.pools[1:]]})
     after, problems = fabric_addresses(grown, profiles, expand_nodes(grown))
@@ -58,8 +62,11 @@ def test_addresses_do_not_move_when_a_pool_is_added_before() -> None:
 def test_rail_subnets() -> None:
     net = ipaddress.IPv4Network("10.12.0.0/16")
     assert rail_subnets(net, 1) == [net]
-    assert [str(s) for s in rail_subnets(net, 3)] == ["10.12.0.0/18", "10.12.64.0/18",
-                                                        "10.12.128.0/18"]
+    assert [str(s) for s in rail_subnets(net, 3)] == [
+        "10.12.0.0/18",
+        "10.12.64.0/18",
+        "10.12.128.0/18",
+    ]
     assert rail_subnets(ipaddress.IPv4Network("10.0.0.0/30"), 2) == []  # /31s hold no host
 
 
@@ -91,10 +98,13 @@ def test_nccl_settings_come_from_the_fabric() -> None:
 def test_inventory_carries_addresses_and_subnet_manager_priorities() -> None:
     from provision.render import render_inventory
 
-    inventory = load_rendered(render_inventory(Cluster(load_spec(
-        ROOT / "examples" / "dgx-8.yaml"))))["all"]["children"]
-    assert inventory["subnet_manager"]["hosts"] == {"dgx01": {"opensm_priority": 15},
-                                                    "dgx02": {"opensm_priority": 14}}
+    inventory = load_rendered(
+        render_inventory(Cluster(load_spec(ROOT / "examples" / "dgx-8.yaml")))
+    )["all"]["children"]
+    assert inventory["subnet_manager"]["hosts"] == {
+        "dgx01": {"opensm_priority": 15},
+        "dgx02": {"opensm_priority": 14},
+    }
     assert sorted(inventory["fabric"]["hosts"]) == [f"dgx{i:02d}" for i in range(1, 9)]
     pool = inventory["pool_dgx"]
     assert pool["vars"]["provision_fabric_devices"] == DGX_DEVICES
@@ -110,7 +120,12 @@ def test_ibstat_healthy_dgx() -> None:
     assert cas[0].name == "mlx5_0" and cas[0].firmware == "28.39.1002"
     port = cas[0].ports[0]
     assert (port.state, port.physical, port.rate_gbps, port.link_layer, port.sm_lid) == (
-        "Active", "LinkUp", 400, "InfiniBand", 1)
+        "Active",
+        "LinkUp",
+        400,
+        "InfiniBand",
+        1,
+    )
     findings = fp.hca_findings(cas, DGX_DEVICES, 8, 400, "InfiniBand")
     assert all(ok for _, ok, _ in findings), findings
     assert findings[0] == ("hca count", True, "8 of 8 InfiniBand adapters")
@@ -118,8 +133,10 @@ def test_ibstat_healthy_dgx() -> None:
 
 def test_ibstat_degraded_port_and_rate() -> None:
     findings = dict(
-        (name, (ok, ev)) for name, ok, ev in fp.hca_findings(
-            fp.parse_ibstat(_read("ibstat-dgx-degraded.txt")), DGX_DEVICES, 8, 400, "InfiniBand")
+        (name, (ok, ev))
+        for name, ok, ev in fp.hca_findings(
+            fp.parse_ibstat(_read("ibstat-dgx-degraded.txt")), DGX_DEVICES, 8, 400, "InfiniBand"
+        )
     )
     assert findings["hca mlx5_4"] == (False, "port 1 Down/Polling at SDR 10, expected NDR 400")
     assert findings["hca mlx5_9"] == (False, "port 1 Active/LinkUp at HDR 200, expected NDR 400")
@@ -129,8 +146,9 @@ def test_ibstat_degraded_port_and_rate() -> None:
 def test_ibstat_without_rdma_finds_nothing() -> None:
     assert fp.parse_ibstat(_read("no-rdma/ibstat.txt")) == []
     findings = fp.hca_findings([], DGX_DEVICES, 8, 400, "InfiniBand")
-    assert findings == [("hca count", False, "0 of 8 InfiniBand adapters; missing "
-                         + ", ".join(DGX_DEVICES))]
+    assert findings == [
+        ("hca count", False, "0 of 8 InfiniBand adapters; missing " + ", ".join(DGX_DEVICES))
+    ]
 
 
 def test_ibv_devinfo_roce() -> None:
@@ -146,7 +164,10 @@ def test_sminfo() -> None:
     master = fp.parse_sminfo(_read("sminfo-master.txt"))
     assert master == fp.SmInfo(1, "0x946dae0300a1b200", 15, "SMINFO_MASTER")
     assert fp.sm_finding(master, "") == (
-        "subnet manager", True, "master at lid 1 (0x946dae0300a1b200, priority 15)")
+        "subnet manager",
+        True,
+        "master at lid 1 (0x946dae0300a1b200, priority 15)",
+    )
     standby = fp.parse_sminfo(_read("sminfo-standby.txt"))
     assert standby is not None and not fp.sm_finding(standby, "")[1]
     raw = _read("no-rdma/sminfo.txt")
@@ -155,10 +176,13 @@ def test_sminfo() -> None:
     assert not ok and evidence.startswith("not reachable: ibwarn:")
 
 
-@pytest.mark.parametrize(("name", "ok", "downed"), [
-    ("perfquery-steady.txt", True, 1),
-    ("perfquery-flapping.txt", False, 23),
-])
+@pytest.mark.parametrize(
+    ("name", "ok", "downed"),
+    [
+        ("perfquery-steady.txt", True, 1),
+        ("perfquery-flapping.txt", False, 23),
+    ],
+)
 def test_perfquery_link_flaps(name: str, ok: bool, downed: int) -> None:
     counters = fp.parse_perfquery(_read(name))
     assert counters["LinkDownedCounter"] == downed
@@ -175,10 +199,13 @@ def test_perfquery_without_rdma() -> None:
     assert not fp.link_flap_finding("mlx5_0", counters, 5)[1]
 
 
-@pytest.mark.parametrize(("name", "gbps", "ok"), [
-    ("ib_write_bw-ndr-gpudirect.txt", 391.42, True),
-    ("ib_write_bw-ndr-slow.txt", 212.87, False),
-])
+@pytest.mark.parametrize(
+    ("name", "gbps", "ok"),
+    [
+        ("ib_write_bw-ndr-gpudirect.txt", 391.42, True),
+        ("ib_write_bw-ndr-slow.txt", 212.87, False),
+    ],
+)
 def test_ib_write_bw(name: str, gbps: float, ok: bool) -> None:
     result = fp.parse_ib_write_bw(_read(name))
     assert result is not None and result.average_gbps == gbps and result.size_bytes == 65536
@@ -197,12 +224,14 @@ def test_ib_write_bw_without_rdma() -> None:
 
 def test_pairs_and_commands() -> None:
     nodes = expand_nodes(load_spec(ROOT / "examples" / "dgx-8.yaml"))[1:]
-    assert [(a.name, b.name) for a, b in pairs(nodes[:3])] == [("dgx01", "dgx02"),
-                                                               ("dgx03", "dgx01")]
+    assert [(a.name, b.name) for a, b in pairs(nodes[:3])] == [
+        ("dgx01", "dgx02"),
+        ("dgx03", "dgx01"),
+    ]
     assert len(pairs(nodes)) == 4 and pairs(nodes[:1]) == []
     assert write_bw_command("mlx5_3", 18516, 1, "10.20.0.22") == (
-        "timeout 120 ib_write_bw -d mlx5_3 --report_gbits -F -D 5 -p 18516 --use_cuda=1 "
-        "10.20.0.22")
+        "timeout 120 ib_write_bw -d mlx5_3 --report_gbits -F -D 5 -p 18516 --use_cuda=1 10.20.0.22"
+    )
     assert "--use_cuda" not in write_bw_command("mlx5_0", 18515, None, None)
 
 
@@ -212,15 +241,32 @@ def test_fabric_check_script_on_a_host_without_rdma(tmp_path: Path) -> None:
     import sys
 
     r = subprocess.run(
-        [sys.executable, "-S", str(ROOT / "scripts" / "fabric-check.py"), "--count", "2",
-         "--rate", "200", "--devices", "mlx5_0,mlx5_1", "--record", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "-S",
+            str(ROOT / "scripts" / "fabric-check.py"),
+            "--count",
+            "2",
+            "--rate",
+            "200",
+            "--devices",
+            "mlx5_0,mlx5_1",
+            "--record",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert r.returncode == 1
     assert "FAIL hca count: 0 of 2 InfiniBand adapters; missing mlx5_0, mlx5_1" in r.stdout
     assert "FAIL subnet manager: not reachable" in r.stdout
-    assert {p.name for p in tmp_path.iterdir()} >= {"ibstat.txt", "sminfo.txt",
-                                                   "perfquery-mlx5_0.txt"}
+    assert {p.name for p in tmp_path.iterdir()} >= {
+        "ibstat.txt",
+        "sminfo.txt",
+        "perfquery-mlx5_0.txt",
+    }
 
 
 class _Recorded:
@@ -248,9 +294,14 @@ def test_check_fabric_asks_the_tools_and_reports_per_adapter(tmp_path: Path) -> 
     cluster = Cluster(load_spec(ROOT / "examples" / "dgx-8.yaml"))
     ctx = VerifyContext(cluster, State(tmp_path, "dgx8"), "")
     node = next(n for n in cluster.nodes if n.name == "dgx03")
-    remote = _Recorded({"ibstat": "ibstat-dgx-degraded.txt", "sminfo": "sminfo-master.txt",
-                        "perfquery -C mlx5_4 ": "perfquery-flapping.txt",
-                        "perfquery": "perfquery-steady.txt"})
+    remote = _Recorded(
+        {
+            "ibstat": "ibstat-dgx-degraded.txt",
+            "sminfo": "sminfo-master.txt",
+            "perfquery -C mlx5_4 ": "perfquery-flapping.txt",
+            "perfquery": "perfquery-steady.txt",
+        }
+    )
     results = {r.check: r for r in check_fabric(ctx, node, remote)}  # type: ignore[arg-type]
     assert results["hca count"].passed and results["subnet manager"].passed
     assert not results["hca mlx5_4"].passed and not results["hca mlx5_9"].passed

@@ -45,36 +45,57 @@ def _file(templar: Any, role: str, name: str) -> str:
 def render_case(os_name: str) -> str:
     ib = _templar(os_name, {"provision_fabric": "infiniband"})
     lines = [f"# {os_name}: rendered through the fabric roles' variables and templates"]
-    lines.append("\n## rdma inbox packages\n" + _render(
-        ib, "{{ _rdma_packages.inbox[ansible_facts.os_family] }}"))
+    lines.append(
+        "\n## rdma inbox packages\n"
+        + _render(ib, "{{ _rdma_packages.inbox[ansible_facts.os_family] }}")
+    )
     doca = _templar(os_name, {"provision_fabric": "infiniband", "rdma_stack": "doca"})
-    lines.append("\n## rdma doca\n" + _render(
-        doca, "{{ _rdma_packages.doca[ansible_facts.os_family] | join(', ') }} from "
-        "{{ _rdma_doca_repo }}/ (key {{ _rdma_doca_key_file }})"))
-    mirror = _templar(os_name, {"rdma_stack": "doca",
-                                "rdma_doca_mirror_url": "https://mirror.example.org/doca/"})
+    lines.append(
+        "\n## rdma doca\n"
+        + _render(
+            doca,
+            "{{ _rdma_packages.doca[ansible_facts.os_family] | join(', ') }} from "
+            "{{ _rdma_doca_repo }}/ (key {{ _rdma_doca_key_file }})",
+        )
+    )
+    mirror = _templar(
+        os_name, {"rdma_stack": "doca", "rdma_doca_mirror_url": "https://mirror.example.org/doca/"}
+    )
     lines.append("\n## rdma doca from a mirror\n" + _render(mirror, "{{ _rdma_doca_repo }}/"))
     renderer = _render(ib, "{{ _ipoib_renderer }}")
     lines.append(f"\n## ipoib renderer\n{renderer}, MTU {_render(ib, '{{ _ipoib_mtu }}')}")
     if renderer == "netplan":
-        lines.append("\n## /etc/netplan/60-provision-fabric.yaml\n"
-                     + _file(ib, "ipoib", "netplan.yaml.j2"))
+        lines.append(
+            "\n## /etc/netplan/60-provision-fabric.yaml\n" + _file(ib, "ipoib", "netplan.yaml.j2")
+        )
     elif renderer == "networkmanager":
-        first = _templar(os_name, {"provision_fabric": "infiniband",
-                                   "item": ["ibp24s0", "10.22.0.21/19"]})
-        lines.append("\n## provision-fabric-ibp24s0.nmconnection\n"
-                     + _file(first, "ipoib", "nmconnection.j2"))
+        first = _templar(
+            os_name, {"provision_fabric": "infiniband", "item": ["ibp24s0", "10.22.0.21/19"]}
+        )
+        lines.append(
+            "\n## provision-fabric-ibp24s0.nmconnection\n"
+            + _file(first, "ipoib", "nmconnection.j2")
+        )
     else:
-        lines.append("\n## /etc/network/interfaces.d/60-provision-fabric\n"
-                     + _file(ib, "ipoib", "interfaces.j2"))
-    roce = _templar(os_name, {"provision_fabric": "roce",
-                              "provision_fabric_netdevs": ["ens1f0np0", "ens1f1np1"],
-                              "provision_fabric_devices": ["mlx5_0", "mlx5_1"],
-                              "item": ["ens1f0np0", "10.31.0.21/17"]})
+        lines.append(
+            "\n## /etc/network/interfaces.d/60-provision-fabric\n"
+            + _file(ib, "ipoib", "interfaces.j2")
+        )
+    roce = _templar(
+        os_name,
+        {
+            "provision_fabric": "roce",
+            "provision_fabric_netdevs": ["ens1f0np0", "ens1f1np1"],
+            "provision_fabric_devices": ["mlx5_0", "mlx5_1"],
+            "item": ["ens1f0np0", "10.31.0.21/17"],
+        },
+    )
     lines.append("\n## /usr/local/sbin/rdma-roce-qos\n" + _file(roce, "rdma", "rdma-roce-qos.j2"))
     if renderer == "networkmanager":
-        lines.append("\n## RoCE: provision-fabric-ens1f0np0.nmconnection\n"
-                     + _file(roce, "ipoib", "nmconnection.j2"))
+        lines.append(
+            "\n## RoCE: provision-fabric-ens1f0np0.nmconnection\n"
+            + _file(roce, "ipoib", "nmconnection.j2")
+        )
     lines.append("\n## opensm\n" + _render(ib, "{{ _opensm_conf }}"))
     return "\n".join(lines) + "\n"
 
@@ -94,5 +115,4 @@ def test_each_os_gets_its_own_form() -> None:
     debian = render_case("debian12")
     assert "iface ibp64s0 inet static" in debian and "address 10.22.32.21/19" in debian
     assert "/doca/2.9.1/debian12/x86_64/" in debian
-    assert "https://mirror.example.org/doca/2.9.1/ubuntu24.04/x86_64/" in render_case(
-        "ubuntu24.04")
+    assert "https://mirror.example.org/doca/2.9.1/ubuntu24.04/x86_64/" in render_case("ubuntu24.04")

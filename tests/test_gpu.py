@@ -295,8 +295,13 @@ def test_commands_follow_the_profile() -> None:
     from provision.verify.gpu_parsers import gpu_commands
 
     commands = gpu_commands(H100)
-    assert list(commands) == ["query-gpu.csv", "remapped-rows.csv", "nvlink-status.txt",
-                              "fabricmanager.txt", "all-reduce.txt"]
+    assert list(commands) == [
+        "query-gpu.csv",
+        "remapped-rows.csv",
+        "nvlink-status.txt",
+        "fabricmanager.txt",
+        "all-reduce.txt",
+    ]
     assert commands["all-reduce.txt"].endswith("all_reduce_perf -b 1G -e 8G -f 2 -g 8")
     pcie_only = GpuExpect(**{**H100.__dict__, "nvlink_links": 0, "nvswitch": False})
     assert list(gpu_commands(pcie_only, None)) == ["query-gpu.csv", "remapped-rows.csv"]
@@ -315,11 +320,14 @@ def test_findings_from_command_outputs() -> None:
     outputs["all-reduce.txt"] = (127, "sh: 1: /opt/nccl-tests/build/all_reduce_perf: not found\n")
     found = {check: (ok, ev) for check, ok, ev in findings_from(H100, outputs)}
     assert found["nccl.all_reduce"] == (
-        False, "did not run (rc 127): sh: 1: /opt/nccl-tests/build/all_reduce_perf: not found")
+        False,
+        "did not run (rc 127): sh: 1: /opt/nccl-tests/build/all_reduce_perf: not found",
+    )
 
     no_driver = {"query-gpu.csv": (255, _read("no-driver-container.txt"))}
     assert findings_from(H100, no_driver) == [
-        ("gpu.count", False, "nvidia-smi failed: Failed to initialize NVML: Unknown Error")]
+        ("gpu.count", False, "nvidia-smi failed: Failed to initialize NVML: Unknown Error")
+    ]
 
 
 def test_verify_runs_the_gpu_checks_over_a_session() -> None:
@@ -347,8 +355,14 @@ def test_verify_runs_the_gpu_checks_over_a_session() -> None:
     ctx = VerifyContext(cluster, State(Path("/nonexistent"), "superpod"), "")
     results = check_gpus(ctx, node, Session())  # type: ignore[arg-type]
     assert [(r.check, r.passed) for r in results] == [
-        ("gpu.count", True), ("gpu.driver", True), ("gpu.persistence", True),
-        ("gpu.memory-errors", True), ("gpu.pcie", True), ("gpu.nvlink", True),
-        ("gpu.fabricmanager", True), ("nccl.all_reduce", True)]
+        ("gpu.count", True),
+        ("gpu.driver", True),
+        ("gpu.persistence", True),
+        ("gpu.memory-errors", True),
+        ("gpu.pcie", True),
+        ("gpu.nvlink", True),
+        ("gpu.fabricmanager", True),
+        ("nccl.all_reduce", True),
+    ]
     assert {r.target for r in results} == {"gpu001"}
     assert ran[-1] == ("all-reduce.txt", 600.0)

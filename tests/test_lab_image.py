@@ -40,20 +40,29 @@ def test_mirror_from_deb822(tmp_path: Path) -> None:
     apt = _apt(tmp_path, DEB822)
     assert image.mirror_from_sources(apt) == "http://mirror.example/debian"
     assert image.mirror_from_sources(apt, "bookworm-security") == (
-        "http://security.example/debian-security")
+        "http://security.example/debian-security"
+    )
 
 
 def test_mirror_from_one_line_format(tmp_path: Path) -> None:
-    apt = _apt(tmp_path, listfile=(
-        "# deb http://old.example/debian bookworm main\n"
-        "deb-src http://src.example/debian bookworm main\n"
-        "deb [arch=amd64 signed-by=/k.gpg] http://one.example/debian bookworm main contrib\n"))
+    apt = _apt(
+        tmp_path,
+        listfile=(
+            "# deb http://old.example/debian bookworm main\n"
+            "deb-src http://src.example/debian bookworm main\n"
+            "deb [arch=amd64 signed-by=/k.gpg] http://one.example/debian bookworm main contrib\n"
+        ),
+    )
     assert image.mirror_from_sources(apt) == "http://one.example/debian"
 
 
 def test_disabled_or_other_suites_are_ignored(tmp_path: Path) -> None:
-    apt = _apt(tmp_path, DEB822.replace("Types: deb\n# a comment", "Types: deb\nEnabled: no")
-               .replace("bookworm-security", "trixie-security"))
+    apt = _apt(
+        tmp_path,
+        DEB822.replace("Types: deb\n# a comment", "Types: deb\nEnabled: no").replace(
+            "bookworm-security", "trixie-security"
+        ),
+    )
     assert image.mirror_from_sources(apt) is None
 
 
@@ -91,8 +100,10 @@ def test_customise_makes_every_node_unique(tmp_path: Path) -> None:
     assert unit.is_symlink()
     assert "ssh-keygen -A" in (root / "etc/systemd/system/ssh-hostkeys.service").read_text()
     assert not (root / "etc" / "apt" / "sources.list").exists()
-    assert "http://mirror.example/debian" in (
-        root / "etc/apt/sources.list.d/debian.sources").read_text()
+    assert (
+        "http://mirror.example/debian"
+        in (root / "etc/apt/sources.list.d/debian.sources").read_text()
+    )
     assert "localhost" in (root / "etc" / "hosts").read_text()
     assert oct((root / "root" / ".ssh").stat().st_mode & 0o777) == "0o700"
     # pip in the nodes trusts the system bundle (with this machine's local CAs, when it has any)

@@ -64,9 +64,12 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
 
 
 def test_every_top_level_part_of_the_package_has_a_layer() -> None:
-    parts = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
-             if (p.suffix == ".py" and p.name != "__init__.py")
-             or (p.is_dir() and (p / "__init__.py").exists())}
+    parts = {
+        p.name.removesuffix(".py")
+        for p in PACKAGE.iterdir()
+        if (p.suffix == ".py" and p.name != "__init__.py")
+        or (p.is_dir() and (p / "__init__.py").exists())
+    }
     assert parts == set().union(*LAYERS)
 
 

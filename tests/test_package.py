@@ -20,23 +20,32 @@ BIN = Path(sys.executable).parent
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
-                    str(ROOT)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     (built,) = out.glob("gpu_provision-*.whl")
     return built
 
 
 def test_the_wheel_carries_every_file_of_the_package(wheel: Path) -> None:
-    tracked = subprocess.run(["git", "ls-files", "provision"], cwd=ROOT, check=True,
-                             capture_output=True, text=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files", "provision"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.split()
     if not tracked:
         pytest.skip("not a git checkout")
     inside = set(zipfile.ZipFile(wheel).namelist())
     missing = [p for p in tracked if p not in inside and not Path(p).is_symlink()]
     assert not missing, missing
-    for needed in ("provision/ansible_collections/gpu_provision/cluster/playbooks/site.yml",
-                   "provision/render/templates/slurm.conf.j2", "provision/run/ansible.cfg",
-                   "provision/examples/lab.yaml", "provision/providers/lab/containers.conf"):
+    for needed in (
+        "provision/ansible_collections/gpu_provision/cluster/playbooks/site.yml",
+        "provision/render/templates/slurm.conf.j2",
+        "provision/run/ansible.cfg",
+        "provision/examples/lab.yaml",
+        "provision/providers/lab/containers.conf",
+    ):
         assert needed in inside
 
 
@@ -44,19 +53,46 @@ def test_the_installed_wheel_validates_and_renders_from_an_empty_directory(
     wheel: Path, tmp_path: Path
 ) -> None:
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                    "--target", str(target), str(wheel)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
     empty = tmp_path / "empty"
     empty.mkdir()
     # the installed copy comes first; the checkout is nowhere on the path
     env = {**os.environ, "PYTHONPATH": str(target), "PATH": f"{BIN}:/usr/bin:/bin"}
 
     def provision(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "provision", *args], cwd=empty, env=env,
-                              capture_output=True, text=True, check=False, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "provision", *args],
+            cwd=empty,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
 
-    where = subprocess.run([sys.executable, "-c", "import provision; print(provision.__file__)"],
-                           cwd=empty, env=env, capture_output=True, text=True, check=True)
+    where = subprocess.run(
+        [sys.executable, "-c", "import provision; print(provision.__file__)"],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert where.stdout.startswith(str(target)), where.stdout
     r = provision("validate")
     assert r.returncode == 0, r.stderr
@@ -67,12 +103,23 @@ def test_the_installed_wheel_validates_and_renders_from_an_empty_directory(
     # the playbook apply runs parses against that render, from the installed collection
     site = target / "provision" / "run" / "ansible.cfg"
     check = subprocess.run(
-        [str(BIN / "ansible-playbook"), "--syntax-check", "-i", "build/inventory/hosts.yml",
-         "gpu_provision.cluster.site"],
-        cwd=empty, capture_output=True, text=True, check=False,
-        env={"PATH": f"{BIN}:/usr/bin:/bin", "ANSIBLE_CONFIG": str(site),
-             "ANSIBLE_COLLECTIONS_PATH": str(target / "provision"),
-             "ANSIBLE_HOME": str(tmp_path / "ansible-home")},
+        [
+            str(BIN / "ansible-playbook"),
+            "--syntax-check",
+            "-i",
+            "build/inventory/hosts.yml",
+            "gpu_provision.cluster.site",
+        ],
+        cwd=empty,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={
+            "PATH": f"{BIN}:/usr/bin:/bin",
+            "ANSIBLE_CONFIG": str(site),
+            "ANSIBLE_COLLECTIONS_PATH": str(target / "provision"),
+            "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
+        },
     )
     assert check.returncode == 0, check.stdout + check.stderr
     assert sorted(p.name for p in empty.iterdir()) == ["build"]  # nothing else written there
@@ -103,20 +150,46 @@ PLAYBOOK = """---
 def test_the_collection_builds_installs_and_a_playbook_using_it_is_lint_clean(
     tmp_path: Path,
 ) -> None:
-    env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path),
-           "ANSIBLE_HOME": str(tmp_path / "ansible-home")}
-    subprocess.run([str(BIN / "ansible-galaxy"), "collection", "build", "--output-path",
-                    str(tmp_path), str(COLLECTION)], check=True, capture_output=True, env=env,
-                   cwd=tmp_path)
+    env = {
+        "PATH": f"{BIN}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
+    }
+    subprocess.run(
+        [
+            str(BIN / "ansible-galaxy"),
+            "collection",
+            "build",
+            "--output-path",
+            str(tmp_path),
+            str(COLLECTION),
+        ],
+        check=True,
+        capture_output=True,
+        env=env,
+        cwd=tmp_path,
+    )
     (tarball,) = tmp_path.glob("gpu_provision-cluster-*.tar.gz")
     with tarfile.open(tarball) as tar:
         names = tar.getnames()
     assert "roles/slurm/tasks/main.yml" in names and "playbooks/site.yml" in names
     assert "plugins/modules/nvidia_gpu_facts.py" in names and "MANIFEST.json" in names
     installed = tmp_path / "collections"
-    subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", "--no-deps", "-p",
-                    str(installed), str(tarball)], check=True, capture_output=True, env=env,
-                   cwd=tmp_path)  # away from the checkout's ansible.cfg, which finds it there
+    subprocess.run(
+        [
+            str(BIN / "ansible-galaxy"),
+            "collection",
+            "install",
+            "--no-deps",
+            "-p",
+            str(installed),
+            str(tarball),
+        ],
+        check=True,
+        capture_output=True,
+        env=env,
+        cwd=tmp_path,
+    )  # away from the checkout's ansible.cfg, which finds it there
     assert (installed / "ansible_collections" / "gpu_provision" / "cluster" / "roles").is_dir()
     project = tmp_path / "project"
     project.mkdir()
@@ -124,12 +197,20 @@ def test_the_collection_builds_installs_and_a_playbook_using_it_is_lint_clean(
     (project / "ansible.cfg").write_text(f"[defaults]\ncollections_path = {installed}\n")
     lint = subprocess.run(
         [str(BIN / "ansible-lint"), "--offline", "--profile", "production", "site.yml"],
-        cwd=project, capture_output=True, text=True, check=False, env=env,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
     )
     assert lint.returncode == 0, lint.stdout + lint.stderr
     # and ansible finds its roles and module by their full names
     check = subprocess.run(
         [str(BIN / "ansible-playbook"), "--syntax-check", "-i", "localhost,", "site.yml"],
-        cwd=project, capture_output=True, text=True, check=False, env=env,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
     )
     assert check.returncode == 0, check.stdout + check.stderr

@@ -71,8 +71,13 @@ def test_plan_names_every_rule_open_to_the_internet(tmp_path: Path) -> None:
     yaml = YAML(typ="rt")
     doc = yaml.load((ROOT / "examples" / "hybrid-cloud.yaml").read_text())
     doc["security"]["firewall_rules"] = [
-        {"name": "web", "port": 443, "sources": ["0.0.0.0/0"], "open_to_internet": True,
-         "pools": ["head", "awsh100"]},
+        {
+            "name": "web",
+            "port": 443,
+            "sources": ["0.0.0.0/0"],
+            "open_to_internet": True,
+            "pools": ["head", "awsh100"],
+        },
         {"name": "lab", "port": 8888, "sources": ["10.0.0.0/8"]},
     ]
     spec = tmp_path / "burst.yaml"
@@ -81,8 +86,10 @@ def test_plan_names_every_rule_open_to_the_internet(tmp_path: Path) -> None:
     plan = make_plan(Cluster(load_spec(spec)), State(tmp_path, "burst"))
     exposed = {(o.pool, o.where, o.rule.service, o.rule.ports) for o in plan.exposed}
     # the admin network (203.0.113.0/24) is documentation space: private, not listed
-    assert exposed == {("head", "nftables", "web", "443"),
-                       ("awsh100", "AWS security group", "web", "443")}
+    assert exposed == {
+        ("head", "nftables", "web", "443"),
+        ("awsh100", "AWS security group", "web", "443"),
+    }
     done = run_provision("plan", str(spec), "--state-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "Open to the internet" in done.stdout

@@ -59,8 +59,16 @@ security:
 
 
 def _login(spec: Path, state: Path, password: str = PASSWORD) -> None:
-    r = provision("bmc-credentials", str(spec), "--user", USER, "--password-stdin",
-                  "--state-dir", str(state), stdin=password + "\n")
+    r = provision(
+        "bmc-credentials",
+        str(spec),
+        "--user",
+        USER,
+        "--password-stdin",
+        "--state-dir",
+        str(state),
+        stdin=password + "\n",
+    )
     assert r.returncode == 0, r.stderr
     assert password not in r.stdout + r.stderr
 
@@ -71,8 +79,10 @@ def redfish(tmp_path: Path) -> Iterator[tuple[Path, Path, list[FakeRedfish]]]:
     bmcs = [FakeRedfish(f"127.0.0.{i}", port, USER, PASSWORD, tmp_path) for i in (2, 3)]
     bundle = tmp_path / "bmc-ca.pem"
     bundle.write_text("".join(b.cert.read_text() for b in bmcs))
-    spec = _spec(tmp_path, f"    cidr: 127.0.0.0/24\n    protocol: redfish\n    port: {port}\n"
-                           f"    ca_file: {bundle}")
+    spec = _spec(
+        tmp_path,
+        f"    cidr: 127.0.0.0/24\n    protocol: redfish\n    port: {port}\n    ca_file: {bundle}",
+    )
     for b in bmcs:
         b.__enter__()
     yield spec, tmp_path / "state", bmcs
@@ -132,11 +142,13 @@ def test_redfish_wrong_password_and_untrusted_certificate(
     assert r.returncode == 1 and "certificate not trusted" in r.stdout, r.stdout
 
 
-def test_redfish_without_tls_verification(redfish: tuple[Path, Path, list[FakeRedfish]],
-                                          tmp_path: Path) -> None:
+def test_redfish_without_tls_verification(
+    redfish: tuple[Path, Path, list[FakeRedfish]], tmp_path: Path
+) -> None:
     _, state, bmcs = redfish
-    spec = _spec(tmp_path, f"    cidr: 127.0.0.0/24\n    port: {bmcs[0].port}\n"
-                           "    verify_tls: false")
+    spec = _spec(
+        tmp_path, f"    cidr: 127.0.0.0/24\n    port: {bmcs[0].port}\n    verify_tls: false"
+    )
     _login(spec, state)
     r = provision("power", "status", "gpu002", "-f", str(spec), "--state-dir", str(state))
     assert r.returncode == 0 and r.stdout.strip() == "ok gpu002 (127.0.0.3): off"
@@ -192,7 +204,10 @@ def test_ipmi_against_a_fake_bmc(tmp_path: Path) -> None:
     port = _free_port(socket.SOCK_DGRAM)
     server = subprocess.Popen(
         [sys.executable, "-m", "tests.fakebmc", "ipmi", "127.0.0.2", str(port), USER, PASSWORD],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert server.stdout is not None
@@ -250,7 +265,7 @@ class _Catcher:
 
 
 def test_redfish_redirects_are_not_followed_with_the_credentials(
-    redfish: tuple[Path, Path, list[FakeRedfish]]
+    redfish: tuple[Path, Path, list[FakeRedfish]],
 ) -> None:
     spec, state, bmcs = redfish
     _login(spec, state)
@@ -268,10 +283,13 @@ def test_redfish_redirects_are_not_followed_with_the_credentials(
     assert catcher.seen == []  # nothing, and so no credentials, went to the redirect's target
 
 
-@pytest.mark.parametrize(("behaviour", "says"), [
-    ("not-json", "the answer is not JSON"),
-    ("no-odata", "has no @odata.id link"),
-])
+@pytest.mark.parametrize(
+    ("behaviour", "says"),
+    [
+        ("not-json", "the answer is not JSON"),
+        ("no-odata", "has no @odata.id link"),
+    ],
+)
 def test_a_bmc_answering_nonsense_gets_its_line_and_the_others_theirs(
     redfish: tuple[Path, Path, list[FakeRedfish]], behaviour: str, says: str
 ) -> None:
@@ -286,17 +304,29 @@ def test_a_bmc_answering_nonsense_gets_its_line_and_the_others_theirs(
 
 
 def test_a_trickling_bmc_cannot_hold_the_command_past_its_timeout(
-    redfish: tuple[Path, Path, list[FakeRedfish]]
+    redfish: tuple[Path, Path, list[FakeRedfish]],
 ) -> None:
     spec, state, bmcs = redfish
     _login(spec, state)
     bmcs[0].behaviour = "trickle"
     # the trickle would take 100,000 s: the run's own timeout fails the test if it is followed
-    r = provision("power", "status", "gpu", "--timeout", "3", "-f", str(spec),
-                  "--state-dir", str(state), timeout=60)
+    r = provision(
+        "power",
+        "status",
+        "gpu",
+        "--timeout",
+        "3",
+        "-f",
+        str(spec),
+        "--state-dir",
+        str(state),
+        timeout=60,
+    )
     assert r.returncode == 1
-    assert r.stdout.splitlines() == ["FAIL gpu001 (127.0.0.2): no answer within 3 s",
-                                     "ok gpu002 (127.0.0.3): off"]
+    assert r.stdout.splitlines() == [
+        "FAIL gpu001 (127.0.0.2): no answer within 3 s",
+        "ok gpu002 (127.0.0.3): off",
+    ]
 
 
 def test_a_missing_ca_bundle_is_a_usage_error(tmp_path: Path) -> None:
@@ -309,7 +339,7 @@ def test_a_missing_ca_bundle_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_what_a_bmc_says_reaches_the_terminal_as_one_plain_line(
-    redfish: tuple[Path, Path, list[FakeRedfish]]
+    redfish: tuple[Path, Path, list[FakeRedfish]],
 ) -> None:
     spec, state, bmcs = redfish
     _login(spec, state)

@@ -35,8 +35,11 @@ def test_golden(example: Path, update_goldens: bool) -> None:
             (golden_dir / rel).parent.mkdir(parents=True, exist_ok=True)
             (golden_dir / rel).write_text(content)
         return
-    expected = {str(p.relative_to(golden_dir)): p.read_text()
-                for p in sorted(golden_dir.rglob("*")) if p.is_file()}
+    expected = {
+        str(p.relative_to(golden_dir)): p.read_text()
+        for p in sorted(golden_dir.rglob("*"))
+        if p.is_file()
+    }
     assert sorted(files) == sorted(expected), "after a deliberate change: make goldens"
     for rel, content in files.items():
         assert content == expected[rel], f"{example.stem}/{rel} differs from its golden copy"
@@ -64,7 +67,10 @@ def test_deterministic_across_processes_and_hash_seeds() -> None:
     for seed in ("1", "4242"):
         done = subprocess.run(
             [sys.executable, "-c", _DIGESTS, *map(str, RENDERED)],
-            capture_output=True, text=True, check=True, cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
             env={**os.environ, "PYTHONHASHSEED": seed},
         )
         digests.append(json.loads(done.stdout))
@@ -93,7 +99,9 @@ def test_inventory_parsed_by_ansible(tmp_path: Path) -> None:
     assert ansible_inventory.exists(), "ansible-core is a dependency"
     out = subprocess.run(
         [str(ansible_inventory), "-i", str(tmp_path / "inventory" / "hosts.yml"), "--list"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     data = unwrap_unsafe(json.loads(out.stdout))
     assert isinstance(data, dict)
@@ -110,16 +118,19 @@ def test_inventory_parsed_by_ansible(tmp_path: Path) -> None:
 def test_elastic_nodes_are_cloud_state_not_inventory() -> None:
     files = render(Cluster(load_any(UNBUILT_DIR / "cloud-burst.yaml")))
     assert "aws-h100-001" not in files["inventory/hosts.yml"]
-    assert ("NodeName=aws-h100-[001-016] CPUs=192 Boards=1 SocketsPerBoard=2 CoresPerSocket=48 "
-            "ThreadsPerCore=2 RealMemory=1992294 Gres=gpu:h100:8 "
-            "Feature=aws-p5_48xlarge,aws,elastic State=CLOUD") in files["files/slurm/slurm.conf"]
+    assert (
+        "NodeName=aws-h100-[001-016] CPUs=192 Boards=1 SocketsPerBoard=2 CoresPerSocket=48 "
+        "ThreadsPerCore=2 RealMemory=1992294 Gres=gpu:h100:8 "
+        "Feature=aws-p5_48xlarge,aws,elastic State=CLOUD"
+    ) in files["files/slurm/slurm.conf"]
     assert "SuspendTime=600" in files["files/slurm/slurm.conf"]
 
 
 def test_slurm_conf_grows_with_pools_not_nodes(tmp_path: Path) -> None:
     small = (ROOT / "examples" / "dgx-superpod.yaml").read_text()
-    big = small.replace("count: 32", "count: 999").replace("first_address: 10.10.1.1",
-                                                            "first_address: 10.10.4.1")
+    big = small.replace("count: 32", "count: 999").replace(
+        "first_address: 10.10.1.1", "first_address: 10.10.4.1"
+    )
     (tmp_path / "big.yaml").write_text(big)
     a = _render(ROOT / "examples" / "dgx-superpod.yaml")["files/slurm/slurm.conf"]
     b = _render(tmp_path / "big.yaml")["files/slurm/slurm.conf"]
@@ -128,10 +139,15 @@ def test_slurm_conf_grows_with_pools_not_nodes(tmp_path: Path) -> None:
 
 
 def test_slurm_config_overrides(tmp_path: Path) -> None:
-    text = (ROOT / "examples" / "dgx-superpod.yaml").read_text().replace(
-        "  accounting: true\n",
-        "  accounting: true\n  config:\n    ProctrackType: proctrack/linuxproc\n"
-        "    PrologFlags: Contain\n    EnforcePartLimits: true\n")
+    text = (
+        (ROOT / "examples" / "dgx-superpod.yaml")
+        .read_text()
+        .replace(
+            "  accounting: true\n",
+            "  accounting: true\n  config:\n    ProctrackType: proctrack/linuxproc\n"
+            "    PrologFlags: Contain\n    EnforcePartLimits: true\n",
+        )
+    )
     (tmp_path / "pod.yaml").write_text(text)
     conf = _render(tmp_path / "pod.yaml")["files/slurm/slurm.conf"]
     assert "ProctrackType=proctrack/linuxproc" in conf
@@ -165,9 +181,9 @@ def test_firewall_admits_only_what_the_spec_allows() -> None:
     head = files["files/nftables/head.nft"]
     compute = files["files/nftables/compute.nft"]
     assert "policy drop;" in head and "policy drop;" in compute
-    assert 'ip saddr @admin tcp dport 22 accept' in head
+    assert "ip saddr @admin tcp dport 22 accept" in head
     assert 'ip saddr @cluster_nodes tcp dport 6817 accept comment "slurmctld"' in head
-    assert 'ip saddr @head_nodes tcp dport 3306 accept' in head
+    assert "ip saddr @head_nodes tcp dport 3306 accept" in head
     assert "6818" not in head and "6817" not in compute
     assert 'ip saddr @cluster_nodes tcp dport 6818 accept comment "slurmd"' in compute
     sets = files["files/nftables/sets.nft"]
@@ -185,8 +201,13 @@ def test_dcgm_exporter_port_opens_only_where_an_exporter_runs() -> None:
     assert f"ip saddr @admin {rule}" in files["files/nftables/gpu.nft"]
     assert f"ip saddr @cluster_nodes {rule}" in files["files/nftables/mig.nft"]
     assert "9400" not in files["files/nftables/head.nft"]  # no GPUs there
-    no_exporter = spec.model_copy(update={"nvidia": spec.nvidia.model_copy(
-        update={"dcgm_exporter_url": None, "dcgm_exporter_sha256": None})})
+    no_exporter = spec.model_copy(
+        update={
+            "nvidia": spec.nvidia.model_copy(
+                update={"dcgm_exporter_url": None, "dcgm_exporter_sha256": None}
+            )
+        }
+    )
     assert "9400" not in render(Cluster(no_exporter))["files/nftables/gpu.nft"]
 
 
@@ -227,8 +248,11 @@ def test_the_ssh_port_moves_the_firewall_and_the_cloud_rules(tmp_path: Path) -> 
 
     spec = load_spec(_with("hybrid-cloud.yaml", tmp_path, ssh={"port": 2222}))
     files = render(Cluster(spec))
-    rules = [f for name, f in files.items() if name.startswith("files/nftables/") and
-             not name.endswith("sets.nft")]
+    rules = [
+        f
+        for name, f in files.items()
+        if name.startswith("files/nftables/") and not name.endswith("sets.nft")
+    ]
     assert rules and all("ip saddr @admin tcp dport 2222 accept" in f for f in rules)
     assert not any("dport 22 " in f for f in rules)
     assert "ansible_port: 2222" in files["inventory/hosts.yml"]
@@ -240,8 +264,13 @@ def test_the_ssh_port_moves_the_firewall_and_the_cloud_rules(tmp_path: Path) -> 
 def test_slurm_ports_from_the_spec_reach_slurm_conf_firewall_and_verify(tmp_path: Path) -> None:
     from provision.spec.ports import service_ports
 
-    spec = load_spec(_with("lab.yaml", tmp_path,
-                           slurm={"config": {"SlurmctldPort": "7817-7818", "SlurmdPort": 7819}}))
+    spec = load_spec(
+        _with(
+            "lab.yaml",
+            tmp_path,
+            slurm={"config": {"SlurmctldPort": "7817-7818", "SlurmdPort": 7819}},
+        )
+    )
     files = render(Cluster(spec))
     conf = files["files/slurm/slurm.conf"]
     assert "SlurmctldPort=7817-7818\n" in conf and "SlurmdPort=7819\n" in conf

@@ -17,8 +17,12 @@ from .conftest import ROLES_DIR
 
 
 def _gpg(home: Path, *args: str, data: bytes | None = None) -> str:
-    done = subprocess.run(["gpg", "--homedir", str(home), "--batch", *args], input=data,
-                          capture_output=True, check=True)
+    done = subprocess.run(
+        ["gpg", "--homedir", str(home), "--batch", *args],
+        input=data,
+        capture_output=True,
+        check=True,
+    )
     return done.stdout.decode()
 
 
@@ -28,11 +32,20 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     os.chmod(home, 0o700)
     out: dict[str, Any] = {}
     for name in ("vendor", "intruder"):
-        _gpg(home, "--passphrase", "", "--quick-gen-key", f"{name} <{name}@example.org>",
-             "ed25519", "sign", "never")
+        _gpg(
+            home,
+            "--passphrase",
+            "",
+            "--quick-gen-key",
+            f"{name} <{name}@example.org>",
+            "ed25519",
+            "sign",
+            "never",
+        )
         listing = _gpg(home, "--with-colons", "--list-keys", f"{name}@example.org")
-        out[name] = next(line.split(":")[9] for line in listing.splitlines()
-                         if line.startswith("fpr:"))
+        out[name] = next(
+            line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:")
+        )
         out[f"{name}.asc"] = _gpg(home, "--armor", "--export", f"{name}@example.org").encode()
 
     def show(*names: str) -> str:
@@ -58,8 +71,10 @@ def _holds(expression: str, variables: dict[str, Any]) -> bool:
     return bool(templar.template(trust_as_template("{{ " + expression + " }}")))
 
 
-@pytest.mark.skipif(subprocess.run(["which", "gpg"], capture_output=True).returncode != 0,
-                    reason="gpg makes the keys")
+@pytest.mark.skipif(
+    subprocess.run(["which", "gpg"], capture_output=True).returncode != 0,
+    reason="gpg makes the keys",
+)
 def test_a_key_file_is_trusted_only_with_exactly_the_expected_key(keys: dict[str, Any]) -> None:
     nvidia = _assertion("nvidia_repos", "apt.yml", "fingerprint NVIDIA publishes")
     doca = _assertion("rdma", "doca-key.yml", "exactly the one the spec names")
@@ -74,9 +89,19 @@ def test_a_key_file_is_trusted_only_with_exactly_the_expected_key(keys: dict[str
         shown = keys["show"](*names)
         item = {"stdout": shown, "item": {"fingerprint": vendor}}
         assert _holds(nvidia, {"item": item}) is trusted, names
-        assert _holds(doca, {"_rdma_doca_key": {"stdout": shown},
-                             "rdma_doca_key_fingerprint": vendor}) is trusted, names
+        assert (
+            _holds(doca, {"_rdma_doca_key": {"stdout": shown}, "rdma_doca_key_fingerprint": vendor})
+            is trusted
+        ), names
     # a key whose last 64 bits match is still another key
-    assert _holds(doca, {"_rdma_doca_key": {"stdout": keys["show"]("vendor")},
-                         "rdma_doca_key_fingerprint": "0" * 24 + vendor[24:]}) is False
+    assert (
+        _holds(
+            doca,
+            {
+                "_rdma_doca_key": {"stdout": keys["show"]("vendor")},
+                "rdma_doca_key_fingerprint": "0" * 24 + vendor[24:],
+            },
+        )
+        is False
+    )
     assert intruder != vendor

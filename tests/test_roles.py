@@ -48,18 +48,34 @@ def _render(expressions: dict[str, str], variables: dict[str, Any]) -> dict[str,
     return {k: templar.template(trust_as_template(v)) for k, v in expressions.items()}
 
 
-@pytest.mark.parametrize(("family", "service", "conf", "nft", "ssh"), [
-    ("Debian", "chrony", "/etc/chrony/chrony.conf", "/etc/nftables.conf", "ssh"),
-    ("RedHat", "chronyd", "/etc/chrony.conf", "/etc/sysconfig/nftables.conf", "sshd"),
-])
+@pytest.mark.parametrize(
+    ("family", "service", "conf", "nft", "ssh"),
+    [
+        ("Debian", "chrony", "/etc/chrony/chrony.conf", "/etc/nftables.conf", "ssh"),
+        ("RedHat", "chronyd", "/etc/chrony.conf", "/etc/sysconfig/nftables.conf", "sshd"),
+    ],
+)
 def test_os_family_paths(family: str, service: str, conf: str, nft: str, ssh: str) -> None:
-    exprs = {**_load(ROLES_DIR / "common" / "vars" / "main.yml"),
-             **_load(ROLES_DIR / "firewall" / "vars" / "main.yml")}
-    wanted = {k: exprs[k] for k in ("_common_chrony_service", "_common_chrony_conf",
-                                    "_firewall_main_conf", "_common_ssh_service")}
+    exprs = {
+        **_load(ROLES_DIR / "common" / "vars" / "main.yml"),
+        **_load(ROLES_DIR / "firewall" / "vars" / "main.yml"),
+    }
+    wanted = {
+        k: exprs[k]
+        for k in (
+            "_common_chrony_service",
+            "_common_chrony_conf",
+            "_firewall_main_conf",
+            "_common_ssh_service",
+        )
+    }
     got = _render(wanted, {"ansible_facts": {"os_family": family}})
-    assert got == {"_common_chrony_service": service, "_common_chrony_conf": conf,
-                   "_firewall_main_conf": nft, "_common_ssh_service": ssh}
+    assert got == {
+        "_common_chrony_service": service,
+        "_common_chrony_conf": conf,
+        "_firewall_main_conf": nft,
+        "_common_ssh_service": ssh,
+    }
 
 
 def test_slurm_packages_per_os() -> None:
@@ -76,9 +92,9 @@ def test_slurm_packages_per_os() -> None:
     assert redhat["_slurm_packages_dbd"][0] == "slurm-slurmdbd"
     assert redhat["_slurm_mariadb_socket"] == "/var/lib/mysql/mysql.sock"
     repos = _load(ROLES_DIR / "slurm" / "tasks" / "repos-redhat.yml")
-    assert [t.get("community.general.dnf_config_manager", t.get("ansible.builtin.dnf"))
-            for t in repos] == [{"name": "crb", "state": "enabled"},
-                                {"name": "epel-release", "state": "present"}]
+    assert [
+        t.get("community.general.dnf_config_manager", t.get("ansible.builtin.dnf")) for t in repos
+    ] == [{"name": "crb", "state": "enabled"}, {"name": "epel-release", "state": "present"}]
 
 
 def test_slurm_paths_come_from_the_rendered_conf(tmp_path: Path) -> None:
@@ -87,12 +103,16 @@ def test_slurm_paths_come_from_the_rendered_conf(tmp_path: Path) -> None:
     from provision.spec import load_spec
 
     conf = render(Cluster(load_spec(ROOT / "examples" / "dgx-superpod.yaml")))[
-        "files/slurm/slurm.conf"]
+        "files/slurm/slurm.conf"
+    ]
     exprs = _load(ROLES_DIR / "slurm" / "vars" / "main.yml")
     wanted = {k: exprs[k] for k in ("_slurm_state_save", "_slurm_spool", "_slurm_log_dir")}
     got = _render(wanted, {"_slurm_conf_text": conf})
-    assert got == {"_slurm_state_save": "/var/spool/slurmctld",
-                   "_slurm_spool": "/var/spool/slurmd", "_slurm_log_dir": "/var/log/slurm"}
+    assert got == {
+        "_slurm_state_save": "/var/spool/slurmctld",
+        "_slurm_spool": "/var/spool/slurmd",
+        "_slurm_log_dir": "/var/log/slurm",
+    }
 
 
 def test_playbooks_syntax(tmp_path: Path) -> None:
@@ -104,10 +124,20 @@ def test_playbooks_syntax(tmp_path: Path) -> None:
     playbook = Path(sys.executable).parent / "ansible-playbook"
     for book in sorted((PLAYBOOKS_DIR).glob("*.yml")):
         r = subprocess.run(
-            [str(playbook), "--syntax-check", "-i", str(tmp_path / "inventory" / "hosts.yml"),
-             str(book)],
-            capture_output=True, text=True, check=False,
-            env={"ANSIBLE_CONFIG": str(ROOT / "provision" / "run" / "ansible.cfg"),
-                 "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "provision"), "PATH": "/usr/bin:/bin"},
+            [
+                str(playbook),
+                "--syntax-check",
+                "-i",
+                str(tmp_path / "inventory" / "hosts.yml"),
+                str(book),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={
+                "ANSIBLE_CONFIG": str(ROOT / "provision" / "run" / "ansible.cfg"),
+                "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "provision"),
+                "PATH": "/usr/bin:/bin",
+            },
         )
         assert r.returncode == 0, r.stdout + r.stderr

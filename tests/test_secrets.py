@@ -87,7 +87,11 @@ def test_a_second_command_on_a_busy_cluster_names_the_holder(tmp_path: Path) -> 
         for verb in (["render"], ["destroy", "--yes"], ["apply"]):
             done = subprocess.run(
                 [sys.executable, "-m", "provision", *verb, "--state-dir", str(tmp_path)],
-                capture_output=True, text=True, check=False, cwd=root, timeout=120,
+                capture_output=True,
+                text=True,
+                check=False,
+                cwd=root,
+                timeout=120,
             )
             assert done.returncode == 1, (verb, done.stderr)
             assert "cluster 'lab' is busy: `provision apply examples/lab.yaml`" in done.stderr

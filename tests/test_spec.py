@@ -42,7 +42,10 @@ def test_superpod_shape() -> None:
     gpu = [n for n in nodes if n.pool == "gpu"]
     assert len(gpu) == 32
     assert (gpu[0].name, str(gpu[0].address), str(gpu[0].bmc_address)) == (
-        "gpu001", "10.10.1.1", "10.11.1.1")
+        "gpu001",
+        "10.10.1.1",
+        "10.11.1.1",
+    )
     assert (gpu[-1].name, str(gpu[-1].address)) == ("gpu032", "10.10.1.32")
     assert len([n for n in nodes if n.role == "head"]) == 1
 
@@ -62,10 +65,10 @@ def test_bad_spec_reports_expected_issue(path: Path) -> None:
     for issue in issues:  # one line each, file first
         assert "\n" not in str(issue)
         assert str(issue).startswith(f"{path}:")
-    matches = [i for i in issues if i.line == int(line) and i.path == key
-               and fragment in i.message]
+    matches = [i for i in issues if i.line == int(line) and i.path == key and fragment in i.message]
     assert matches, f"expected line {line} {key!r} ~ {fragment!r}, got:\n" + "\n".join(
-        str(i) for i in issues)
+        str(i) for i in issues
+    )
 
 
 def test_every_issue_line_parses() -> None:
@@ -106,9 +109,19 @@ def test_json_schema_is_complete() -> None:
 
 
 REQUIRED_PROFILES = {
-    "dgx-h100", "dgx-h200", "dgx-a100", "hgx-h100-8gpu", "l40s-pcie", "cpu-node",
-    "lab-container", "aws-p5.48xlarge", "aws-p4d.24xlarge", "gcp-a3-highgpu-8g",
-    "gcp-a2-highgpu-8g", "azure-nd-h100-v5", "azure-nd-a100-v4",
+    "dgx-h100",
+    "dgx-h200",
+    "dgx-a100",
+    "hgx-h100-8gpu",
+    "l40s-pcie",
+    "cpu-node",
+    "lab-container",
+    "aws-p5.48xlarge",
+    "aws-p4d.24xlarge",
+    "gcp-a3-highgpu-8g",
+    "gcp-a2-highgpu-8g",
+    "azure-nd-h100-v5",
+    "azure-nd-a100-v4",
 }
 
 

@@ -152,10 +152,16 @@ def test_the_cli_refuses_a_line_break_with_exit_2_and_one_line(tmp_path: Path) -
     doc = _yaml().load(EVERY_FIELD.read_text())
     # without the fields the command line refuses as not supported yet (one line each)
     del doc["storage"], doc["software"]["slurm"], doc["pools"][2]["elastic"]
-    spec = _write(changed(doc, ("slurm", "config", ANY_KEY, "SchedulerType"),
-                          "SchedulerType\nAuthType"), tmp_path / "spec.yaml")
-    done = subprocess.run([sys.executable, "-m", "provision", "validate", str(spec)],
-                          capture_output=True, text=True, check=False)
+    spec = _write(
+        changed(doc, ("slurm", "config", ANY_KEY, "SchedulerType"), "SchedulerType\nAuthType"),
+        tmp_path / "spec.yaml",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "provision", "validate", str(spec)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
     assert "spec.yaml:8: slurm.config" in done.stderr
@@ -188,10 +194,22 @@ def test_templates_in_any_text_field_are_refused_or_stay_data(tmp_path: Path) ->
     write_render(files, out)
     ansible = Path(sys.executable).parent / "ansible"
     done = subprocess.run(
-        [str(ansible), "all", "-i", str(out / "inventory" / "hosts.yml"), "-e",
-         "ansible_connection=local", "-m", "ansible.builtin.debug", "-a",
-         "msg={{ hostvars[inventory_hostname] | to_json }}"],
-        capture_output=True, text=True, check=False, cwd=tmp_path,
+        [
+            str(ansible),
+            "all",
+            "-i",
+            str(out / "inventory" / "hosts.yml"),
+            "-e",
+            "ansible_connection=local",
+            "-m",
+            "ansible.builtin.debug",
+            "-a",
+            "msg={{ hostvars[inventory_hostname] | to_json }}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "alice@example.org {{ lookup" in done.stdout  # the comment came through, as text
@@ -227,11 +245,13 @@ def test_every_rendered_string_is_unsafe_but_the_renderers_own_templates(example
                 ), (rel, scalar.value)
             else:  # plain: numbers, booleans and nothing else
                 assert scalar.value in ("true", "false", "null", "") or scalar.value.isdigit(), (
-                    rel, scalar.value)
+                    rel,
+                    scalar.value,
+                )
 
 
 def test_yaml_value_keeps_every_string_on_one_line_and_unsafe() -> None:
-    nasty = "a\nb\u2028c\x85d\"e\\f{{ x }}"
+    nasty = 'a\nb\u2028c\x85d"e\\f{{ x }}'
     text = yaml_value({"k\n": [nasty, 1, True, None, Template("{{ t }}")]})
     assert "\n" not in text and "\u2028" not in text and "\x85" not in text
     assert text.count("!unsafe") == 2
@@ -262,15 +282,22 @@ def test_malformed_yaml_is_refused_quickly_with_exit_2(kind: str, tmp_path: Path
         load_spec(spec)
     assert len(caught.value.issues) == 1
     message = str(caught.value.issues[0])
-    assert any(w in message for w in ("nested deeper", "expand to more", "more than a spec",
-                                      "YAML syntax error")), message
+    assert any(
+        w in message
+        for w in ("nested deeper", "expand to more", "more than a spec", "YAML syntax error")
+    ), message
 
 
 def test_malformed_yaml_from_the_cli(tmp_path: Path) -> None:
     spec = tmp_path / "laughs.yaml"
     spec.write_text(_malformed()["laughs"])
-    done = subprocess.run([sys.executable, "-m", "provision", "validate", str(spec)],
-                          capture_output=True, text=True, check=False, timeout=20)
+    done = subprocess.run(
+        [sys.executable, "-m", "provision", "validate", str(spec)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=20,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
 
 
@@ -285,8 +312,13 @@ def test_addresses_past_the_last_ipv4_address_are_a_spec_error(tmp_path: Path) -
 def test_render_into_a_file_is_a_usage_error(tmp_path: Path) -> None:
     target = tmp_path / "a-file"
     target.write_text("keep me\n")
-    done = subprocess.run([sys.executable, "-m", "provision", "render", "--out", str(target)],
-                          capture_output=True, text=True, check=False, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "provision", "render", "--out", str(target)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
     assert done.returncode == 2, done.stderr
     assert "is a file" in done.stderr and target.read_text() == "keep me\n"
 
@@ -311,9 +343,28 @@ def test_a_manifest_naming_paths_outside_its_tree_is_refused(name: str, tmp_path
     assert victim.read_text() == "keep me\n"
 
 
-@pytest.mark.parametrize("text", ["535", "12.4", "550.90.07", "true", "no", "null", "~",
-                                  "10.0.0.1", "2026-01-01", "1:20", "0x1F", ".inf", "",
-                                  "{{ x }}", "12.4 {{ x }}", "{% if %}", "a\nb"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "535",
+        "12.4",
+        "550.90.07",
+        "true",
+        "no",
+        "null",
+        "~",
+        "10.0.0.1",
+        "2026-01-01",
+        "1:20",
+        "0x1F",
+        ".inf",
+        "",
+        "{{ x }}",
+        "12.4 {{ x }}",
+        "{% if %}",
+        "a\nb",
+    ],
+)
 def test_ansible_reads_every_rendered_string_back_as_the_same_string(text: str) -> None:
     """`!unsafe` must not change a value's type: Ansible resolves a tagged scalar as if plain."""
     from ansible.parsing.yaml.loader import AnsibleLoader

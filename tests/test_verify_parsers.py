@@ -15,10 +15,14 @@ from provision.verify.node_parsers import (
 from provision.verify.slurm_parsers import parse_sacct_states, parse_sinfo_nodes, parse_srun_hosts
 
 DATA = Path(__file__).parent / "data"
-KEY_A = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFxsWi/kWC/jwkJ3ZrWg1zvAFVA3skOEzrF8xvZk54Zh "
-         "alice@example.org")
-KEY_B = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIH0kRR1l5bfCvEikwjKUxuaIOnYhCnjHhNimCrYIzaQ1 "
-         "bob@example.org")
+KEY_A = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFxsWi/kWC/jwkJ3ZrWg1zvAFVA3skOEzrF8xvZk54Zh "
+    "alice@example.org"
+)
+KEY_B = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIH0kRR1l5bfCvEikwjKUxuaIOnYhCnjHhNimCrYIzaQ1 "
+    "bob@example.org"
+)
 
 
 def test_host_entries_of_a_real_hosts_file() -> None:

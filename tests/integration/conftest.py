@@ -22,8 +22,10 @@ from provision.providers.lab.image import debian_mirror, ensure_image
 def _available() -> str | None:
     if os.geteuid() != 0:
         return "needs root (podman networks with fixed addresses)"
-    if shutil.which("podman") is None or shutil.which("debootstrap", path="/usr/sbin:/sbin:"
-                                                      + os.environ.get("PATH", "")) is None:
+    if (
+        shutil.which("podman") is None
+        or shutil.which("debootstrap", path="/usr/sbin:/sbin:" + os.environ.get("PATH", "")) is None
+    ):
         return "needs podman and debootstrap"
     return None
 
@@ -39,12 +41,25 @@ def lab_image() -> str:
     return name
 
 
-def start_node(image: str, name: str, hostname: str, network: str, address: str,
-               pubkey: Path) -> None:
+def start_node(
+    image: str, name: str, hostname: str, network: str, address: str, pubkey: Path
+) -> None:
     podman.podman("rm", "-f", "-t", "0", name, check=False)
-    podman.podman("create", "--name", name, "--hostname", hostname,
-                  "--network", f"{network}:ip={address}", "--systemd=always",
-                  "--cap-add", "NET_ADMIN", "--no-hosts", image, "/sbin/init")
+    podman.podman(
+        "create",
+        "--name",
+        name,
+        "--hostname",
+        hostname,
+        "--network",
+        f"{network}:ip={address}",
+        "--systemd=always",
+        "--cap-add",
+        "NET_ADMIN",
+        "--no-hosts",
+        image,
+        "/sbin/init",
+    )
     podman.podman("cp", str(pubkey), f"{name}:/root/.ssh/authorized_keys")
     podman.podman("start", name)
 
@@ -52,10 +67,25 @@ def start_node(image: str, name: str, hostname: str, network: str, address: str,
 def wait_for_ssh(address: str, key: Path, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        r = subprocess.run(["ssh", "-i", str(key), "-o", "BatchMode=yes",
-                            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-                            "-o", "ConnectTimeout=2", f"root@{address}", "true"],
-                           capture_output=True, check=False)
+        r = subprocess.run(
+            [
+                "ssh",
+                "-i",
+                str(key),
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+                "-o",
+                "ConnectTimeout=2",
+                f"root@{address}",
+                "true",
+            ],
+            capture_output=True,
+            check=False,
+        )
         if r.returncode == 0:
             return
         time.sleep(1)
@@ -77,12 +107,14 @@ def static_hosts(lab_image: str, ssh_key: Path) -> Iterator[dict[str, str]]:
     for name in nodes:
         podman.podman("rm", "-f", "-t", "0", f"ptest-{name}", check=False)
     if not podman.network_exists(network):
-        podman.podman("network", "create", "--subnet", "10.78.0.0/24",
-                      "--gateway", "10.78.0.1", network)
+        podman.podman(
+            "network", "create", "--subnet", "10.78.0.0/24", "--gateway", "10.78.0.1", network
+        )
     try:
         for name, address in nodes.items():
-            start_node(lab_image, f"ptest-{name}", name, network, address,
-                       ssh_key.with_suffix(".pub"))
+            start_node(
+                lab_image, f"ptest-{name}", name, network, address, ssh_key.with_suffix(".pub")
+            )
         for address in nodes.values():
             wait_for_ssh(address, ssh_key)
         yield nodes

@@ -24,11 +24,10 @@ from ..conftest import run_provision as provision
 NAME = "labtest"
 
 
-
-
 def _leftovers() -> tuple[str, bool]:
-    containers = podman.text("ps", "-a", "--filter", f"label=provision.cluster={NAME}",
-                             "--format", "{{.Names}}")
+    containers = podman.text(
+        "ps", "-a", "--filter", f"label=provision.cluster={NAME}", "--format", "{{.Names}}"
+    )
     return containers, podman.network_exists(f"provision-{NAME}")
 
 
@@ -36,8 +35,12 @@ def _leftovers() -> tuple[str, bool]:
 def lab(lab_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     work = tmp_path_factory.mktemp("lab")
     spec = work / "lab.yaml"
-    spec.write_text((ROOT / "examples" / "lab.yaml").read_text()
-                    .replace("name: lab", f"name: {NAME}").replace("10.77.0.", "10.76.0."))
+    spec.write_text(
+        (ROOT / "examples" / "lab.yaml")
+        .read_text()
+        .replace("name: lab", f"name: {NAME}")
+        .replace("10.77.0.", "10.76.0.")
+    )
     provision("destroy", str(spec), "--yes", cwd=work)  # a crashed earlier run's leftovers
     yield spec, work
     provision("destroy", str(spec), "--yes", cwd=work)
@@ -95,16 +98,22 @@ def test_node_stopped_mid_apply(lab: tuple[Path, Path]) -> None:
     spec, work = lab
     logs = work / ".provision" / NAME / "logs"
     before = set(logs.iterdir())
-    proc = subprocess.Popen([sys.executable, "-m", "provision", "apply", str(spec)], cwd=work,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provision", "apply", str(spec)],
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     victim = f"provision-{NAME}-compute002"
     deadline = time.monotonic() + 300
     stopped = False
     while time.monotonic() < deadline and proc.poll() is None and not stopped:
         for run in set(logs.iterdir()) - before:
             events = run / "job_events"
-            if events.exists() and any('"task": "Install chrony"' in e.read_text()
-                                       for e in events.glob("*.json")):
+            if events.exists() and any(
+                '"task": "Install chrony"' in e.read_text() for e in events.glob("*.json")
+            ):
                 podman.podman("stop", "-t", "0", victim)
                 stopped = True
         time.sleep(0.2)

@@ -13,8 +13,9 @@ from ..conftest import run_provision as provision
 
 def test_apply_static_hosts(static_hosts: dict[str, str], ssh_key: Path, tmp_path: Path) -> None:
     admin_key = tmp_path / "admin"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(admin_key)],
-                   check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(admin_key)], check=True
+    )
     admin_pub = admin_key.with_suffix(".pub").read_text().strip()
     spec = tmp_path / "static.yaml"
     spec.write_text(f"""
@@ -57,16 +58,42 @@ ssh: {{private_key_file: {ssh_key}}}
 
     # The admin user logs in with its own key and has sudo; nobody gets in with a password.
     login = subprocess.run(
-        ["ssh", "-i", str(admin_key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-         "-o", "UserKnownHostsFile=/dev/null", "alice@10.78.0.12", "sudo -n id -u; hostname"],
-        capture_output=True, text=True, check=False)
+        [
+            "ssh",
+            "-i",
+            str(admin_key),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "alice@10.78.0.12",
+            "sudo -n id -u; hostname",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert login.stdout.split() == ["0", "st-cpu1"], login.stderr
 
     # Compute nodes take their time from the head pool, which serves the management network.
     sources = subprocess.run(
-        ["ssh", "-i", str(ssh_key), "-o", "StrictHostKeyChecking=no",
-         "-o", "UserKnownHostsFile=/dev/null", "root@10.78.0.12", "chronyc sources"],
-        capture_output=True, text=True, check=False)
+        [
+            "ssh",
+            "-i",
+            str(ssh_key),
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "root@10.78.0.12",
+            "chronyc sources",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert "st-head" in sources.stdout
 
     # Run logs keep Ansible's settings, not the user's environment (which may hold credentials).
@@ -78,13 +105,25 @@ ssh: {{private_key_file: {ssh_key}}}
     assert oct((state / "logs").stat().st_mode & 0o777) == "0o700"
 
     # verify on demand, and it notices drift: a node whose hosts file lost the cluster entries
-    subprocess.run(["ssh", "-i", str(ssh_key), "-o", "StrictHostKeyChecking=no",
-                    "-o", "UserKnownHostsFile=/dev/null", "root@10.78.0.12",
-                    "sed -i '/provision cluster/,/provision cluster/d' /etc/hosts"], check=True)
+    subprocess.run(
+        [
+            "ssh",
+            "-i",
+            str(ssh_key),
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "root@10.78.0.12",
+            "sed -i '/provision cluster/,/provision cluster/d' /etc/hosts",
+        ],
+        check=True,
+    )
     drift = provision("verify", str(spec), cwd=tmp_path)
     assert drift.returncode == 1
     assert "FAIL /etc/hosts st-cpu1: missing: 10.78.0.11 st-head.test.internal st-head" in (
-        drift.stdout)
+        drift.stdout
+    )
     healed = provision("apply", str(spec), cwd=tmp_path)
     assert healed.returncode == 0 and "verify: 21 passed, 0 failed" in healed.stdout
 
