@@ -88,30 +88,7 @@ class AwsCluster(pulumi.ComponentResource):
         here: pulumi.ResourceOptions,
     ) -> None:
         tags = layout.tags(pool.name)
-        group = aws.ec2.SecurityGroup(
-            layout.name(pool.name, "sg"),
-            vpc_id=vpc.id,
-            description=f"{layout.cluster} pool {pool.name}: the cluster's rule set",
-            ingress=[
-                aws.ec2.SecurityGroupIngressArgs(
-                    description=rule.description,
-                    protocol=rule.protocol,
-                    from_port=rule.from_port,
-                    to_port=rule.to_port,
-                    cidr_blocks=list(rule.cidrs),
-                )
-                for rule in pool.ingress
-            ]
-            # EFA needs all traffic between the group's own members
-            + [aws.ec2.SecurityGroupIngressArgs(protocol="-1", from_port=0, to_port=0, self=True)],
-            egress=[
-                aws.ec2.SecurityGroupEgressArgs(
-                    protocol="-1", from_port=0, to_port=0, cidr_blocks=["0.0.0.0/0"]
-                )
-            ],
-            tags=tags,
-            opts=here,
-        )
+        group = _security_group(layout, pool, vpc, tags, here)
         placement: dict[str, Any] = {}
         if pool.gpus:
             pg = aws.ec2.PlacementGroup(
@@ -122,37 +99,13 @@ class AwsCluster(pulumi.ComponentResource):
                 opts=here,
             )
             placement = {"placement": aws.ec2.LaunchTemplatePlacementArgs(group_name=pg.name)}
-        if pool.efa:
-            # card 0 holds the primary interface; one EFA per network card (32 on p5.48xlarge)
-            nics = [
-                aws.ec2.LaunchTemplateNetworkInterfaceArgs(
-                    device_index=0 if card == 0 else 1,
-                    network_card_index=card,
-                    interface_type="efa",
-                    subnet_id=subnet.id,
-                    security_groups=[group.id],
-                    associate_public_ip_address="true" if card == 0 else None,
-                    delete_on_termination="true",
-                )
-                for card in range(pool.efa)
-            ]
-        else:
-            nics = [
-                aws.ec2.LaunchTemplateNetworkInterfaceArgs(
-                    device_index=0,
-                    subnet_id=subnet.id,
-                    security_groups=[group.id],
-                    associate_public_ip_address="true",
-                    delete_on_termination="true",
-                )
-            ]
         template = aws.ec2.LaunchTemplate(
             layout.name(pool.name, "lt"),
             name=layout.name(pool.name),
             image_id=image_id,
             instance_type=pool.instance_type,
             key_name=key.key_name,
-            network_interfaces=nics,
+            network_interfaces=_interfaces(pool, subnet, group),
             block_device_mappings=[
                 aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
                     device_name="/dev/sda1",
@@ -184,3 +137,56 @@ class AwsCluster(pulumi.ComponentResource):
                 opts=here,
             )
             self.nodes[node] = {"private": instance.private_ip, "public": instance.public_ip}
+
+
+def _security_group(
+    layout: CloudLayout,
+    pool: CloudPool,
+    vpc: aws.ec2.Vpc,
+    tags: dict[str, str],
+    here: pulumi.ResourceOptions,
+) -> aws.ec2.SecurityGroup:
+    """The pool's ingress from the cluster's rule set, all traffic among its own members."""
+    return aws.ec2.SecurityGroup(
+        layout.name(pool.name, "sg"),
+        vpc_id=vpc.id,
+        description=f"{layout.cluster} pool {pool.name}: the cluster's rule set",
+        ingress=[
+            aws.ec2.SecurityGroupIngressArgs(
+                description=rule.description,
+                protocol=rule.protocol,
+                from_port=rule.from_port,
+                to_port=rule.to_port,
+                cidr_blocks=list(rule.cidrs),
+            )
+            for rule in pool.ingress
+        ]
+        # EFA needs all traffic between the group's own members
+        + [aws.ec2.SecurityGroupIngressArgs(protocol="-1", from_port=0, to_port=0, self=True)],
+        egress=[
+            aws.ec2.SecurityGroupEgressArgs(
+                protocol="-1", from_port=0, to_port=0, cidr_blocks=["0.0.0.0/0"]
+            )
+        ],
+        tags=tags,
+        opts=here,
+    )
+
+
+def _interfaces(
+    pool: CloudPool, subnet: aws.ec2.Subnet, group: aws.ec2.SecurityGroup
+) -> list[aws.ec2.LaunchTemplateNetworkInterfaceArgs]:
+    """One interface, or one EFA per network card where the type has them (32 on p5.48xlarge):
+    card 0 holds the primary interface and the public address."""
+    return [
+        aws.ec2.LaunchTemplateNetworkInterfaceArgs(
+            device_index=0 if card == 0 else 1,
+            network_card_index=card if pool.efa else None,
+            interface_type="efa" if pool.efa else None,
+            subnet_id=subnet.id,
+            security_groups=[group.id],
+            associate_public_ip_address="true" if card == 0 else None,
+            delete_on_termination="true",
+        )
+        for card in range(pool.efa or 1)
+    ]

@@ -5,6 +5,8 @@ burst pools, a scale set of capacity 0 that bursting grows."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pulumi
 import pulumi_azure_native as az
 
@@ -71,7 +73,31 @@ class AzureCluster(pulumi.ComponentResource):
         here: pulumi.ResourceOptions,
     ) -> None:
         tags = layout.tags(pool.name)
-        nsg = az.network.NetworkSecurityGroup(
+        nsg = self._security_group(layout, pool, group, tags, here)
+        ppg = az.compute.ProximityPlacementGroup(
+            layout.name(pool.name, "ppg"),
+            resource_group_name=group.name,
+            location=group.location,
+            proximity_placement_group_type="Standard",
+            tags=tags,
+            opts=here,
+        )
+        where = _Where(group, subnet, nsg, ppg, tags, here)
+        for node in pool.nodes:
+            self._vm(layout, pool, node, where)
+        if pool.elastic:
+            self.templates[pool.name] = self._scale_set(layout, pool, where).id
+
+    @staticmethod
+    def _security_group(
+        layout: CloudLayout,
+        pool: CloudPool,
+        group: az.resources.ResourceGroup,
+        tags: dict[str, str],
+        here: pulumi.ResourceOptions,
+    ) -> az.network.NetworkSecurityGroup:
+        """The pool's ingress, from the cluster's rule set: one inbound rule each."""
+        return az.network.NetworkSecurityGroup(
             layout.name(pool.name, "nsg"),
             resource_group_name=group.name,
             location=group.location,
@@ -95,123 +121,139 @@ class AzureCluster(pulumi.ComponentResource):
             tags=tags,
             opts=here,
         )
-        ppg = az.compute.ProximityPlacementGroup(
-            layout.name(pool.name, "ppg"),
+
+    def _vm(self, layout: CloudLayout, pool: CloudPool, node: str, where: _Where) -> None:
+        """A lasting node: a static public address, an accelerated NIC, the VM."""
+        group = where.group
+        address = az.network.PublicIPAddress(
+            layout.name(node, "ip"),
             resource_group_name=group.name,
             location=group.location,
-            proximity_placement_group_type="Standard",
-            tags=tags,
-            opts=here,
+            public_ip_allocation_method="Static",
+            sku=az.network.PublicIPAddressSkuArgs(name="Standard"),
+            tags=where.tags,
+            opts=where.opts,
         )
-        security = az.compute.SecurityProfileArgs(encryption_at_host=True)
-        for node in pool.nodes:
-            address = az.network.PublicIPAddress(
-                layout.name(node, "ip"),
-                resource_group_name=group.name,
-                location=group.location,
-                public_ip_allocation_method="Static",
-                sku=az.network.PublicIPAddressSkuArgs(name="Standard"),
-                tags=tags,
-                opts=here,
-            )
-            nic = az.network.NetworkInterface(
-                layout.name(node, "nic"),
-                resource_group_name=group.name,
-                location=group.location,
-                enable_accelerated_networking=True,
-                network_security_group=az.network.NetworkSecurityGroupArgs(id=nsg.id),
-                ip_configurations=[
-                    az.network.NetworkInterfaceIPConfigurationArgs(
-                        name="primary",
-                        subnet=az.network.SubnetArgs(id=subnet.id),
-                        public_ip_address=az.network.PublicIPAddressArgs(id=address.id),
-                        private_ip_allocation_method="Dynamic",
-                    )
-                ],
-                tags=tags,
-                opts=here,
-            )
-            az.compute.VirtualMachine(
-                layout.name(node),
-                vm_name=node,
-                resource_group_name=group.name,
-                location=group.location,
-                hardware_profile=az.compute.HardwareProfileArgs(vm_size=pool.instance_type),
-                os_profile=az.compute.OSProfileArgs(
-                    computer_name=node,
+        nic = az.network.NetworkInterface(
+            layout.name(node, "nic"),
+            resource_group_name=group.name,
+            location=group.location,
+            enable_accelerated_networking=True,
+            network_security_group=az.network.NetworkSecurityGroupArgs(id=where.nsg.id),
+            ip_configurations=[
+                az.network.NetworkInterfaceIPConfigurationArgs(
+                    name="primary",
+                    subnet=az.network.SubnetArgs(id=where.subnet.id),
+                    public_ip_address=az.network.PublicIPAddressArgs(id=address.id),
+                    private_ip_allocation_method="Dynamic",
+                )
+            ],
+            tags=where.tags,
+            opts=where.opts,
+        )
+        az.compute.VirtualMachine(
+            layout.name(node),
+            vm_name=node,
+            resource_group_name=group.name,
+            location=group.location,
+            hardware_profile=az.compute.HardwareProfileArgs(vm_size=pool.instance_type),
+            os_profile=az.compute.OSProfileArgs(
+                computer_name=node,
+                admin_username=self.user,
+                linux_configuration=self._linux(layout),
+            ),
+            storage_profile=az.compute.StorageProfileArgs(
+                image_reference=self.image,
+                os_disk=az.compute.OSDiskArgs(
+                    create_option="FromImage",
+                    disk_size_gb=ROOT_GB,
+                    managed_disk=az.compute.ManagedDiskParametersArgs(
+                        storage_account_type=_DISK_TYPE
+                    ),
+                ),
+            ),
+            network_profile=az.compute.NetworkProfileArgs(
+                network_interfaces=[
+                    az.compute.NetworkInterfaceReferenceArgs(id=nic.id, primary=True)
+                ]
+            ),
+            security_profile=_SECURITY,
+            proximity_placement_group=az.compute.SubResourceArgs(id=where.ppg.id),
+            tags=where.tags,
+            opts=where.opts,
+        )
+        self.nodes[node] = {
+            "private": nic.ip_configurations.apply(
+                lambda c: (c[0].private_ip_address or "") if c else ""
+            ),
+            "public": address.ip_address.apply(lambda a: a or ""),
+        }
+
+    def _scale_set(
+        self, layout: CloudLayout, pool: CloudPool, where: _Where
+    ) -> az.compute.VirtualMachineScaleSet:
+        """A burst pool's template: a scale set of capacity 0, the same VM as a lasting node's
+        (image, disk, security, NIC settings) without a public address."""
+        vmss = az.compute
+        return vmss.VirtualMachineScaleSet(
+            layout.name(pool.name, "vmss"),
+            vm_scale_set_name=layout.name(pool.name),
+            resource_group_name=where.group.name,
+            location=where.group.location,
+            sku=vmss.SkuArgs(name=pool.instance_type, tier="Standard", capacity=0),
+            upgrade_policy=vmss.UpgradePolicyArgs(mode=vmss.UpgradeMode.MANUAL),
+            proximity_placement_group=vmss.SubResourceArgs(id=where.ppg.id),
+            virtual_machine_profile=vmss.VirtualMachineScaleSetVMProfileArgs(
+                os_profile=vmss.VirtualMachineScaleSetOSProfileArgs(
+                    computer_name_prefix=layout.name(pool.name),
                     admin_username=self.user,
                     linux_configuration=self._linux(layout),
                 ),
-                storage_profile=az.compute.StorageProfileArgs(
+                storage_profile=vmss.VirtualMachineScaleSetStorageProfileArgs(
                     image_reference=self.image,
-                    os_disk=az.compute.OSDiskArgs(
+                    os_disk=vmss.VirtualMachineScaleSetOSDiskArgs(
                         create_option="FromImage",
                         disk_size_gb=ROOT_GB,
-                        managed_disk=az.compute.ManagedDiskParametersArgs(
-                            storage_account_type="Premium_LRS"
+                        managed_disk=vmss.VirtualMachineScaleSetManagedDiskParametersArgs(
+                            storage_account_type=_DISK_TYPE
                         ),
                     ),
                 ),
-                network_profile=az.compute.NetworkProfileArgs(
-                    network_interfaces=[
-                        az.compute.NetworkInterfaceReferenceArgs(id=nic.id, primary=True)
+                network_profile=vmss.VirtualMachineScaleSetNetworkProfileArgs(
+                    network_interface_configurations=[
+                        vmss.VirtualMachineScaleSetNetworkConfigurationArgs(
+                            name="primary",
+                            primary=True,
+                            enable_accelerated_networking=True,
+                            network_security_group=vmss.SubResourceArgs(id=where.nsg.id),
+                            ip_configurations=[
+                                vmss.VirtualMachineScaleSetIPConfigurationArgs(
+                                    name="primary",
+                                    subnet=vmss.ApiEntityReferenceArgs(id=where.subnet.id),
+                                )
+                            ],
+                        )
                     ]
                 ),
-                security_profile=security,
-                proximity_placement_group=az.compute.SubResourceArgs(id=ppg.id),
-                tags=tags,
-                opts=here,
-            )
-            self.nodes[node] = {
-                "private": nic.ip_configurations.apply(
-                    lambda c: (c[0].private_ip_address or "") if c else ""
-                ),
-                "public": address.ip_address.apply(lambda a: a or ""),
-            }
-        if pool.elastic:
-            scale_set = az.compute.VirtualMachineScaleSet(
-                layout.name(pool.name, "vmss"),
-                vm_scale_set_name=layout.name(pool.name),
-                resource_group_name=group.name,
-                location=group.location,
-                sku=az.compute.SkuArgs(name=pool.instance_type, tier="Standard", capacity=0),
-                upgrade_policy=az.compute.UpgradePolicyArgs(mode=az.compute.UpgradeMode.MANUAL),
-                proximity_placement_group=az.compute.SubResourceArgs(id=ppg.id),
-                virtual_machine_profile=az.compute.VirtualMachineScaleSetVMProfileArgs(
-                    os_profile=az.compute.VirtualMachineScaleSetOSProfileArgs(
-                        computer_name_prefix=layout.name(pool.name),
-                        admin_username=self.user,
-                        linux_configuration=self._linux(layout),
-                    ),
-                    storage_profile=az.compute.VirtualMachineScaleSetStorageProfileArgs(
-                        image_reference=self.image,
-                        os_disk=az.compute.VirtualMachineScaleSetOSDiskArgs(
-                            create_option="FromImage",
-                            disk_size_gb=ROOT_GB,
-                            managed_disk=az.compute.VirtualMachineScaleSetManagedDiskParametersArgs(
-                                storage_account_type="Premium_LRS"
-                            ),
-                        ),
-                    ),
-                    network_profile=az.compute.VirtualMachineScaleSetNetworkProfileArgs(
-                        network_interface_configurations=[
-                            az.compute.VirtualMachineScaleSetNetworkConfigurationArgs(
-                                name="primary",
-                                primary=True,
-                                enable_accelerated_networking=True,
-                                network_security_group=az.compute.SubResourceArgs(id=nsg.id),
-                                ip_configurations=[
-                                    az.compute.VirtualMachineScaleSetIPConfigurationArgs(
-                                        name="primary",
-                                        subnet=az.compute.ApiEntityReferenceArgs(id=subnet.id),
-                                    )
-                                ],
-                            )
-                        ]
-                    ),
-                    security_profile=security,
-                ),
-                tags=tags,
-                opts=here,
-            )
-            self.templates[pool.name] = scale_set.id
+                security_profile=_SECURITY,
+            ),
+            tags=where.tags,
+            opts=where.opts,
+        )
+
+
+@dataclass(frozen=True)
+class _Where:
+    """What a pool's machines are placed in: group, subnet, security group, placement."""
+
+    group: az.resources.ResourceGroup
+    subnet: az.network.Subnet
+    nsg: az.network.NetworkSecurityGroup
+    ppg: az.compute.ProximityPlacementGroup
+    tags: dict[str, str]
+    opts: pulumi.ResourceOptions
+
+
+# every machine, lasting or burst: a Premium SSD root of ROOT_GB, encrypted at the host
+_DISK_TYPE = "Premium_LRS"
+_SECURITY = az.compute.SecurityProfileArgs(encryption_at_host=True)
