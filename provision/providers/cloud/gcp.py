@@ -85,22 +85,7 @@ class GcpCluster(pulumi.ComponentResource):
         here: pulumi.ResourceOptions,
     ) -> None:
         tag = layout.name(pool.name)
-        for n, rule in enumerate(pool.ingress):
-            ports = (
-                str(rule.from_port)
-                if rule.from_port == rule.to_port
-                else (f"{rule.from_port}-{rule.to_port}")
-            )
-            gcp.compute.Firewall(
-                layout.name(pool.name, f"in{n}"),
-                network=network.id,
-                description=rule.description,
-                direction="INGRESS",
-                source_ranges=list(rule.cidrs),
-                target_tags=[tag],
-                allows=[gcp.compute.FirewallAllowArgs(protocol=rule.protocol, ports=[ports])],
-                opts=here,
-            )
+        _firewall_rules(layout, pool, network, tag, here)
         policy_link = None
         if pool.gpus:
             policy = gcp.compute.ResourcePolicy(
@@ -112,16 +97,6 @@ class GcpCluster(pulumi.ComponentResource):
                 opts=here,
             )
             policy_link = policy.self_link
-        nics = [
-            gcp.compute.InstanceTemplateNetworkInterfaceArgs(
-                subnetwork=subnet.id,
-                nic_type="GVNIC",
-                access_configs=[gcp.compute.InstanceTemplateNetworkInterfaceAccessConfigArgs()],
-            )
-        ] + [
-            gcp.compute.InstanceTemplateNetworkInterfaceArgs(subnetwork=s.id, nic_type="GVNIC")
-            for s in extra[: pool.extra_nics]
-        ]
         template = gcp.compute.InstanceTemplate(
             layout.name(pool.name, "tpl"),
             name_prefix=f"{tag}-",
@@ -136,7 +111,7 @@ class GcpCluster(pulumi.ComponentResource):
                     disk_type="pd-ssd",
                 )
             ],
-            network_interfaces=nics,
+            network_interfaces=_interfaces(pool, subnet, extra),
             scheduling=gcp.compute.InstanceTemplateSchedulingArgs(
                 on_host_maintenance="TERMINATE" if pool.gpus else "MIGRATE",
                 automatic_restart=True,
@@ -164,3 +139,46 @@ class GcpCluster(pulumi.ComponentResource):
                     lambda n: (n.access_configs[0].nat_ip or "") if n.access_configs else ""
                 ),
             }
+
+
+def _firewall_rules(
+    layout: CloudLayout,
+    pool: CloudPool,
+    network: gcp.compute.Network,
+    tag: str,
+    here: pulumi.ResourceOptions,
+) -> None:
+    """The pool's ingress from the cluster's rule set: one rule each, on the pool's tag."""
+    for n, rule in enumerate(pool.ingress):
+        ports = (
+            str(rule.from_port)
+            if rule.from_port == rule.to_port
+            else f"{rule.from_port}-{rule.to_port}"
+        )
+        gcp.compute.Firewall(
+            layout.name(pool.name, f"in{n}"),
+            network=network.id,
+            description=rule.description,
+            direction="INGRESS",
+            source_ranges=list(rule.cidrs),
+            target_tags=[tag],
+            allows=[gcp.compute.FirewallAllowArgs(protocol=rule.protocol, ports=[ports])],
+            opts=here,
+        )
+
+
+def _interfaces(
+    pool: CloudPool, subnet: gcp.compute.Subnetwork, extra: list[gcp.compute.Subnetwork]
+) -> list[gcp.compute.InstanceTemplateNetworkInterfaceArgs]:
+    """gVNIC on the cluster's subnet with a public address, then the type's extra NICs, one
+    network each (4 on a3-highgpu-8g)."""
+    return [
+        gcp.compute.InstanceTemplateNetworkInterfaceArgs(
+            subnetwork=subnet.id,
+            nic_type="GVNIC",
+            access_configs=[gcp.compute.InstanceTemplateNetworkInterfaceAccessConfigArgs()],
+        )
+    ] + [
+        gcp.compute.InstanceTemplateNetworkInterfaceArgs(subnetwork=s.id, nic_type="GVNIC")
+        for s in extra[: pool.extra_nics]
+    ]
