@@ -155,62 +155,28 @@ def test_the_collection_builds_installs_and_a_playbook_using_it_is_lint_clean(
         "HOME": str(tmp_path),
         "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
     }
-    subprocess.run(
-        [
-            str(BIN / "ansible-galaxy"),
-            "collection",
-            "build",
-            "--output-path",
-            str(tmp_path),
-            str(COLLECTION),
-        ],
-        check=True,
-        capture_output=True,
-        env=env,
-        cwd=tmp_path,
-    )
+
+    def tool(*args: str, cwd: Path = tmp_path) -> subprocess.CompletedProcess[str]:
+        # in tmp_path by default: away from the checkout's ansible.cfg, which finds the
+        # collection in the package and would make the install a no-op
+        done = subprocess.run([str(BIN / args[0]), *args[1:]], cwd=cwd, env=env,
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    tool("ansible-galaxy", "collection", "build", "--output-path", str(tmp_path), str(COLLECTION))
     (tarball,) = tmp_path.glob("gpu_provision-cluster-*.tar.gz")
     with tarfile.open(tarball) as tar:
         names = tar.getnames()
     assert "roles/slurm/tasks/main.yml" in names and "playbooks/site.yml" in names
     assert "plugins/modules/nvidia_gpu_facts.py" in names and "MANIFEST.json" in names
     installed = tmp_path / "collections"
-    subprocess.run(
-        [
-            str(BIN / "ansible-galaxy"),
-            "collection",
-            "install",
-            "--no-deps",
-            "-p",
-            str(installed),
-            str(tarball),
-        ],
-        check=True,
-        capture_output=True,
-        env=env,
-        cwd=tmp_path,
-    )  # away from the checkout's ansible.cfg, which finds it there
+    tool("ansible-galaxy", "collection", "install", "--no-deps", "-p", str(installed), str(tarball))
     assert (installed / "ansible_collections" / "gpu_provision" / "cluster" / "roles").is_dir()
     project = tmp_path / "project"
     project.mkdir()
     (project / "site.yml").write_text(PLAYBOOK)
     (project / "ansible.cfg").write_text(f"[defaults]\ncollections_path = {installed}\n")
-    lint = subprocess.run(
-        [str(BIN / "ansible-lint"), "--offline", "--profile", "production", "site.yml"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-    )
-    assert lint.returncode == 0, lint.stdout + lint.stderr
+    tool("ansible-lint", "--offline", "--profile", "production", "site.yml", cwd=project)
     # and ansible finds its roles and module by their full names
-    check = subprocess.run(
-        [str(BIN / "ansible-playbook"), "--syntax-check", "-i", "localhost,", "site.yml"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
+    tool("ansible-playbook", "--syntax-check", "-i", "localhost,", "site.yml", cwd=project)
