@@ -31,7 +31,7 @@ def generate(path: Path) -> None:
         # eight rails, each as large as the management network: every node keeps its offset
         "  fabric: {kind: infiniband, subnet: 10.128.0.0/11}",
         "pools:",
-        "  - {name: head, role: head, profile: cpu-node, count: 2, first_address: 10.64.0.11}",
+        "  - {name: head, role: head, profile: cpu-node, count: 1, first_address: 10.64.0.11}",
     ]
     remaining = NODES - 2
     for i in range(POOLS - 1):
