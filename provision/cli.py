@@ -215,6 +215,32 @@ def verify(spec: SpecArg = DEFAULT_SPEC, state_dir: StateOpt = None) -> None:
         raise typer.Exit(1)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@guarded
+def ssh(
+    node: Annotated[str, typer.Argument(help="node name", show_default=False)],
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="after --: the command, run by the node's shell (its words joined with "
+            "spaces, as ssh does); none: an interactive shell",
+            show_default=False,
+        ),
+    ] = None,
+    spec: Annotated[
+        Path, typer.Option("--spec", "-f", help="cluster spec", show_default=False)
+    ] = DEFAULT_SPEC,
+    state_dir: StateOpt = None,
+) -> None:
+    """Run a command on a node (or open a shell there) with the cluster's key and host keys;
+    its output and exit code pass through unchanged."""
+    from provision.lifecycle import ssh_argv
+
+    argv = ssh_argv(spec, _state_root(state_dir), node, list(command or []))
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)
+
+
 @app.command()
 @guarded
 def destroy(

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from provision.cluster import Cluster
+from provision.cluster import Cluster, compress
 from provision.errors import OperationError, UsageError
 from provision.preflight import preflight
 from provision.providers import get_provider
-from provision.providers.cloud import check_ready
+from provision.providers.cloud import addresses_from, check_ready
 from provision.render import render, write_render
 from provision.run.ansible import RunResult, run_playbook
 from provision.run.progress import HostProgress, summary_table
@@ -171,3 +171,29 @@ def destroy(spec_path: Path, state_root: Path, console: Console) -> list[str]:
             console.print("static hosts are left as they are: destroy only forgets them")
         state.remove()
     return removed
+
+
+def ssh_argv(spec_path: Path, state_root: Path, node_name: str, command: list[str]) -> list[str]:
+    """The ssh command line that reaches a node as Ansible does: the cluster's key, user, port
+    and known_hosts (host keys learned on first contact, checked ever after). The words of
+    `command` are passed on; ssh joins them with spaces and the node's shell runs them."""
+    spec, cluster, state = open_cluster(spec_path, state_root)
+    node = next((n for n in cluster.nodes if n.name == node_name), None)
+    if node is None:
+        names = compress([n.name for n in cluster.nodes])
+        raise UsageError(f"{spec_path}: no node named '{node_name}' (the nodes: {names})")
+    address = node.address
+    if address is None and node.provider in CLOUD_PROVIDERS:
+        outputs = state.dir / f"cloud-{node.provider}.json"
+        if outputs.exists():
+            address = addresses_from(json.loads(outputs.read_text())).get(node.name)
+    if address is None:
+        why = "elastic nodes exist only while Slurm has them up" if node.elastic else "run apply"
+        raise UsageError(f"{node_name} has no known address yet: {why}")
+    argv = ["ssh", "-o", "StrictHostKeyChecking=accept-new",
+            "-o", f"UserKnownHostsFile={state.known_hosts.resolve()}",
+            "-p", str(spec.ssh.port), "-l", spec.ssh.user]  # fmt: skip
+    key = private_key(spec, state)
+    if key is not None:
+        argv += ["-i", str(key.resolve()), "-o", "IdentitiesOnly=yes"]
+    return [*argv, "--", str(address), *command]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +134,58 @@ def test_destroy_without_an_answer_changes_nothing(tmp_path: Path) -> None:
     assert "aborted: nothing was changed" in r.stderr
     assert "internal error" not in r.stderr
     assert (tmp_path / "superpod").exists()
+
+
+FAKE_SSH = """#!/bin/sh
+# stands for ssh: records its words, one per line, then answers as a node would
+printf '%s\\n' "$@" > "$(dirname "$0")/argv"
+echo "from the node"
+echo "on stderr" >&2
+exit 7
+"""
+
+
+def _ssh(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "ssh").write_text(FAKE_SSH)
+    (bindir / "ssh").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    return subprocess.run([sys.executable, "-m", "provision", "ssh",
+                           "--state-dir", str(tmp_path / "state"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
+
+
+def test_ssh_runs_the_command_with_the_clusters_key_and_passes_its_exit_code(
+    tmp_path: Path,
+) -> None:
+    keys = tmp_path / "state" / "lab" / "keys"
+    keys.mkdir(parents=True)
+    (keys / "id_ed25519").write_text("a key\n")
+    r = _ssh(tmp_path, "compute002", "-f", "examples/lab.yaml", "--", "sinfo", "-h", "-N")
+    assert r.returncode == 7, r.stderr
+    assert r.stdout == "from the node\n" and r.stderr == "on stderr\n"
+    argv = (tmp_path / "bin" / "argv").read_text().splitlines()
+    known = tmp_path / "state" / "lab" / "known_hosts"
+    assert argv[argv.index("--") :] == ["--", "10.77.0.13", "sinfo", "-h", "-N"]
+    assert f"UserKnownHostsFile={known.resolve()}" in argv
+    assert "StrictHostKeyChecking=accept-new" in argv
+    assert argv[argv.index("-i") + 1] == str((keys / "id_ed25519").resolve())
+    assert argv[argv.index("-l") + 1] == "root" and argv[argv.index("-p") + 1] == "22"
+
+
+def test_ssh_without_a_command_opens_a_shell(tmp_path: Path) -> None:
+    r = _ssh(tmp_path, "head001", "-f", "examples/lab.yaml")
+    assert r.returncode == 7, r.stderr
+    argv = (tmp_path / "bin" / "argv").read_text().splitlines()
+    assert argv[-2:] == ["--", "10.77.0.11"] and "-i" not in argv  # no key made yet
+
+
+def test_ssh_to_an_unknown_node_or_one_without_an_address_is_exit_2(tmp_path: Path) -> None:
+    r = _ssh(tmp_path, "head999", "-f", "examples/lab.yaml")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "no node named 'head999' (the nodes: compute[001-002],head001)" in r.stderr
+    r = _ssh(tmp_path, "aws-h100-001", "-f", "examples/hybrid-cloud.yaml", "--", "true")
+    assert r.returncode == 2, r.stderr
+    assert "aws-h100-001 has no known address yet: run apply" in r.stderr
+    assert not (tmp_path / "bin" / "argv").exists()

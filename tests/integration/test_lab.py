@@ -84,6 +84,18 @@ def test_verify_on_demand(lab: tuple[Path, Path]) -> None:
     assert r.stdout.count("PASS") == 33
 
 
+def test_ssh_reaches_the_head_as_a_user_would(lab: tuple[Path, Path]) -> None:
+    spec, work = lab
+    r = provision(
+        "ssh", "-f", str(spec), "head001", "--", "sinfo", "-h", "-o", "'%P %D %t'", cwd=work
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "compute* 2 idle\n"
+    # the node's shell runs the words; its exit code comes back unchanged
+    r = provision("ssh", "-f", str(spec), "compute001", "--", "hostname;", "exit", "3", cwd=work)
+    assert r.returncode == 3 and r.stdout == "compute001\n", r.stderr
+
+
 def test_second_apply_changes_nothing(lab: tuple[Path, Path]) -> None:
     spec, work = lab
     r = provision("apply", str(spec), cwd=work)
