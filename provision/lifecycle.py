@@ -14,14 +14,14 @@ from provision.cluster import Cluster, compress
 from provision.errors import OperationError, UsageError
 from provision.preflight import preflight
 from provision.providers import get_provider
-from provision.providers.cloud import addresses_from, check_ready
+from provision.providers.cloud import check_ready, saved_addresses
 from provision.render import render, write_render
 from provision.run.ansible import RunResult, run_playbook
 from provision.run.progress import HostProgress, summary_table
 from provision.secrets import ensure_cluster_secrets
 from provision.spec import Spec, load_spec
 from provision.spec.models import CLOUD_PROVIDERS, PROVIDER_ORDER
-from provision.sshkeys import private_key
+from provision.sshkeys import host_key_options, private_key
 from provision.state import State, command_line
 from provision.verify import CheckResult, verify_cluster
 
@@ -184,15 +184,11 @@ def ssh_argv(spec_path: Path, state_root: Path, node_name: str, command: list[st
         raise UsageError(f"{spec_path}: no node named '{node_name}' (the nodes: {names})")
     address = node.address
     if address is None and node.provider in CLOUD_PROVIDERS:
-        outputs = state.dir / f"cloud-{node.provider}.json"
-        if outputs.exists():
-            address = addresses_from(json.loads(outputs.read_text())).get(node.name)
+        address = saved_addresses(state, node.provider).get(node.name)
     if address is None:
         why = "elastic nodes exist only while Slurm has them up" if node.elastic else "run apply"
         raise UsageError(f"{node_name} has no known address yet: {why}")
-    argv = ["ssh", "-o", "StrictHostKeyChecking=accept-new",
-            "-o", f"UserKnownHostsFile={state.known_hosts.resolve()}",
-            "-p", str(spec.ssh.port), "-l", spec.ssh.user]  # fmt: skip
+    argv = ["ssh", *host_key_options(state), "-p", str(spec.ssh.port), "-l", spec.ssh.user]
     key = private_key(spec, state)
     if key is not None:
         argv += ["-i", str(key.resolve()), "-o", "IdentitiesOnly=yes"]

@@ -52,6 +52,16 @@ def public_key(spec: Spec, state: State) -> str:
     return public.read_text().strip()
 
 
+def host_key_options(state: State) -> list[str]:
+    """ssh options for host keys: learned on first contact, checked ever after, per cluster."""
+    return [
+        "-o",
+        "StrictHostKeyChecking=accept-new",
+        "-o",
+        f"UserKnownHostsFile={state.known_hosts.resolve()}",
+    ]
+
+
 def forget_host_key(state: State, address: str) -> None:
     """Drop an address from the cluster's known_hosts (a new node there has new host keys)."""
     if state.known_hosts.exists():

@@ -14,6 +14,7 @@ from typing import Any
 
 from provision import assets
 from provision.errors import OperationError
+from provision.sshkeys import host_key_options
 from provision.state import State
 
 EventHandler = Callable[[dict[str, Any]], None]
@@ -56,12 +57,7 @@ class RunResult:
 
 def ssh_common_args(state: State) -> str:
     """Host keys: learned on first contact, checked ever after, kept per cluster."""
-    return " ".join(
-        [
-            "-o StrictHostKeyChecking=accept-new",
-            f"-o UserKnownHostsFile={shlex.quote(str(state.known_hosts.resolve()))}",
-        ]
-    )
+    return shlex.join(host_key_options(state))
 
 
 def run_playbook(

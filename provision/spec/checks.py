@@ -204,7 +204,7 @@ def _check_scheduler(spec: Spec) -> list[Problem]:
             )
         )
     if spec.scheduler == "kubernetes" and spec.kubernetes.ha:
-        heads = sum(_pool_size(spec, i) for i, p in enumerate(spec.pools) if p.role == "head")
+        heads = sum(p.size for p in spec.pools if p.role == "head")
         if heads < 3:
             problems.append(
                 (
@@ -353,11 +353,6 @@ def _check_gpu(spec: Spec) -> list[Problem]:
                 )
             )
     return problems
-
-
-def _pool_size(spec: Spec, i: int) -> int:
-    pool = spec.pools[i]
-    return len(pool.hosts) if pool.hosts is not None else pool.count or 0
 
 
 def _check_security(spec: Spec) -> list[Problem]:

@@ -510,6 +510,11 @@ class Pool(Model):
     region: CloudPlace | None = Field(default=None, description="cloud region (cloud providers)")
     zone: CloudPlace | None = Field(default=None, description="cloud zone (cloud providers)")
 
+    @property
+    def size(self) -> int:
+        """Nodes in the pool: its hosts, or its count."""
+        return len(self.hosts) if self.hosts is not None else self.count or 0
+
 
 class SlurmSettings(Model):
     """Slurm: accounting, the default partition and extra slurm.conf keys."""

@@ -33,12 +33,11 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                     "leave elastic out and size the pool with count",
                 )
             )
-        size = len(pool.hosts) if pool.hosts is not None else pool.count or 0
-        if pool.role == "head" and spec.scheduler == "slurm" and size > 1:
+        if pool.role == "head" and spec.scheduler == "slurm" and pool.size > 1:
             problems.append(
                 (
                     ("pools", i, "hosts" if pool.hosts is not None else "count"),
-                    f"not supported yet: {size} head nodes (a backup controller needs a "
+                    f"not supported yet: {pool.size} head nodes (a backup controller needs a "
                     "StateSaveLocation both heads share); give the head pool one node",
                 )
             )

@@ -164,6 +164,17 @@ def program(kind: str, cluster: Cluster, ssh_public_key: str) -> Callable[[], No
     return run
 
 
+def outputs_file(state: State, kind: str) -> Path:
+    """Where apply keeps a cloud stack's outputs: node addresses and template IDs."""
+    return state.dir / f"cloud-{kind}.json"
+
+
+def saved_addresses(state: State, kind: str) -> dict[str, ipaddress.IPv4Address]:
+    """The node addresses of the last `pulumi up` of that cloud, or {} before any."""
+    path = outputs_file(state, kind)
+    return addresses_from(json.loads(path.read_text())) if path.exists() else {}
+
+
 def addresses_from(outputs: dict[str, Any]) -> dict[str, ipaddress.IPv4Address]:
     """Node name -> the address Ansible reaches it at (public if it has one, else private)."""
     out = {}
@@ -239,7 +250,7 @@ class CloudProvider:
             ) from None
         outputs = {k: v.value for k, v in result.outputs.items()}
         # node addresses and template IDs, for bursting and for people: no secrets in them
-        (state.dir / f"cloud-{self.kind}.json").write_text(
+        outputs_file(state, self.kind).write_text(
             json.dumps(outputs, indent=1, sort_keys=True) + "\n"
         )
         return addresses_from(outputs)
