@@ -116,6 +116,36 @@ def test_a_different_gpu_model_fails_the_count() -> None:
     assert found["gpu.count"][0] is False
 
 
+def test_a_recorded_h200_passes_what_a_one_gpu_vm_can() -> None:
+    """Recorded on a one-GPU H200 virtual machine (driver 580, open kernel module): every check
+    a single PCIe-attached GPU can pass passes; its NVLink links are down and say so."""
+    gpus = parse_gpu_query(_read("query-gpu-h200-recorded.csv"))
+    assert [(g.index, g.name, g.memory_mib) for g in gpus] == [(0, "NVIDIA H200", 143771)]
+    want = GpuExpect(
+        count=1,
+        family="h200",
+        memory_gib=141,
+        driver="580",
+        nvlink_links=18,
+        pcie_gen=5,
+        pcie_width=16,
+        nvswitch=False,
+        busbw_gbs=None,
+    )
+    found = _findings(
+        "query-gpu-h200-recorded.csv",
+        "remapped-rows-h200-recorded.csv",
+        "nvlink-status-h200-vm-recorded.txt",
+        want,
+    )
+    assert found["gpu.count"] == (True, "1 of 1 H200 141 GB: NVIDIA H200")
+    for check in ("gpu.driver", "gpu.persistence", "gpu.memory-errors", "gpu.pcie"):
+        assert found[check][0] is True, (check, found[check])
+    # nvidia-smi prints nothing for a GPU without NVLink peers: no links up, never a pass
+    assert _read("nvlink-status-h200-vm-recorded.txt") == ""
+    assert found["gpu.nvlink"] == (False, "GPU 0: 0 of 18 up")
+
+
 def test_no_driver_in_a_container_is_no_gpu() -> None:
     text = _read("no-driver-container.txt")
     assert parse_gpu_query(text) == []
@@ -194,6 +224,16 @@ def test_gpu_facts_count_gpus_and_nvswitches(tmp_path: Path) -> None:
         "nvidia_loaded_driver": "550.90.07",
         "nvidia_summary": "8 NVIDIA GPU(s), 4 NVSwitch(es)",
     }
+
+
+def test_gpu_facts_read_a_recorded_580_open_module_version(tmp_path: Path) -> None:
+    _pci(tmp_path, "0000:00:06.0", "0x10de", "0x030200")  # as the H200 VM's sysfs has it
+    version = tmp_path / "proc" / "driver" / "nvidia" / "version"
+    version.parent.mkdir(parents=True)
+    shutil.copy(DATA / "proc-driver-version-580-open-recorded.txt", version)
+    facts = _facts_module().detect(str(tmp_path))
+    assert facts["nvidia_loaded_driver"] == "580.159.04"
+    assert facts["nvidia_gpu_count"] == 1 and facts["nvidia_hardware"] is True
 
 
 def test_gpu_facts_in_a_container_never_touch_the_kernel(tmp_path: Path) -> None:
