@@ -355,6 +355,48 @@ def bmc_credentials(
     out.print(f"bmc-credentials: saved for user {user} in {path} (0600)")
 
 
+burst_app = typer.Typer(help="Elastic pools: what Slurm has up, powering up and down.")
+app.add_typer(burst_app, name="burst")
+
+
+@burst_app.command("status")
+@guarded
+def burst_status(
+    spec: Annotated[
+        Path, typer.Option("--spec", "-f", help="cluster spec", show_default=False)
+    ] = DEFAULT_SPEC,
+    state_dir: StateOpt = None,
+) -> None:
+    """Each elastic pool as the head's Slurm sees it, its cost per hour now, and the burst
+    programs' last log lines."""
+    from provision.bursting import burst_status as read_status
+
+    pools, log = read_status(spec, _state_root(state_dir))
+    table = Table(title="Elastic pools")
+    for col in ("pool", "nodes", "up", "powering up", "powering down", "powered down", "down"):
+        table.add_column(col)
+    table.add_column("USD/h now")
+    for p in pools:
+        down = ", ".join(f"{n} ({reason})" for n, reason in sorted(p.down.items()))
+        cost = "-" if p.usd_per_hour is None else f"{p.usd_per_hour:.2f}"
+        table.add_row(
+            p.pool,
+            str(p.nodes),
+            *(compress_names(x) for x in (p.up, p.powering_up, p.powering_down, p.powered_down)),
+            down or "-",
+            cost,
+        )
+    out.print(table)
+    for line in log:
+        out.print(line, markup=False)
+
+
+def compress_names(names: list[str]) -> str:
+    from provision.cluster import compress
+
+    return f"{len(names)} {compress(names)}" if names else "0"
+
+
 @app.command()
 @guarded
 def schema(

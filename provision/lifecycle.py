@@ -15,9 +15,13 @@ from provision.errors import OperationError, UsageError
 from provision.preflight import preflight
 from provision.providers import get_provider
 from provision.providers.cloud import check_ready, saved_addresses
+from provision.providers.lab import burst as lab_burst
+from provision.providers.lab.image import debian_mirror, ensure_image
 from provision.render import render, write_render
+from provision.render.burst import burst_config
 from provision.run.ansible import RunResult, run_playbook
 from provision.run.progress import HostProgress, summary_table
+from provision.run.wheel import build_wheel
 from provision.secrets import ensure_cluster_secrets
 from provision.spec import Spec, load_spec
 from provision.spec.models import CLOUD_PROVIDERS, PROVIDER_ORDER
@@ -130,15 +134,33 @@ def _apply(
     console.print(f"preflight: {len(checks)} checks passed")
 
     hosts = [n.name for n in cluster.lasting_nodes]
-    console.print(f"ansible: playbooks/site.yml on {len(hosts)} host(s)")
-    with _Phase(report, "ansible"), HostProgress(console, hosts) as progress:
-        report.run = run_playbook(
-            "site.yml",
-            state,
-            key,
-            on_event=progress,
-            extra_vars={"provision_secrets_dir": str(secrets_dir.resolve())},
-        )
+    extra_vars = {"provision_secrets_dir": str(secrets_dir.resolve())}
+    if any(n.elastic for n in cluster.nodes):
+        extra_vars["provision_burst_wheel"] = str(build_wheel(state.dir / "wheel").resolve())
+    builds, inventories = _start_image_builds(cluster, state, console)
+    console.print(f"ansible: playbooks/site.yml on {len(hosts) + len(builds)} host(s)")
+    try:
+        with (
+            _Phase(report, "ansible"),
+            HostProgress(console, hosts + [b.host for b in builds]) as progress,
+        ):
+            report.run = run_playbook(
+                "site.yml",
+                state,
+                key,
+                on_event=progress,
+                extra_vars=extra_vars,
+                extra_inventory=inventories,
+            )
+    finally:
+        if builds:
+            with _Phase(report, "images"):
+                ok = report.run is not None and report.run.rc == 0
+                config = burst_config(cluster)
+                assert config is not None  # builds exist only for elastic pools
+                lab_burst.finish_builders(builds, config.conf_server, state, ok)
+            if ok:
+                console.print(f"images: {', '.join(b.image for b in builds)} made")
     console.print(summary_table(report.run))
     if report.run.rc != 0:
         failed = ", ".join(report.run.failed_hosts) or "see the log"
@@ -151,6 +173,22 @@ def _apply(
         with _Phase(report, "verify"):
             report.checks = verify_cluster(cluster, state, key)
     return report
+
+
+def _start_image_builds(
+    cluster: Cluster, state: State, console: Console
+) -> tuple[list[lab_burst.ImageBuild], list[Path]]:
+    """Builder containers for the elastic lab pools whose image is missing or stale."""
+    if not lab_burst.elastic_lab_pools(cluster):
+        return [], []
+    base, _ = ensure_image(debian_mirror())
+    builds = lab_burst.stale_images(cluster, state, base)
+    if not builds:
+        return [], []
+    console.print(
+        f"images: making {', '.join(b.image for b in builds)} (the compute roles applied)"
+    )
+    return builds, [lab_burst.start_builders(builds, base, cluster, state)]
 
 
 def verify(spec_path: Path, state_root: Path) -> list[CheckResult]:

@@ -11,14 +11,14 @@ from .conftest import ROOT
 PACKAGE = ROOT / "provision"
 # lowest first; a module may import from its own layer and the ones before it
 LAYERS: list[set[str]] = [
-    {"errors", "assets", "state", "secrets"},
+    {"errors", "assets", "state", "secrets", "burst"},
     {"spec"},
     {"cluster", "sshkeys"},
     {"render"},
     {"providers"},
     {"run"},
     {"preflight", "verify"},
-    {"lifecycle", "plan", "power"},
+    {"lifecycle", "plan", "power", "bursting"},
     {"cli", "__main__"},
 ]
 

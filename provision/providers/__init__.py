@@ -49,7 +49,8 @@ def get_provider(kind: str, spec: Spec, log: Callable[[str], None] | None = None
     if kind == "lab":
         from provision.providers.lab import LabProvider
 
-        return LabProvider(spec.name, spec.network.management.cidr, log)
+        elastic = [p.name for p in spec.pools if p.elastic and p.provider == "lab"]
+        return LabProvider(spec.name, spec.network.management.cidr, log, elastic)
     if kind in CLOUD_PROVIDERS:
         from provision.providers.cloud import CloudProvider
 

@@ -8,6 +8,7 @@ variables are inventory.py, the variables' readers contract.py.
 from __future__ import annotations
 
 from provision.cluster import Cluster
+from provision.render.burst import burst_config
 from provision.render.firewall import address_sets, pool_rules, rule_lines
 from provision.render.gpu import nccl_conf
 from provision.render.inventory import NFT_SETS_PATH, render_group_vars, render_inventory
@@ -56,4 +57,7 @@ def render(cluster: Cluster) -> dict[str, str]:
             "gres.conf.j2", header=header, **gres_conf_context(cluster)
         )
         files["files/slurm/cgroup.conf"] = template("cgroup.conf.j2", header=header)
+        burst = burst_config(cluster)
+        if burst is not None:
+            files["files/burst/burst.json"] = burst.to_json()
     return dict(sorted(files.items()))

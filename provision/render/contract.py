@@ -46,6 +46,14 @@ _TABLE = (
         "provision_secrets_dir", "extra", ("munge", "slurm"),
         "the state directory's secrets (munge key, slurmdbd password): read on the controller",
     ),
+    Variable(
+        "provision_burst", "all", ("playbooks/site",),
+        "an elastic pool exists: the burst programs go on the heads",
+    ),
+    Variable(
+        "provision_burst_wheel", "extra", ("burst",),
+        "this project's wheel, made by apply on the workstation, for the heads' burst programs",
+    ),
     Variable("common_time_servers", "all", ("common",), "network.time_servers"),
     Variable("common_time_allow", "all", ("common",), "the management network, chrony's clients"),
     Variable("common_admin_users", "all", ("common",), "security.admins"),

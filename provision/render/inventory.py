@@ -112,6 +112,8 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
             {"name": a.name, "sudo": a.sudo, "ssh_keys": list(a.ssh_keys)}
             for a in spec.security.admins
         ]
+    if spec.scheduler == "slurm" and any(p.elastic for p in spec.pools):
+        out["provision_burst"] = True
     if spec.scheduler == "slurm" and "accounting" in spec.slurm.model_fields_set:
         out["slurm_accounting"] = spec.slurm.accounting
     fabric = spec.network.fabric

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 from collections import Counter
 
-from provision.cluster import Cluster, PoolView
+from provision.cluster import Cluster, PoolView, compress
 from provision.spec.ports import SLURM_DIRECTORIES, service_ports
 
 # Memory Slurm may hand to jobs: what the profile lists, less what the OS and daemons keep.
 # A node whose RealMemory is above what slurmd finds is drained, so stay under.
 REAL_MEMORY_FRACTION = 0.95
 
-# Elastic nodes: how long a node may sit idle before it is removed, and how long it may take
-# to come up.
-SUSPEND_TIME_S = 600
-RESUME_TIMEOUT_S = 900
+# Elastic nodes: Slurm's power-saving hooks are the burst programs the burst role installs on
+# every head (python3 -m provision.burst, as root through sudo; see provision/burst/).
+BURST_PROGRAMS = "/usr/local/libexec/provision"
+# seconds a removed node may take to leave (the programs return at once; the container or
+# instance is gone within this)
+SUSPEND_TIMEOUT_S = 60
+# Node weights: Slurm fills the lowest weight first, so lasting nodes before burst nodes.
+WEIGHT_LASTING = 1
+WEIGHT_ELASTIC = 100
 
 
 def _fmt(value: str | int | bool) -> str:
@@ -59,13 +64,40 @@ def slurm_settings(cluster: Cluster) -> list[tuple[str, str]]:
         settings["AccountingStorageHost"] = heads[0].name
         settings["AccountingStorageTRES"] = "gres/gpu"
     if any(n.elastic for n in cluster.nodes):
-        settings["SuspendTime"] = SUSPEND_TIME_S
-        settings["ResumeTimeout"] = RESUME_TIMEOUT_S
-        settings["CommunicationParameters"] = "NoAddrCache"
-        settings["TreeWidth"] = 65533
+        settings.update(power_saving(cluster))
     settings.update(spec.slurm.config)
     pairs = [("SlurmctldHost", h.name) for h in heads]
     return pairs + [(k, _fmt(v)) for k, v in settings.items()]
+
+
+def power_saving(cluster: Cluster) -> dict[str, str | int | bool]:
+    """The power-saving block of a cluster with elastic pools: the burst programs, their
+    timeouts and rates, and what lets a node join and leave without a restart."""
+    spec = cluster.spec
+    lasting = [n.name for n in cluster.lasting_nodes if n.role == "compute"]
+    settings: dict[str, str | int | bool] = {
+        "ResumeProgram": f"{BURST_PROGRAMS}/burst-resume",
+        "SuspendProgram": f"{BURST_PROGRAMS}/burst-suspend",
+        "ResumeFailProgram": f"{BURST_PROGRAMS}/burst-resume-fail",
+        "SuspendTime": spec.slurm.suspend_time,
+        "SuspendTimeout": SUSPEND_TIMEOUT_S,
+        "ResumeTimeout": spec.slurm.resume_timeout,
+        # 0: no limit; the programs start or remove a whole hostlist in one call
+        "ResumeRate": 0,
+        "SuspendRate": 0,
+        # burst nodes run `slurmd --conf-server`: slurm.conf comes from slurmctld, never a copy;
+        # a node that is powered down shows idle~, not down~, so jobs keep landing there
+        "SlurmctldParameters": "enable_configless,idle_on_node_suspend",
+        # sinfo and scontrol show powered-down elastic nodes (idle~) instead of hiding them
+        "PrivateData": "cloud",
+        # addresses of nodes that come and go are looked up anew, never cached
+        "CommunicationParameters": "NoAddrCache",
+        "TreeWidth": 65533,
+    }
+    if lasting:
+        # lasting nodes are never powered down, only elastic ones
+        settings["SuspendExcNodes"] = compress(lasting)
+    return settings
 
 
 def node_line(view: PoolView) -> str:
@@ -91,6 +123,7 @@ def node_line(view: PoolView) -> str:
     if view.pool.elastic:
         features.append("elastic")
     parts.append("Feature=" + ",".join(features))
+    parts.append(f"Weight={WEIGHT_ELASTIC if view.pool.elastic else WEIGHT_LASTING}")
     parts.append("State=CLOUD" if view.pool.elastic else "State=UNKNOWN")
     return " ".join(parts)
 

@@ -69,6 +69,7 @@ def run_playbook(
     tags: str | None = None,
     extra_env: dict[str, str] | None = None,
     extra_vars: dict[str, str] | None = None,
+    extra_inventory: list[Path] | None = None,
 ) -> RunResult:
     """Run one playbook of playbooks/. extra_vars carry paths and switches, never secrets
     (they appear on Ansible's command line)."""
@@ -118,7 +119,9 @@ def run_playbook(
         ident=ident,
         project_dir=str(assets.playbook(playbook).parent),
         playbook=playbook,
-        inventory=str(inventory.resolve()),
+        inventory=[str(p.resolve()) for p in [inventory, *(extra_inventory or [])]]
+        if extra_inventory
+        else str(inventory.resolve()),
         envvars=envvars,
         cmdline=" ".join(cmdline) or None,
         limit=limit,

@@ -500,7 +500,10 @@ class Pool(Model):
     )
     elastic: bool = Field(
         default=False,
-        description="nodes are created when jobs wait and removed when idle (not supported yet)",
+        description=(
+            "nodes are created when jobs wait and removed when idle (lab pools; cloud pools: "
+            "not supported yet)"
+        ),
     )
     mig: list[MigProfile] | None = Field(
         default=None,
@@ -525,6 +528,26 @@ class SlurmSettings(Model):
     )
     srun_port_range: PortRange = Field(
         default="60001-63000", description="ports srun listens on (SrunPortRange)"
+    )
+    suspend_time: int = Field(
+        default=600,
+        ge=30,
+        le=7 * 86400,
+        description="seconds an elastic node may stay idle before it is removed (SuspendTime)",
+    )
+    resume_timeout: int = Field(
+        default=600,
+        ge=60,
+        le=86400,
+        description="seconds an elastic node may take from created to registered (ResumeTimeout)",
+    )
+    burst_cooldown: int = Field(
+        default=600,
+        ge=0,
+        le=86400,
+        description=(
+            "seconds elastic nodes that failed to start stay down before they are tried again"
+        ),
     )
     config: dict[SlurmKey, SlurmValue | int | bool] = Field(
         default={}, description="extra slurm.conf keys; they override the rendered defaults"

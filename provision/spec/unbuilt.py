@@ -25,12 +25,12 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
             )
         )
     for i, pool in enumerate(spec.pools):
-        if pool.elastic:
+        if pool.elastic and pool.provider != "lab":
             problems.append(
                 (
                     ("pools", i, "elastic"),
-                    "not supported yet: elastic pools (nothing creates nodes when jobs wait); "
-                    "leave elastic out and size the pool with count",
+                    f"not supported yet: elastic {pool.provider} pools (bursting is built for "
+                    "lab pools only); leave elastic out and size the pool with count",
                 )
             )
         if pool.role == "head" and spec.scheduler == "slurm" and pool.size > 1:

@@ -105,6 +105,25 @@ def test_second_apply_changes_nothing(lab: tuple[Path, Path]) -> None:
     assert {h: s["changed"] for h, s in hosts.items()} == dict.fromkeys(hosts, 0)
 
 
+def test_an_elastic_pool_added_to_a_running_lab_needs_a_new_head(lab: tuple[Path, Path]) -> None:
+    """The head reaches podman through a mount made when it is created: apply says so, and
+    changes no node."""
+    spec, work = lab
+    burst = spec.with_name("lab-plus-burst.yaml")
+    burst.write_text(
+        spec.read_text().replace(
+            "security:",
+            "  - {name: burst, role: compute, profile: lab-container, provider: lab, count: 2,"
+            " elastic: true}\nsecurity:",
+        )
+    )
+    r = provision("apply", str(burst), cwd=work)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert "head001 was created before the spec had an elastic lab pool" in r.stderr
+    assert "ansible:" not in r.stdout
+
+
 def test_node_stopped_mid_apply(lab: tuple[Path, Path]) -> None:
     """Apply finishes the other nodes, names the lost one, exits 1; a rerun converges."""
     spec, work = lab

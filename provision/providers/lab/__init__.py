@@ -14,35 +14,42 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from provision.burst.config import LAB_LABEL, LAB_SOCKET_DIR, lab_container_prefix, lab_network
 from provision.errors import OperationError
 from provision.providers import ProviderPlan
-from provision.providers.lab import podman
+from provision.providers.lab import burst, podman
 from provision.providers.lab.image import debian_mirror, ensure_image
 from provision.spec.nodes import Node
 from provision.sshkeys import ensure_ssh_key, forget_host_key
 from provision.state import State
 
-LABEL = "provision.cluster"
+LABEL = LAB_LABEL
 SSH_WAIT_S = 90
 
 
 def container_name(cluster: str, node: str) -> str:
-    return f"provision-{cluster}-{node}"
+    return lab_container_prefix(cluster) + node
 
 
 def network_name(cluster: str) -> str:
-    return f"provision-{cluster}"
+    return lab_network(cluster)
 
 
 class LabProvider:
     kind = "lab"
 
     def __init__(
-        self, cluster: str, cidr: ipaddress.IPv4Network, log: Callable[[str], None] | None = None
+        self,
+        cluster: str,
+        cidr: ipaddress.IPv4Network,
+        log: Callable[[str], None] | None = None,
+        burst_pools: list[str] | None = None,
     ) -> None:
         self.cluster = cluster
         self.cidr = cidr
         self.log = log or (lambda _msg: None)
+        # elastic lab pools: the head drives podman through its API to make their nodes
+        self.burst_pools = burst_pools or []
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -89,21 +96,44 @@ class LabProvider:
         if seconds:
             self.log(f"image: built in {seconds:.0f}s")
         self._ensure_network()
+        api = burst.ensure_api_service(state, self.log) if self.burst_pools else None
         existing = self.containers()
         created = []
         for node in nodes:
             name = container_name(self.cluster, node.name)
             status = existing.get(name)
             if status is None:
-                self._create_container(node, image, key)
+                mounts = []
+                if api is not None and node.role == "head":
+                    # root in this head is root on the workstation: a lab's trade (README)
+                    mounts = ["--volume", f"{api.parent.resolve()}:{LAB_SOCKET_DIR}"]
+                self._create_container(node, image, key, mounts)
                 created.append(node)
-            elif status != "running":
-                self.log(f"lab: starting stopped node {node.name}")
-                podman.podman("start", name)
+            else:
+                if api is not None and node.role == "head":
+                    self._require_api_mount(name, node.name)
+                if status != "running":
+                    self.log(f"lab: starting stopped node {node.name}")
+                    podman.podman("start", name)
         for node in created:
             forget_host_key(state, str(node.address))  # a new container has new host keys
         _wait_for_ssh([str(n.address) for n in nodes], SSH_WAIT_S)
         return {n.name: n.address for n in nodes if n.address is not None}
+
+    def _require_api_mount(self, container: str, node: str) -> None:
+        """A head made before the spec had an elastic pool cannot reach podman: say so."""
+        mounts = podman.text(
+            "container",
+            "inspect",
+            container,
+            "--format",
+            "{{range .Mounts}}{{.Destination}} {{end}}",
+        )
+        if str(LAB_SOCKET_DIR) not in mounts.split():
+            raise OperationError(
+                f"{node} was created before the spec had an elastic lab pool, so it cannot reach "
+                "podman to create burst nodes: `provision destroy` the cluster and apply again"
+            )
 
     def _ensure_network(self) -> None:
         name = network_name(self.cluster)
@@ -130,7 +160,7 @@ class LabProvider:
             name,
         )
 
-    def _create_container(self, node: Node, image: str, key: Path) -> None:
+    def _create_container(self, node: Node, image: str, key: Path, mounts: list[str]) -> None:
         name = container_name(self.cluster, node.name)
         self.log(f"lab: creating {node.name} ({node.address})")
         podman.podman(
@@ -149,6 +179,7 @@ class LabProvider:
             "--cap-add",
             "NET_ADMIN",
             "--no-hosts",
+            *mounts,
             image,
             "/sbin/init",
         )
@@ -168,6 +199,8 @@ class LabProvider:
             removed.append(name)
         if podman.network_exists(network_name(self.cluster)):
             podman.podman("network", "rm", "-f", network_name(self.cluster))
+        burst.stop_api_service(state)
+        burst.remove_images(self.cluster, self.burst_pools)
         return removed
 
 

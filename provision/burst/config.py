@@ -1,0 +1,96 @@
+"""The burst configuration: what the programs on the head know of the cluster's elastic pools.
+
+The render writes it (files/burst/burst.json, from the spec alone), the burst role installs it
+at CONFIG_PATH (root, 0600), and the programs read it. It holds no secret: the munge key is read
+from the head's own /etc/munge at resume, and cloud credentials come from the head's instance
+identity.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+CONFIG_PATH = Path("/etc/provision/burst.json")
+LOG_DIR = Path("/var/log/provision")
+# where the head sees the workstation's podman API (lab pools): a folder the lab provider
+# mounts into the head container, holding the socket of a `podman system service`
+LAB_SOCKET_DIR = Path("/run/provision-podman")
+LAB_SOCKET = LAB_SOCKET_DIR / "podman.sock"
+MUNGE_KEY = Path("/etc/munge/munge.key")
+# The lab's names: every container and network of a cluster carries the label; containers are
+# prefix + node name; an elastic pool's nodes start from the pool's image.
+LAB_LABEL = "provision.cluster"
+
+
+def lab_container_prefix(cluster: str) -> str:
+    return f"provision-{cluster}-"
+
+
+def lab_network(cluster: str) -> str:
+    return f"provision-{cluster}"
+
+
+def lab_image(cluster: str, pool: str) -> str:
+    return f"localhost/provision-{cluster}-{pool}:latest"
+
+
+@dataclass(frozen=True)
+class LabPool:
+    image: str  # the pool's image, made by apply with the compute roles applied
+    network: str  # the cluster's podman network
+    container_prefix: str  # container name = prefix + node name
+    label: str  # label=value every container of the cluster carries
+    socket: str = str(LAB_SOCKET)
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    backend: str  # lab (cloud backends: not built yet)
+    nodes: dict[str, str]  # node name -> address
+    lab: LabPool | None = None
+
+
+@dataclass(frozen=True)
+class BurstConfig:
+    cluster: str
+    conf_server: str  # host:port of slurmctld, for `slurmd --conf-server`
+    pools: dict[str, Pool]
+    cooldown: int = 600  # seconds a node whose start failed stays down
+
+    @property
+    def log_path(self) -> Path:
+        return LOG_DIR / f"burst-{self.cluster}.log"
+
+    def pool_of(self, node: str) -> Pool | None:
+        return next((p for p in self.pools.values() if node in p.nodes), None)
+
+    def to_json(self) -> str:
+        pools = {}
+        for name, pool in sorted(self.pools.items()):
+            entry: dict[str, object] = {"backend": pool.backend, "nodes": dict(pool.nodes)}
+            if pool.lab is not None:
+                entry["lab"] = pool.lab.__dict__
+            pools[name] = entry
+        doc = {
+            "cluster": self.cluster,
+            "conf_server": self.conf_server,
+            "cooldown": self.cooldown,
+            "pools": pools,
+        }
+        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+def parse_config(text: str) -> BurstConfig:
+    doc = json.loads(text)
+    pools = {}
+    for name, entry in doc["pools"].items():
+        lab = LabPool(**entry["lab"]) if "lab" in entry else None
+        pools[name] = Pool(name, entry["backend"], dict(entry["nodes"]), lab)
+    return BurstConfig(doc["cluster"], doc["conf_server"], pools, int(doc.get("cooldown", 600)))
+
+
+def load_config(path: Path = CONFIG_PATH) -> BurstConfig:
+    return parse_config(path.read_text(encoding="utf-8"))

@@ -1,0 +1,209 @@
+"""The verbs Slurm runs: resume, suspend, resume-fail, and the reconciler's reconcile.
+
+Each logs one line per node and action to the cluster's burst log, returns within seconds, and
+never leaves a node down without a reason: a node that cannot be made is marked DOWN with the
+cause, so Slurm requeues its job and `sinfo -R` says why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from provision.burst import slurm
+from provision.burst.config import MUNGE_KEY, BurstConfig, Pool
+from provision.burst.podman_api import PodmanAPI, PodmanError
+
+Log = Callable[[str], None]
+
+
+class LabBackend:
+    """Burst nodes as containers of the lab cluster's network, made through the workstation's
+    podman API from the pool's image (the compute roles already applied)."""
+
+    def __init__(self, pool: Pool, munge_key: Path = MUNGE_KEY) -> None:
+        assert pool.lab is not None
+        self.pool, self.lab = pool, pool.lab
+        self.api = PodmanAPI(self.lab.socket)
+        self.munge_key = munge_key
+
+    def container(self, node: str) -> str:
+        return self.lab.container_prefix + node
+
+    def resume(self, node: str) -> None:
+        key, value = self.lab.label.split("=", 1)
+        name = self.container(node)
+        self.api.remove(name)  # a leftover of an earlier run never blocks the name
+        self.api.create(
+            {
+                "name": name,
+                "hostname": node,
+                "image": self.lab.image,
+                "command": ["/sbin/init"],
+                "systemd": "always",
+                "cap_add": ["NET_ADMIN"],
+                "labels": {key: value, "provision.node": node, "provision.burst": self.pool.name},
+                "netns": {"nsmode": "bridge"},
+                "Networks": {self.lab.network: {"static_ips": [self.pool.nodes[node]]}},
+                # the image's /etc/hosts is the cluster's (rendered); podman writes none
+                "use_image_hosts": True,
+            }
+        )
+        try:
+            # the key never lives in the image: it goes from the head into the new container
+            self.api.put_file(name, "/etc/munge", "munge.key", self.munge_key.read_bytes(), 0o400)
+            self.api.start(name)
+        except (OSError, PodmanError):
+            self.api.remove(name)  # nothing half-made stays
+            raise
+
+    def suspend(self, node: str) -> bool:
+        return self.api.remove(self.container(node))
+
+    def running(self) -> set[str]:
+        """Nodes of this pool whose container is running."""
+        prefix = self.lab.container_prefix
+        found = self.api.containers(self.lab.label)
+        return {
+            name[len(prefix) :]
+            for name, state in found.items()
+            if state == "running" and name[len(prefix) :] in self.pool.nodes
+        }
+
+    def present(self) -> set[str]:
+        prefix = self.lab.container_prefix
+        return {
+            name[len(prefix) :]
+            for name in self.api.containers(self.lab.label)
+            if name[len(prefix) :] in self.pool.nodes
+        }
+
+
+def backend_for(pool: Pool) -> LabBackend:
+    if pool.backend == "lab":
+        return LabBackend(pool)
+    raise ValueError(f"pool {pool.name}: no burst backend '{pool.backend}' on this head")
+
+
+def _by_pool(config: BurstConfig, nodes: list[str], log: Log) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for node in nodes:
+        pool = config.pool_of(node)
+        if pool is None:
+            log(f"{node} skip: not a node of an elastic pool of this cluster")
+            continue
+        grouped.setdefault(pool.name, []).append(node)
+    return grouped
+
+
+def _each(nodes: list[str], action: Callable[[str], object]) -> dict[str, str]:
+    """Run action on every node at once; node -> error text for those that failed."""
+
+    def one(node: str) -> tuple[str, str | None]:
+        try:
+            action(node)
+        except (OSError, PodmanError, ValueError) as exc:
+            return node, " ".join(str(exc).split())[:200] or type(exc).__name__
+        return node, None
+
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(nodes)))) as pool:
+        results = list(pool.map(one, nodes))
+    return {node: error for node, error in results if error is not None}
+
+
+def resume(config: BurstConfig, nodes: list[str], log: Log) -> int:
+    failed = 0
+    for pool_name, names in _by_pool(config, nodes, log).items():
+        started = time.monotonic()
+        try:
+            backend = backend_for(config.pools[pool_name])
+        except ValueError as exc:
+            errors = {n: str(exc) for n in names}
+        else:
+            errors = _each(names, backend.resume)
+        seconds = time.monotonic() - started
+        for node in names:
+            if node in errors:
+                log(f"{node} resume failed ({pool_name}, {seconds:.1f}s): {errors[node]}")
+            else:
+                log(f"{node} resume ok ({pool_name}, {seconds:.1f}s)")
+        for reason in sorted(set(errors.values())):
+            down = [n for n in names if errors.get(n) == reason]
+            slurm.mark_down(down, f"burst resume failed: {reason}")
+        failed += len(errors)
+    return 1 if failed else 0
+
+
+def suspend(config: BurstConfig, nodes: list[str], log: Log, why: str = "suspend") -> int:
+    failed = 0
+    for pool_name, names in _by_pool(config, nodes, log).items():
+        backend = backend_for(config.pools[pool_name])
+        gone: set[str] = set()
+        errors = _each(names, _remover(backend, gone))
+        for node in names:
+            if node in errors:
+                log(f"{node} {why} failed ({pool_name}): {errors[node]}")
+            else:
+                log(f"{node} {why} ok ({pool_name}{'' if node in gone else ', was not there'})")
+        failed += len(errors)
+    return 1 if failed else 0
+
+
+def _remover(backend: LabBackend, gone: set[str]) -> Callable[[str], None]:
+    def remove(node: str) -> None:
+        if backend.suspend(node):
+            gone.add(node)
+
+    return remove
+
+
+def resume_fail(config: BurstConfig, nodes: list[str], log: Log) -> int:
+    """Slurm gave up on these nodes (no registration within ResumeTimeout) and set them DOWN:
+    remove what was made, and leave the reason."""
+    code = suspend(config, nodes, log, why="resume-fail cleanup")
+    slurm.mark_down(nodes, "burst: no slurmd registration within ResumeTimeout")
+    return code
+
+
+def reconcile(config: BurstConfig, log: Log, now: float | None = None) -> int:
+    """Containers Slurm does not have up are removed (orphans); nodes Slurm counts on whose
+    container is gone (killed, crashed) are marked DOWN, so their jobs are requeued; nodes the
+    programs took out after a failed start return to idle~ once the cooldown is over."""
+    now = time.time() if now is None else now
+    code = 0
+    for pool in config.pools.values():
+        try:
+            backend = backend_for(pool)
+            present, running = backend.present(), backend.running()
+        except (PodmanError, ValueError) as exc:
+            log(f"{pool.name} reconcile failed: {exc}")
+            code = 1
+            continue
+        try:
+            shown = slurm.show_nodes(sorted(pool.nodes))
+        except OSError as exc:  # no scontrol yet: Slurm is not installed
+            log(f"{pool.name} reconcile skipped: {exc}")
+            continue
+        states, reasons = slurm.parse_node_states(shown), slurm.parse_reasons(shown)
+        cooled = [
+            node
+            for node, (reason, since) in sorted(reasons.items())
+            if "DOWN" in states.get(node, set())
+            and reason.startswith(slurm.COOLDOWN_REASONS)
+            and now - since >= config.cooldown
+        ]
+        for node in cooled:
+            log(f"{node} reconcile: cooldown of {config.cooldown}s over, powered down to idle~")
+        slurm.power_down(cooled)
+        for node, flags in sorted(states.items()):
+            if node in cooled:
+                continue
+            if node in present and slurm.powered_down(flags):
+                log(f"{node} reconcile: orphan container removed (Slurm has it powered down)")
+                backend.suspend(node)
+            elif node not in running and slurm.expected_up(flags) and "DOWN" not in flags:
+                log(f"{node} reconcile: container gone while Slurm has it up: marked down")
+                slurm.mark_down([node], "burst: node vanished (container or instance gone)")
+    return code

@@ -1,0 +1,41 @@
+"""The burst configuration of a cluster with elastic pools (files/burst/burst.json): what the
+programs on its heads need to create and remove the pools' nodes. See provision/burst/."""
+
+from __future__ import annotations
+
+from provision.burst.config import (
+    LAB_LABEL,
+    BurstConfig,
+    LabPool,
+    Pool,
+    lab_container_prefix,
+    lab_image,
+    lab_network,
+)
+from provision.cluster import Cluster
+from provision.spec.ports import service_ports
+
+
+def burst_config(cluster: Cluster) -> BurstConfig | None:
+    """None when no pool is elastic."""
+    spec = cluster.spec
+    pools = {}
+    for view in cluster.pools:
+        if not view.pool.elastic:
+            continue
+        nodes = {n.name: str(n.address) for n in view.nodes if n.address is not None}
+        lab = None
+        if view.pool.provider == "lab":
+            lab = LabPool(
+                image=lab_image(spec.name, view.name),
+                network=lab_network(spec.name),
+                container_prefix=lab_container_prefix(spec.name),
+                label=f"{LAB_LABEL}={spec.name}",
+            )
+        pools[view.name] = Pool(view.name, view.pool.provider, nodes, lab)
+    if not pools:
+        return None
+    port = service_ports(spec).slurmctld.split("-")[0]
+    return BurstConfig(
+        spec.name, f"{cluster.head_nodes[0].name}:{port}", pools, spec.slurm.burst_cooldown
+    )
