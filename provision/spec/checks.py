@@ -117,6 +117,15 @@ def _check_pools(spec: Spec) -> list[Problem]:
                         f"only compute pools can be elastic, this one is '{pool.role}'",
                     )
                 )
+            heads = [p for p in spec.pools if p.role == "head"]
+            if pool.provider == "lab" and heads and heads[0].provider != "lab":
+                problems.append(
+                    (
+                        (*at, "elastic"),
+                        "an elastic lab pool needs a lab head (the head drives this machine's "
+                        f"podman), the head pool '{heads[0].name}' is '{heads[0].provider}'",
+                    )
+                )
         if pool.provider == "static" and not pool.elastic:
             missing = (
                 pool.first_address is None
