@@ -511,3 +511,13 @@ def test_burst_status_of_a_cluster_without_elastic_pools_says_so(tmp_path: Path)
         cwd=ROOT, capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert r.returncode == 1 and "no elastic pool" in r.stderr
+
+
+def test_a_partition_over_several_pools_fills_lasting_nodes_first() -> None:
+    conf = render(Cluster(load_spec(LAB_BURST)))["files/slurm/slurm.conf"]
+    parts = [line for line in conf.splitlines() if line.startswith("PartitionName=")]
+    assert parts == [
+        "PartitionName=compute Nodes=compute001 Default=NO MaxTime=INFINITE State=UP",
+        "PartitionName=burst Nodes=burst[001-004] Default=NO MaxTime=INFINITE State=UP",
+        "PartitionName=all Nodes=compute001,burst[001-004] Default=YES MaxTime=INFINITE State=UP",
+    ]

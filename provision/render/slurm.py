@@ -128,10 +128,10 @@ def node_line(view: PoolView) -> str:
     return " ".join(parts)
 
 
-def partition_line(view: PoolView, default: bool) -> str:
+def partition_line(name: str, nodes: str, default: bool) -> str:
     parts = [
-        f"PartitionName={view.name}",
-        f"Nodes={view.hostlist}",
+        f"PartitionName={name}",
+        f"Nodes={nodes}",
         f"Default={'YES' if default else 'NO'}",
         "MaxTime=INFINITE",
         "State=UP",
@@ -148,11 +148,20 @@ def default_partition(cluster: Cluster) -> str:
 
 def slurm_conf_context(cluster: Cluster) -> dict[str, object]:
     compute = cluster.pools_with_role("compute")
+    views = {v.name: v for v in compute}
     default = default_partition(cluster)
     return {
         "settings": slurm_settings(cluster),
         "node_lines": [node_line(v) for v in compute],
-        "partition_lines": [partition_line(v, v.name == default) for v in compute],
+        "partition_lines": [partition_line(v.name, v.hostlist, v.name == default) for v in compute]
+        + [
+            partition_line(
+                part.name,
+                ",".join(views[p].hostlist for p in part.pools),
+                part.name == default,
+            )
+            for part in cluster.spec.slurm.partitions
+        ],
     }
 
 

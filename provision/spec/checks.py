@@ -203,13 +203,31 @@ def _check_scheduler(spec: Spec) -> list[Problem]:
             )
         )
     names = {p.name: p for p in spec.pools}
+    compute = [p.name for p in spec.pools if p.role == "compute"]
+    seen: set[str] = set()
+    for i, part in enumerate(spec.slurm.partitions):
+        at: Loc = ("slurm", "partitions", i)
+        if part.name in names or part.name in seen:
+            what = "a pool's" if part.name in names else "another partition's"
+            problems.append(((*at, "name"), f"'{part.name}' is {what} name: pick another"))
+        seen.add(part.name)
+        for j, pool in enumerate(part.pools):
+            if pool not in compute:
+                problems.append(
+                    (
+                        (*at, "pools", j),
+                        f"'{pool}' is not a compute pool: use one of {', '.join(compute)}",
+                    )
+                )
+            elif pool in part.pools[:j]:
+                problems.append(((*at, "pools", j), f"'{pool}' is named twice"))
     dp = spec.slurm.default_partition
-    if dp is not None and (dp not in names or names[dp].role != "compute"):
+    if dp is not None and dp not in compute and dp not in seen:
         problems.append(
             (
                 ("slurm", "default_partition"),
-                f"'{dp}' is not a compute pool: use one of "
-                + ", ".join(p.name for p in spec.pools if p.role == "compute"),
+                f"'{dp}' is neither a compute pool nor a partition: use one of "
+                + ", ".join(compute + [p.name for p in spec.slurm.partitions]),
             )
         )
     if spec.scheduler == "kubernetes" and spec.kubernetes.ha:

@@ -519,12 +519,24 @@ class Pool(Model):
         return len(self.hosts) if self.hosts is not None else self.count or 0
 
 
+class Partition(Model):
+    """A partition over several compute pools, beside each pool's own: Slurm fills the lowest
+    node weight first, so a job sent here runs on lasting nodes before elastic ones are made."""
+
+    name: PoolName = Field(description="partition name (not a pool's)")
+    pools: list[PoolName] = Field(min_length=1, description="compute pools whose nodes it holds")
+
+
 class SlurmSettings(Model):
     """Slurm: accounting, the default partition and extra slurm.conf keys."""
 
     accounting: bool = Field(default=False, description="slurmdbd with MariaDB on the head pool")
     default_partition: PoolName | None = Field(
-        default=None, description="pool whose partition is the default; first compute pool if unset"
+        default=None,
+        description="pool or partition that is the default; the first compute pool if unset",
+    )
+    partitions: list[Partition] = Field(
+        default=[], description="partitions over several pools (each pool keeps its own too)"
     )
     srun_port_range: PortRange = Field(
         default="60001-63000", description="ports srun listens on (SrunPortRange)"

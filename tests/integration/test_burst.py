@@ -113,6 +113,14 @@ def test_a_job_bursts_onto_new_nodes_that_leave_when_idle(cluster: tuple[Path, P
     assert "burst001 suspend ok (burst)" in log
 
 
+def test_the_default_partition_fills_the_lasting_node_first(cluster: tuple[Path, Path]) -> None:
+    """Partition `all` (compute and burst): one lasting node, so a two-node job takes it and
+    one new burst node."""
+    out = _on_head(cluster, "timeout 240 srun -N2 hostname", timeout=300).split()
+    assert "compute001" in out and len(out) == 2, out
+    assert next(n for n in out if n != "compute001").startswith("burst00"), out
+
+
 def test_a_failed_resume_marks_nodes_down_and_the_job_waits(cluster: tuple[Path, Path]) -> None:
     podman.podman("tag", IMAGE, f"{IMAGE}-aside")
     podman.podman("rmi", IMAGE)
