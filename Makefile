@@ -66,6 +66,7 @@ collection: setup
 bench: setup image
 	$(VENV)/python bench/render.py
 	$(VENV)/python bench/apply.py
+	$(VENV)/python bench/burst.py
 
 clean:
 	rm -rf .venv .provision .pytest_cache .mypy_cache .ruff_cache .ansible dist .molecule-*.log

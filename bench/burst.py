@@ -1,9 +1,9 @@
-"""Time bursting on the lab: from a job sent to the elastic pool to it running on a fresh
-container, and from the node going idle to its container removed, with the phases (the resume
-program, the container's start to slurmd's registration, the rest). Median of --runs (5).
+"""Time bursting on the lab: from a job sent to the elastic pool (srun, then sbatch) to it
+running on a fresh container, and from the node going idle to its container removed, with the
+phases (the resume program, the container's start to slurmd's registration). Median of --runs.
 
 Run as root with podman. It applies its own cluster (burstbench: examples/lab-burst.yaml on
-10.73.0.0/24 with suspend_time 30), measures, and destroys it; about 7 minutes.
+10.73.0.0/24 with suspend_time 30), measures, and destroys it; about 10 minutes.
 """
 
 from __future__ import annotations
@@ -72,11 +72,29 @@ def one_run(work: Path, spec: Path, node: str) -> dict[str, float]:
         time.sleep(0.5)
     removed = time.monotonic() - idle_since
     return {
-        "to running": ran - sent,
+        "srun to running": ran - sent,
         "resume program": resume_s,
         "to slurmd registered": registered - sent,
         "idle to removed": removed,
+        "sbatch to running": batch_wait(work, spec, node),
     }
+
+
+def batch_wait(work: Path, spec: Path, node: str) -> float:
+    """The same node powered down again, a batch job sent to it: its StartTime less its
+    SubmitTime (Slurm resets the start once the node is up; whole seconds)."""
+    deadline = time.monotonic() + 300
+    while f"{node} idle~" not in head(work, spec, f"sinfo -h -N -n {node} -o '%N %T'"):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{node} did not power down")
+        time.sleep(2)
+    job = head(work, spec, f"sbatch --parsable -p burst -w {node} -o /dev/null --wrap true").strip()
+    while head(work, spec, f"squeue -h -j {job} -o %T").strip():
+        time.sleep(1)
+    shown = head(work, spec, f"scontrol show job {job}")
+    submit = stamp(re.search(r"SubmitTime=(\S+)", shown).group(1))  # type: ignore[union-attr]
+    start = stamp(re.search(r"StartTime=(\S+)", shown).group(1))  # type: ignore[union-attr]
+    return start - submit
 
 
 def main() -> int:
