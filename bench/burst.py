@@ -50,13 +50,16 @@ def stamp(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-def one_run(work: Path, spec: Path, node: str) -> dict[str, float]:
-    # every node powered down (idle~) before the job is sent
+def wait_powered_down(work: Path, spec: Path, node: str) -> None:
     deadline = time.monotonic() + 300
     while f"{node} idle~" not in head(work, spec, f"sinfo -h -N -n {node} -o '%N %T'"):
         if time.monotonic() > deadline:
             raise SystemExit(f"{node} did not power down")
         time.sleep(2)
+
+
+def one_run(work: Path, spec: Path, node: str) -> dict[str, float]:
+    wait_powered_down(work, spec, node)  # a fresh node for every job
     out = head(
         work,
         spec,
@@ -83,11 +86,7 @@ def one_run(work: Path, spec: Path, node: str) -> dict[str, float]:
 def batch_wait(work: Path, spec: Path, node: str) -> float:
     """The same node powered down again, a batch job sent to it: its StartTime less its
     SubmitTime (Slurm resets the start once the node is up; whole seconds)."""
-    deadline = time.monotonic() + 300
-    while f"{node} idle~" not in head(work, spec, f"sinfo -h -N -n {node} -o '%N %T'"):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{node} did not power down")
-        time.sleep(2)
+    wait_powered_down(work, spec, node)
     job = head(work, spec, f"sbatch --parsable -p burst -w {node} -o /dev/null --wrap true").strip()
     while head(work, spec, f"squeue -h -j {job} -o %T").strip():
         time.sleep(1)
