@@ -121,12 +121,25 @@ def test_the_default_partition_fills_the_lasting_node_first(cluster: tuple[Path,
     assert next(n for n in out if n != "compute001").startswith("burst00"), out
 
 
+def _powered_down_node(cluster: tuple[Path, Path]) -> str:
+    """A burst node with no container, which a job would have to start (not one still up
+    from an earlier test, before its SuspendTime)."""
+    found = _wait(
+        "a powered-down burst node",
+        lambda: sorted(n for n, s in _node_states(cluster).items() if s == "idle~"),
+        timeout=240,
+    )
+    return str(found[0])  # type: ignore[index]
+
+
 def test_a_failed_resume_marks_nodes_down_and_the_job_waits(cluster: tuple[Path, Path]) -> None:
+    node = _powered_down_node(cluster)
     podman.podman("tag", IMAGE, f"{IMAGE}-aside")
     podman.podman("rmi", IMAGE)
     try:
-        job = _on_head(cluster, "sbatch --parsable -p burst -N1 -o /dev/null --wrap hostname")
-        job = job.strip()
+        job = _on_head(
+            cluster, f"sbatch --parsable -p burst -w {node} -o /dev/null --wrap hostname"
+        ).strip()
         _wait(
             "a node down with the cause",
             lambda: "burst resume failed" in _on_head(cluster, "sinfo -h -R -o '%E'"),
