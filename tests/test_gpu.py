@@ -121,17 +121,8 @@ def test_a_recorded_h200_passes_what_a_one_gpu_vm_can() -> None:
     a single PCIe-attached GPU can pass passes; its NVLink links are down and say so."""
     gpus = parse_gpu_query(_read("query-gpu-h200-recorded.csv"))
     assert [(g.index, g.name, g.memory_mib) for g in gpus] == [(0, "NVIDIA H200", 143771)]
-    want = GpuExpect(
-        count=1,
-        family="h200",
-        memory_gib=141,
-        driver="580",
-        nvlink_links=18,
-        pcie_gen=5,
-        pcie_width=16,
-        nvswitch=False,
-        busbw_gbs=None,
-    )
+    one_gpu = {"count": 1, "family": "h200", "memory_gib": 141, "driver": "580"}
+    want = GpuExpect(**{**H100.__dict__, **one_gpu, "nvswitch": False, "busbw_gbs": None})
     found = _findings(
         "query-gpu-h200-recorded.csv",
         "remapped-rows-h200-recorded.csv",

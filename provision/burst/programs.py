@@ -62,23 +62,22 @@ class LabBackend:
     def suspend(self, node: str) -> bool:
         return self.api.remove(self.container(node))
 
-    def running(self) -> set[str]:
-        """Nodes of this pool whose container is running."""
+    def _states(self) -> dict[str, str]:
+        """Node of this pool -> its container's state, for the containers that exist."""
         prefix = self.lab.container_prefix
         found = self.api.containers(self.lab.label)
         return {
-            name[len(prefix) :]
+            name[len(prefix) :]: state
             for name, state in found.items()
-            if state == "running" and name[len(prefix) :] in self.pool.nodes
-        }
-
-    def present(self) -> set[str]:
-        prefix = self.lab.container_prefix
-        return {
-            name[len(prefix) :]
-            for name in self.api.containers(self.lab.label)
             if name[len(prefix) :] in self.pool.nodes
         }
+
+    def running(self) -> set[str]:
+        """Nodes of this pool whose container is running."""
+        return {node for node, state in self._states().items() if state == "running"}
+
+    def present(self) -> set[str]:
+        return set(self._states())
 
 
 def backend_for(pool: Pool) -> LabBackend:

@@ -64,10 +64,6 @@ def show_nodes(nodes: list[str]) -> str:
     return done.stdout
 
 
-def node_states(nodes: list[str]) -> dict[str, set[str]]:
-    return parse_node_states(show_nodes(nodes))
-
-
 def power_down(nodes: list[str]) -> None:
     """Back to idle~ (powered down, available): Slurm runs the suspend program and, after
     SuspendTimeout, may start the nodes again. Clears DOWN and its reason."""

@@ -35,7 +35,7 @@ def burst_config(cluster: Cluster) -> BurstConfig | None:
         pools[view.name] = Pool(view.name, view.pool.provider, nodes, lab)
     if not pools:
         return None
-    port = service_ports(spec).slurmctld.split("-")[0]
+    port = service_ports(spec).slurmctld_first
     return BurstConfig(
         spec.name, f"{cluster.head_nodes[0].name}:{port}", pools, spec.slurm.burst_cooldown
     )

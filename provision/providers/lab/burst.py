@@ -126,8 +126,9 @@ def stale_images(cluster: Cluster, state: State, base_image: str) -> list[ImageB
     """The elastic lab pools whose image is missing or made from other inputs."""
     base_id = podman.text("image", "inspect", base_image, "--format", "{{.Id}}")
     builds = []
+    elastic = elastic_lab_pools(cluster)
     for view in cluster.pools:
-        if not (view.pool.elastic and view.pool.provider == "lab"):
+        if view.name not in elastic:
             continue
         image = lab_image(cluster.spec.name, view.name)
         digest = _digest(cluster, state, base_id, view.name)
