@@ -67,6 +67,7 @@ bench: setup image
 	$(VENV)/python bench/render.py
 	$(VENV)/python bench/apply.py
 	$(VENV)/python bench/burst.py
+	$(VENV)/python bench/burst_aws.py
 
 clean:
 	rm -rf .venv .provision .pytest_cache .mypy_cache .ruff_cache .ansible dist .molecule-*.log

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from provision.burst import slurm
 from provision.spec import Spec, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,3 +85,20 @@ def unwrap_unsafe(value: object) -> object:
     if isinstance(value, list):
         return [unwrap_unsafe(v) for v in value]
     return value
+
+
+@pytest.fixture
+def scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A recording scontrol: each call's arguments, one line; `show node` prints the file
+    `states` in tmp_path."""
+    calls = tmp_path / "scontrol-calls"
+    script = tmp_path / "scontrol"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'printf "%s\\n" "$*" >> {calls}\n'
+        f'[ "$1" = show ] && cat {tmp_path / "states"} 2>/dev/null\n'
+        "exit 0\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setattr(slurm, "SCONTROL", str(script))
+    return calls

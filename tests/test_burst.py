@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from provision.burst import programs, slurm
+from provision.burst.backend import Backend
 from provision.burst.config import parse_config
 from provision.burst.hostlist import compress, expand
 from provision.burst.podman_api import PodmanError
@@ -138,7 +139,7 @@ def test_node_states_from_recorded_scontrol() -> None:
 # --- the programs -----------------------------------------------------------------------------
 
 
-class FakeBackend:
+class FakeBackend(Backend):
     """Records what the programs ask; nodes in `broken` fail to start with `error`."""
 
     def __init__(self, broken: set[str] = frozenset(), error: str = "image missing") -> None:
@@ -158,32 +159,13 @@ class FakeBackend:
         self.made.discard(node)
         return there
 
-    def present(self) -> set[str]:
-        return set(self.made)
-
-    def running(self) -> set[str]:
-        return set(self.made)
+    def states(self) -> dict[str, str]:
+        return dict.fromkeys(self.made, "running")
 
 
 @pytest.fixture
 def config() -> object:
     return parse_config(render(Cluster(load_spec(LAB_BURST)))["files/burst/burst.json"])
-
-
-@pytest.fixture
-def scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A recording scontrol: each call's arguments, one line; `show node` prints STATES_FILE."""
-    calls = tmp_path / "scontrol-calls"
-    script = tmp_path / "scontrol"
-    script.write_text(
-        "#!/bin/sh\n"
-        f'printf "%s\\n" "$*" >> {calls}\n'
-        f'[ "$1" = show ] && cat {tmp_path / "states"} 2>/dev/null\n'
-        "exit 0\n"
-    )
-    script.chmod(0o755)
-    monkeypatch.setattr(slurm, "SCONTROL", str(script))
-    return calls
 
 
 def _with_backend(monkeypatch: pytest.MonkeyPatch, backend: FakeBackend) -> list[str]:
@@ -266,8 +248,8 @@ def test_reconcile_removes_orphans_and_marks_vanished_nodes_down(
     assert programs.reconcile(config, log.append) == 0
     assert backend.made == set()
     assert log == [
-        "burst001 reconcile: orphan container removed (Slurm has it powered down)",
-        "burst002 reconcile: container gone while Slurm has it up: marked down",
+        "burst001 reconcile: orphan removed (Slurm has it powered down)",
+        "burst002 reconcile: instance or container gone while Slurm has it up",
     ]
     calls = scontrol.read_text().splitlines()
     assert calls[-1] == (
@@ -521,3 +503,21 @@ def test_a_partition_over_several_pools_fills_lasting_nodes_first() -> None:
         "PartitionName=burst Nodes=burst[001-004] Default=NO MaxTime=INFINITE State=UP",
         "PartitionName=all Nodes=compute001,burst[001-004] Default=YES MaxTime=INFINITE State=UP",
     ]
+
+
+def test_elastic_pools_fill_cheapest_first_after_the_lasting_nodes() -> None:
+    conf = render(
+        Cluster(load_spec(ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml", unbuilt=True))
+    )["files/slurm/slurm.conf"]
+    weights = {
+        line.split()[0].split("=")[1]: int(line.split("Weight=")[1].split()[0])
+        for line in conf.splitlines()
+        if line.startswith("NodeName=")
+    }
+    # on premises 1; AWS p5 at $55.04/h, GCP a3 at $88.25/h, Azure ND H100 v5 at $98.32/h
+    assert weights == {
+        "l40s-[001-004]": 1,
+        "aws-h100-[001-016]": 5604,
+        "gcp-h100-[001-008]": 8925,
+        "az-h100-[001-008]": 9932,
+    }

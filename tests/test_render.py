@@ -121,7 +121,7 @@ def test_elastic_nodes_are_cloud_state_not_inventory() -> None:
     assert (
         "NodeName=aws-h100-[001-016] CPUs=192 Boards=1 SocketsPerBoard=2 CoresPerSocket=48 "
         "ThreadsPerCore=2 RealMemory=1992294 Gres=gpu:h100:8 "
-        "Feature=aws-p5_48xlarge,aws,elastic Weight=100 State=CLOUD"
+        "Feature=aws-p5_48xlarge,aws,elastic Weight=5604 State=CLOUD"
     ) in files["files/slurm/slurm.conf"]
     assert "SuspendTime=600" in files["files/slurm/slurm.conf"]
 

@@ -3,7 +3,7 @@
 The render writes it (files/burst/burst.json, from the spec alone), the burst role installs it
 at CONFIG_PATH (root, 0600), and the programs read it. It holds no secret: the munge key is read
 from the head's own /etc/munge at resume, and cloud credentials come from the head's instance
-identity.
+identity (the SDK's own chain: instance profile, or a credentials file root reads).
 """
 
 from __future__ import annotations
@@ -22,6 +22,17 @@ MUNGE_KEY = Path("/etc/munge/munge.key")
 # The lab's names: every container and network of a cluster carries the label; containers are
 # prefix + node name; an elastic pool's nodes start from the pool's image.
 LAB_LABEL = "provision.cluster"
+# Tags (AWS, Azure) or labels (GCP) on every cloud resource of a cluster; a burst instance
+# carries the node's name too
+TAG_CLUSTER = "provision-cluster"
+TAG_POOL = "provision-pool"
+TAG_NODE = "provision-node"
+
+
+def cloud_template(cluster: str, pool: str) -> str:
+    """The name of what the cluster's stack makes for a pool to start instances from (AWS
+    launch template)."""
+    return f"{cluster}-{pool}"
 
 
 def lab_container_prefix(cluster: str) -> str:
@@ -46,11 +57,19 @@ class LabPool:
 
 
 @dataclass(frozen=True)
+class CloudPool:
+    region: str
+    template: str  # what the cluster's stack made for the pool: the AWS launch template's name
+    tags: dict[str, str]  # on every instance of the pool: the cluster's and the pool's
+
+
+@dataclass(frozen=True)
 class Pool:
     name: str
-    backend: str  # lab (cloud backends: not built yet)
-    nodes: dict[str, str]  # node name -> address
+    backend: str  # lab or aws
+    nodes: dict[str, str]  # node name -> address (a cloud node's is the cloud's choice)
     lab: LabPool | None = None
+    cloud: CloudPool | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +92,8 @@ class BurstConfig:
             entry: dict[str, object] = {"backend": pool.backend, "nodes": dict(pool.nodes)}
             if pool.lab is not None:
                 entry["lab"] = pool.lab.__dict__
+            if pool.cloud is not None:
+                entry["cloud"] = pool.cloud.__dict__
             pools[name] = entry
         doc = {
             "cluster": self.cluster,
@@ -88,7 +109,8 @@ def parse_config(text: str) -> BurstConfig:
     pools = {}
     for name, entry in doc["pools"].items():
         lab = LabPool(**entry["lab"]) if "lab" in entry else None
-        pools[name] = Pool(name, entry["backend"], dict(entry["nodes"]), lab)
+        cloud = CloudPool(**entry["cloud"]) if "cloud" in entry else None
+        pools[name] = Pool(name, entry["backend"], dict(entry["nodes"]), lab, cloud)
     return BurstConfig(doc["cluster"], doc["conf_server"], pools, int(doc.get("cooldown", 600)))
 
 

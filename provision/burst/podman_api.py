@@ -10,10 +10,12 @@ import socket
 import tarfile
 import urllib.parse
 
+from provision.burst.backend import BurstError
+
 API = "/v4.0.0/libpod"
 
 
-class PodmanError(Exception):
+class PodmanError(BurstError):
     """A refused or failed API call: the message is podman's own, on one line."""
 
 

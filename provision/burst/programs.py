@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from provision.burst import slurm
+from provision.burst.backend import CAPACITY, Backend, BurstError, one_line
 from provision.burst.config import MUNGE_KEY, BurstConfig, Pool
 from provision.burst.podman_api import PodmanAPI, PodmanError
 
 Log = Callable[[str], None]
 
 
-class LabBackend:
+class LabBackend(Backend):
     """Burst nodes as containers of the lab cluster's network, made through the workstation's
     podman API from the pool's image (the compute roles already applied)."""
 
@@ -62,7 +62,7 @@ class LabBackend:
     def suspend(self, node: str) -> bool:
         return self.api.remove(self.container(node))
 
-    def _states(self) -> dict[str, str]:
+    def states(self) -> dict[str, str]:
         """Node of this pool -> its container's state, for the containers that exist."""
         prefix = self.lab.container_prefix
         found = self.api.containers(self.lab.label)
@@ -72,17 +72,14 @@ class LabBackend:
             if name[len(prefix) :] in self.pool.nodes
         }
 
-    def running(self) -> set[str]:
-        """Nodes of this pool whose container is running."""
-        return {node for node, state in self._states().items() if state == "running"}
 
-    def present(self) -> set[str]:
-        return set(self._states())
-
-
-def backend_for(pool: Pool) -> LabBackend:
+def backend_for(pool: Pool) -> Backend:
     if pool.backend == "lab":
         return LabBackend(pool)
+    if pool.backend == "aws":
+        from provision.burst.aws import AwsBackend
+
+        return AwsBackend(pool)
     raise ValueError(f"pool {pool.name}: no burst backend '{pool.backend}' on this head")
 
 
@@ -97,31 +94,39 @@ def _by_pool(config: BurstConfig, nodes: list[str], log: Log) -> dict[str, list[
     return grouped
 
 
-def _each(nodes: list[str], action: Callable[[str], object]) -> dict[str, str]:
-    """Run action on every node at once; node -> error text for those that failed."""
+def _cooling(pool: Pool, cooldown: int, now: float) -> str | None:
+    """Why the pool is out, if a start failed for want of capacity less than the cooldown ago:
+    Slurm's own reasons are the record, so every head and every run agrees."""
+    try:
+        reasons = slurm.parse_reasons(slurm.show_nodes(sorted(pool.nodes)))
+    except OSError:
+        return None
+    for reason, since in reasons.values():
+        if reason.startswith(slurm.CAPACITY_REASON) and now - since < cooldown:
+            left = int(cooldown - (now - since))
+            cause = reason[len(slurm.CAPACITY_REASON) :].strip()
+            return f"pool {pool.name} out for {left}s more after: {cause}"
+    return None
 
-    def one(node: str) -> tuple[str, str | None]:
-        try:
-            action(node)
-        except (OSError, PodmanError, ValueError) as exc:
-            return node, " ".join(str(exc).split())[:200] or type(exc).__name__
-        return node, None
 
-    with ThreadPoolExecutor(max_workers=min(16, max(1, len(nodes)))) as pool:
-        results = list(pool.map(one, nodes))
-    return {node: error for node, error in results if error is not None}
-
-
-def resume(config: BurstConfig, nodes: list[str], log: Log) -> int:
+def resume(config: BurstConfig, nodes: list[str], log: Log, now: float | None = None) -> int:
+    now = time.time() if now is None else now
     failed = 0
     for pool_name, names in _by_pool(config, nodes, log).items():
         started = time.monotonic()
+        pool = config.pools[pool_name]
+        cooling = _cooling(pool, config.cooldown, now) if pool.backend != "lab" else None
+        if cooling:
+            # not even asked: the job is requeued and lands on the partition's next pool
+            for node in names:
+                log(f"{node} resume refused ({pool_name}): {cooling}")
+            slurm.mark_down(names, f"{slurm.POOL_OUT_REASON}: {cooling}")
+            failed += len(names)
+            continue
         try:
-            backend = backend_for(config.pools[pool_name])
-        except ValueError as exc:
-            errors = {n: str(exc) for n in names}
-        else:
-            errors = _each(names, backend.resume)
+            errors = backend_for(pool).start(names)
+        except (BurstError, ValueError, ImportError) as exc:
+            errors = {n: one_line(exc) for n in names}
         seconds = time.monotonic() - started
         for node in names:
             if node in errors:
@@ -131,6 +136,8 @@ def resume(config: BurstConfig, nodes: list[str], log: Log) -> int:
         for reason in sorted(set(errors.values())):
             down = [n for n in names if errors.get(n) == reason]
             slurm.mark_down(down, f"burst resume failed: {reason}")
+        if any(e.startswith(CAPACITY) for e in errors.values()):
+            log(f"{pool_name} out for {config.cooldown}s: no capacity")
         failed += len(errors)
     return 1 if failed else 0
 
@@ -138,9 +145,10 @@ def resume(config: BurstConfig, nodes: list[str], log: Log) -> int:
 def suspend(config: BurstConfig, nodes: list[str], log: Log, why: str = "suspend") -> int:
     failed = 0
     for pool_name, names in _by_pool(config, nodes, log).items():
-        backend = backend_for(config.pools[pool_name])
-        gone: set[str] = set()
-        errors = _each(names, _remover(backend, gone))
+        try:
+            gone, errors = backend_for(config.pools[pool_name]).stop(names)
+        except (BurstError, ValueError, ImportError) as exc:
+            gone, errors = set(), {n: one_line(exc) for n in names}
         for node in names:
             if node in errors:
                 log(f"{node} {why} failed ({pool_name}): {errors[node]}")
@@ -148,14 +156,6 @@ def suspend(config: BurstConfig, nodes: list[str], log: Log, why: str = "suspend
                 log(f"{node} {why} ok ({pool_name}{'' if node in gone else ', was not there'})")
         failed += len(errors)
     return 1 if failed else 0
-
-
-def _remover(backend: LabBackend, gone: set[str]) -> Callable[[str], None]:
-    def remove(node: str) -> None:
-        if backend.suspend(node):
-            gone.add(node)
-
-    return remove
 
 
 def resume_fail(config: BurstConfig, nodes: list[str], log: Log) -> int:
@@ -167,17 +167,20 @@ def resume_fail(config: BurstConfig, nodes: list[str], log: Log) -> int:
 
 
 def reconcile(config: BurstConfig, log: Log, now: float | None = None) -> int:
-    """Containers Slurm does not have up are removed (orphans); nodes Slurm counts on whose
-    container is gone (killed, crashed) are marked DOWN, so their jobs are requeued; nodes the
-    programs took out after a failed start return to idle~ once the cooldown is over."""
+    """Containers and instances Slurm does not have up are removed (orphans); nodes Slurm
+    counts on whose container or instance is gone (killed, crashed, reclaimed) are marked DOWN,
+    so their jobs are requeued; nodes the programs took out after a failed start, or because
+    their pool had no capacity, return to idle~ once the cooldown is over."""
     now = time.time() if now is None else now
     code = 0
     for pool in config.pools.values():
         try:
             backend = backend_for(pool)
-            present, running = backend.present(), backend.running()
-        except (PodmanError, ValueError) as exc:
-            log(f"{pool.name} reconcile failed: {exc}")
+            states = backend.states()
+            for stray in backend.sweep(now):
+                log(f"{pool.name} reconcile: {stray} terminated (the pool's, never named)")
+        except (BurstError, ValueError, ImportError) as exc:
+            log(f"{pool.name} reconcile failed: {one_line(exc)}")
             code = 1
             continue
         try:
@@ -185,24 +188,26 @@ def reconcile(config: BurstConfig, log: Log, now: float | None = None) -> int:
         except OSError as exc:  # no scontrol yet: Slurm is not installed
             log(f"{pool.name} reconcile skipped: {exc}")
             continue
-        states, reasons = slurm.parse_node_states(shown), slurm.parse_reasons(shown)
+        present = set(states)
+        running = {node for node, state in states.items() if state == "running"}
+        flags_of, reasons = slurm.parse_node_states(shown), slurm.parse_reasons(shown)
         cooled = [
             node
             for node, (reason, since) in sorted(reasons.items())
-            if "DOWN" in states.get(node, set())
+            if "DOWN" in flags_of.get(node, set())
             and reason.startswith(slurm.COOLDOWN_REASONS)
             and now - since >= config.cooldown
         ]
         for node in cooled:
             log(f"{node} reconcile: cooldown of {config.cooldown}s over, powered down to idle~")
         slurm.power_down(cooled)
-        for node, flags in sorted(states.items()):
+        for node, flags in sorted(flags_of.items()):
             if node in cooled:
                 continue
             if node in present and slurm.powered_down(flags):
-                log(f"{node} reconcile: orphan container removed (Slurm has it powered down)")
-                backend.suspend(node)
+                log(f"{node} reconcile: orphan removed (Slurm has it powered down)")
+                backend.stop([node])
             elif node not in running and slurm.expected_up(flags) and "DOWN" not in flags:
-                log(f"{node} reconcile: container gone while Slurm has it up: marked down")
+                log(f"{node} reconcile: instance or container gone while Slurm has it up")
                 slurm.mark_down([node], "burst: node vanished (container or instance gone)")
     return code

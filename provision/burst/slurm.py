@@ -53,6 +53,23 @@ def parse_reasons(text: str) -> dict[str, tuple[str, float]]:
     return found
 
 
+def set_addresses(addresses: dict[str, str]) -> None:
+    """Where slurmctld reaches nodes whose address the cloud chose: one call for all."""
+    if addresses:
+        names = sorted(addresses)
+        subprocess.run(
+            [
+                SCONTROL,
+                "update",
+                f"NodeName={','.join(names)}",
+                f"NodeAddr={','.join(addresses[n] for n in names)}",
+            ],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+
+
 def show_nodes(nodes: list[str]) -> str:
     done = subprocess.run(
         [SCONTROL, "show", "node", "-o", compress(nodes)],
@@ -76,8 +93,12 @@ def power_down(nodes: list[str]) -> None:
         )
 
 
+# A start that failed for want of capacity: the pool is out for the cooldown from then
+CAPACITY_REASON = "burst resume failed: capacity:"
+# Nodes not even asked for because their pool is out
+POOL_OUT_REASON = "burst pool out"
 # Reasons the burst programs give a node they took out; after the cooldown it is returned.
-COOLDOWN_REASONS = ("burst resume failed", "burst: no slurmd registration")
+COOLDOWN_REASONS = ("burst resume failed", "burst: no slurmd registration", POOL_OUT_REASON)
 
 
 # A node Slurm counts on being there: neither powered down nor on its way up or down.

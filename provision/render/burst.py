@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from provision.burst.config import (
     LAB_LABEL,
+    TAG_CLUSTER,
+    TAG_POOL,
     BurstConfig,
+    CloudPool,
     LabPool,
     Pool,
+    cloud_template,
     lab_container_prefix,
     lab_image,
     lab_network,
@@ -23,8 +27,9 @@ def burst_config(cluster: Cluster) -> BurstConfig | None:
     for view in cluster.pools:
         if not view.pool.elastic:
             continue
-        nodes = {n.name: str(n.address) for n in view.nodes if n.address is not None}
-        lab = None
+        # a cloud node's address is the cloud's choice, set in Slurm when it is made
+        nodes = {n.name: str(n.address) if n.address else "" for n in view.nodes}
+        lab = cloud = None
         if view.pool.provider == "lab":
             lab = LabPool(
                 image=lab_image(spec.name, view.name),
@@ -32,7 +37,14 @@ def burst_config(cluster: Cluster) -> BurstConfig | None:
                 container_prefix=lab_container_prefix(spec.name),
                 label=f"{LAB_LABEL}={spec.name}",
             )
-        pools[view.name] = Pool(view.name, view.pool.provider, nodes, lab)
+        elif view.pool.provider == "aws":
+            cloud = CloudPool(
+                region=view.pool.region or "",
+                # the launch template the cluster's stack makes (providers/cloud/aws.py)
+                template=cloud_template(spec.name, view.name),
+                tags={TAG_CLUSTER: spec.name, TAG_POOL: view.name},
+            )
+        pools[view.name] = Pool(view.name, view.pool.provider, nodes, lab, cloud)
     if not pools:
         return None
     port = service_ports(spec).slurmctld_first

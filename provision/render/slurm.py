@@ -18,9 +18,17 @@ BURST_PROGRAMS = "/usr/local/libexec/provision"
 # seconds a removed node may take to leave (the programs return at once; the container or
 # instance is gone within this)
 SUSPEND_TIMEOUT_S = 60
-# Node weights: Slurm fills the lowest weight first, so lasting nodes before burst nodes.
+# Node weights: Slurm fills the lowest weight first, so lasting nodes before burst nodes, and
+# among elastic pools the cheapest first: 100 plus the profile's list price in cents per hour
 WEIGHT_LASTING = 1
 WEIGHT_ELASTIC = 100
+
+
+def node_weight(view: PoolView) -> int:
+    if not view.pool.elastic:
+        return WEIGHT_LASTING
+    price = view.profile.price
+    return WEIGHT_ELASTIC + (round(price.usd_per_hour * 100) if price else 0)
 
 
 def _fmt(value: str | int | bool) -> str:
@@ -123,7 +131,7 @@ def node_line(view: PoolView) -> str:
     if view.pool.elastic:
         features.append("elastic")
     parts.append("Feature=" + ",".join(features))
-    parts.append(f"Weight={WEIGHT_ELASTIC if view.pool.elastic else WEIGHT_LASTING}")
+    parts.append(f"Weight={node_weight(view)}")
     parts.append("State=CLOUD" if view.pool.elastic else "State=UNKNOWN")
     return " ".join(parts)
 

@@ -29,8 +29,9 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
             problems.append(
                 (
                     ("pools", i, "elastic"),
-                    f"not supported yet: elastic {pool.provider} pools (bursting is built for "
-                    "lab pools only); leave elastic out and size the pool with count",
+                    f"not supported yet: elastic {pool.provider} pools (a new cloud instance "
+                    "cannot join the cluster by itself yet); leave elastic out and size the "
+                    "pool with count",
                 )
             )
         if pool.role == "head" and spec.scheduler == "slurm" and pool.size > 1:

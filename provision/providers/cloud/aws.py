@@ -10,6 +10,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from provision.burst.config import cloud_template
 from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, CloudPool
 
 # Official images of each OS (owner account, name pattern)
@@ -101,7 +102,7 @@ class AwsCluster(pulumi.ComponentResource):
             placement = {"placement": aws.ec2.LaunchTemplatePlacementArgs(group_name=pg.name)}
         template = aws.ec2.LaunchTemplate(
             layout.name(pool.name, "lt"),
-            name=layout.name(pool.name),
+            name=cloud_template(layout.cluster, pool.name),
             image_id=image_id,
             instance_type=pool.instance_type,
             key_name=key.key_name,

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from provision.burst.config import TAG_CLUSTER, TAG_POOL
 from provision.cluster import Cluster
 from provision.render.firewall import ADMIN, CLUSTER, COMPUTE, HEADS, pool_rules
-
-# A tag or label on every resource, naming what made it
-TAG_CLUSTER = "provision-cluster"
-TAG_POOL = "provision-pool"
 
 # Each OS's official image on each cloud: AWS (owner account, name pattern), GCP (family),
 # Azure (publisher, offer, SKU)
