@@ -109,11 +109,11 @@ def test_instance_types_and_counts_match_the_profiles(made: Any) -> None:
         f"{name}-{v.name}": v.profile.instance_type for v in _pools(cluster, "aws")
     }
     gcp_types = {
-        m.inputs["namePrefix"]: m.inputs["machineType"]
+        m.inputs["name"]: m.inputs["machineType"]
         for m in rec.of("instanceTemplate:InstanceTemplate")
     }
     assert gcp_types == {
-        f"{name}-{v.name}-": v.profile.instance_type for v in _pools(cluster, "gcp")
+        f"{name}-{v.name}": v.profile.instance_type for v in _pools(cluster, "gcp")
     }
     lasting = {
         p: sum(1 for v in _pools(cluster, p) for n in v.nodes if not n.elastic)

@@ -31,7 +31,7 @@ TAG_NODE = "provision-node"
 
 def cloud_template(cluster: str, pool: str) -> str:
     """The name of what the cluster's stack makes for a pool to start instances from (AWS
-    launch template)."""
+    launch template, GCP instance template)."""
     return f"{cluster}-{pool}"
 
 
@@ -59,14 +59,17 @@ class LabPool:
 @dataclass(frozen=True)
 class CloudPool:
     region: str
-    template: str  # what the cluster's stack made for the pool: the AWS launch template's name
+    # what the cluster's stack made for the pool to start instances from: the AWS launch
+    # template's or the GCP instance template's name
+    template: str
     tags: dict[str, str]  # on every instance of the pool: the cluster's and the pool's
+    zone: str | None = None  # GCP: where bulkInsert makes the instances
 
 
 @dataclass(frozen=True)
 class Pool:
     name: str
-    backend: str  # lab or aws
+    backend: str  # lab, aws or gcp
     nodes: dict[str, str]  # node name -> address (a cloud node's is the cloud's choice)
     lab: LabPool | None = None
     cloud: CloudPool | None = None

@@ -80,6 +80,10 @@ def backend_for(pool: Pool) -> Backend:
         from provision.burst.aws import AwsBackend
 
         return AwsBackend(pool)
+    if pool.backend == "gcp":
+        from provision.burst.gcp import GcpBackend
+
+        return GcpBackend(pool)
     raise ValueError(f"pool {pool.name}: no burst backend '{pool.backend}' on this head")
 
 

@@ -37,12 +37,14 @@ def burst_config(cluster: Cluster) -> BurstConfig | None:
                 container_prefix=lab_container_prefix(spec.name),
                 label=f"{LAB_LABEL}={spec.name}",
             )
-        elif view.pool.provider == "aws":
+        elif view.pool.provider in ("aws", "gcp"):
             cloud = CloudPool(
                 region=view.pool.region or "",
-                # the launch template the cluster's stack makes (providers/cloud/aws.py)
+                # what the cluster's stack makes (providers/cloud/aws.py, gcp.py)
                 template=cloud_template(spec.name, view.name),
-                tags={TAG_CLUSTER: spec.name, TAG_POOL: view.name},
+                # GCP label values are lower case (providers/cloud/gcp.py)
+                tags={TAG_CLUSTER: spec.name.lower(), TAG_POOL: view.name.lower()},
+                zone=view.pool.zone,
             )
         pools[view.name] = Pool(view.name, view.pool.provider, nodes, lab, cloud)
     if not pools:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
+from provision.burst.config import cloud_template
 from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, CloudPool
 
 
@@ -99,7 +100,8 @@ class GcpCluster(pulumi.ComponentResource):
             policy_link = policy.self_link
         template = gcp.compute.InstanceTemplate(
             layout.name(pool.name, "tpl"),
-            name_prefix=f"{tag}-",
+            # a fixed name: bursting makes instances from it by name (provision/burst/gcp.py)
+            name=cloud_template(layout.cluster, pool.name),
             machine_type=pool.instance_type,
             disks=[
                 # every GCP disk is encrypted at rest (Google-managed keys)
@@ -120,7 +122,10 @@ class GcpCluster(pulumi.ComponentResource):
             metadata={"ssh-keys": f"{layout.admin_user}:{layout.ssh_public_key}"},
             tags=[tag],
             labels=_labels(layout, pool.name),
-            opts=here,
+            # templates cannot change in place; with a fixed name the old one goes first
+            opts=pulumi.ResourceOptions.merge(
+                here, pulumi.ResourceOptions(delete_before_replace=True)
+            ),
         )
         self.templates[pool.name] = template.self_link
         for node in pool.nodes:

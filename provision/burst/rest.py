@@ -1,0 +1,91 @@
+"""JSON over HTTPS with the standard library, for the cloud APIs the burst programs call
+without an SDK (GCP's Compute Engine, Azure Resource Manager), and the tokens that the head's
+instance identity gets from the cloud's metadata service."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from provision.burst.backend import BurstError
+
+
+class HTTPError(BurstError):
+    def __init__(self, status: int, message: str, reasons: list[str]) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reasons = reasons  # the service's error codes, as it names them
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # a token never follows a redirect
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def call(
+    method: str,
+    url: str,
+    body: object = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 60,
+) -> Any:
+    """The JSON answer, {} for an empty one; HTTPError with the service's message and codes."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    for key, value in (headers or {}).items():
+        request.add_header(key, value)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with _OPENER.open(request, timeout=timeout) as answer:
+            raw = answer.read(8 << 20)
+    except urllib.error.HTTPError as exc:
+        raw = exc.read(1 << 20)
+        message, reasons = _error(raw)
+        raise HTTPError(exc.code, f"HTTP {exc.code}: {message}", reasons) from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise BurstError(f"{url.split('?')[0]}: {getattr(exc, 'reason', exc)}") from None
+    try:
+        return json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        raise BurstError(f"{url.split('?')[0]}: not JSON") from None
+
+
+def _error(raw: bytes) -> tuple[str, list[str]]:
+    """Both clouds answer {"error": {"code": ..., "message": ..., ("errors"|"details"): [...]}}."""
+    try:
+        error = json.loads(raw)["error"]
+    except (ValueError, KeyError, TypeError):
+        return " ".join(raw.decode(errors="replace").split())[:200] or "no message", []
+    if not isinstance(error, dict):
+        return str(error)[:200], []
+    reasons = [str(error.get("code", ""))]
+    for item in error.get("errors", []) + error.get("details", []):
+        if isinstance(item, dict):
+            reasons += [str(item.get(k)) for k in ("reason", "code") if item.get(k)]
+    return " ".join(str(error.get("message", "")).split())[:200], [r for r in reasons if r]
+
+
+class Token:
+    """A bearer token from the metadata service, fetched again a minute before it expires."""
+
+    def __init__(self, url: str, headers: dict[str, str]) -> None:
+        self.url, self.headers = url, headers
+        self._value, self._until = "", 0.0
+
+    def __call__(self) -> str:
+        if time.monotonic() >= self._until:
+            answer = call("GET", self.url, headers=self.headers, timeout=10)
+            try:
+                self._value = str(answer["access_token"])
+                expires = int(answer.get("expires_in", 300))
+            except (KeyError, TypeError, ValueError):
+                raise BurstError(f"{self.url.split('?')[0]}: no access_token") from None
+            self._until = time.monotonic() + max(0, expires - 60)
+        return self._value

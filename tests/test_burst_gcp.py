@@ -1,0 +1,168 @@
+"""The GCP burst backend against Compute Engine faked at the HTTP layer (tests/fakegcp.py): the
+real programs and their standard-library client; request bodies checked against the API's
+shapes; a zone out of resources and a quota error as GCE reports them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from provision.burst import programs
+from provision.burst.config import BurstConfig, parse_config
+from provision.cluster import Cluster
+from provision.render import render
+from provision.spec import load_spec
+
+from .conftest import ROOT
+from .fakegcp import PROJECT, FakeGCE
+
+SPEC = ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml"
+POOL = "gcph100"
+ZONE = "us-central1-a"
+EXHAUSTED = (
+    "ZONE_RESOURCE_POOL_EXHAUSTED",
+    "The zone 'projects/burst-project/zones/us-central1-a' does not have enough resources "
+    "available to fulfill the request. Try a different zone, or try again later.",
+)
+
+
+@pytest.fixture
+def gce(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGCE]:
+    labels = {"provision-cluster": "burst", "provision-pool": POOL}
+    with FakeGCE({"burst-gcph100": labels}) as fake:
+        monkeypatch.setenv("PROVISION_GCP_ENDPOINT", fake.url)
+        yield fake
+
+
+@pytest.fixture
+def config() -> BurstConfig:
+    full = parse_config(render(Cluster(load_spec(SPEC, unbuilt=True)))["files/burst/burst.json"])
+    return replace(full, pools={POOL: full.pools[POOL]})
+
+
+def _calls(gce: FakeGCE, method: str, suffix: str) -> list[object]:
+    return [
+        body
+        for m, path, body in gce.requests
+        if m == method and path.split("?")[0].endswith(suffix)
+    ]
+
+
+def test_the_burst_configuration_of_a_gcp_pool(config: BurstConfig) -> None:
+    pool = config.pools[POOL]
+    assert pool.backend == "gcp" and pool.cloud is not None
+    assert pool.cloud.template == "burst-gcph100"  # the name the stack gives the template
+    assert (pool.cloud.region, pool.cloud.zone) == ("us-central1", ZONE)
+    assert pool.cloud.tags == {"provision-cluster": "burst", "provision-pool": POOL}
+
+
+def test_resume_is_one_bulk_insert_of_named_instances(
+    config: BurstConfig, gce: FakeGCE, scontrol: Path
+) -> None:
+    log: list[str] = []
+    nodes = ["gcp-h100-001", "gcp-h100-002"]
+    assert programs.resume(config, nodes, log.append) == 0
+    inserts = _calls(gce, "POST", f"/projects/{PROJECT}/zones/{ZONE}/instances/bulkInsert")
+    assert inserts == [
+        {
+            "count": 2,
+            "minCount": 2,
+            "perInstanceProperties": {"gcp-h100-001": {}, "gcp-h100-002": {}},
+            "sourceInstanceTemplate": "global/instanceTemplates/burst-gcph100",
+        }
+    ]
+    assert len(_calls(gce, "POST", "/wait")) == 1
+    assert sorted(gce.instances) == [f"{ZONE}/{n}" for n in nodes]
+    # the token once, from the metadata server with its header (the fake refuses without)
+    assert len(_calls(gce, "GET", "/service-accounts/default/token")) == 1
+    ips = [gce.instances[f"{ZONE}/{n}"]["networkInterfaces"][0]["networkIP"] for n in nodes]
+    assert f"update NodeName=gcp-h100-001,gcp-h100-002 NodeAddr={','.join(ips)}" in (
+        scontrol.read_text().splitlines()
+    )
+    assert [line.split(" (")[0] for line in log] == [f"{n} resume ok" for n in nodes]
+
+
+def test_suspend_deletes_each_instance_and_says_what_was_not_there(
+    config: BurstConfig, gce: FakeGCE, scontrol: Path
+) -> None:
+    log: list[str] = []
+    programs.resume(config, ["gcp-h100-003", "gcp-h100-004"], log.append)
+    log.clear()
+    assert programs.suspend(config, ["gcp-h100-003", "gcp-h100-005"], log.append) == 0
+    assert sorted(gce.instances) == [f"{ZONE}/gcp-h100-004"]
+    assert sorted(log) == [
+        "gcp-h100-003 suspend ok (gcph100)",
+        "gcp-h100-005 suspend ok (gcph100, was not there)",
+    ]
+
+
+@pytest.mark.parametrize("how", ["operation", "quota"])
+def test_no_resources_takes_the_pool_out_for_the_cooldown(
+    config: BurstConfig, gce: FakeGCE, scontrol: Path, tmp_path: Path, how: str
+) -> None:
+    if how == "operation":  # bulkInsert accepted, its operation ends with the zone exhausted
+        gce.fail = EXHAUSTED
+        expected = "capacity: ZONE_RESOURCE_POOL_EXHAUSTED: The zone"
+    else:  # refused at once: over the project's GPU quota
+        gce.refuse = (403, "quotaExceeded", "Quota 'NVIDIA_H100_GPUS' exceeded. Limit: 8.0")
+        expected = "capacity: HTTP 403: Quota 'NVIDIA_H100_GPUS' exceeded"
+    log: list[str] = []
+    assert programs.resume(config, ["gcp-h100-006", "gcp-h100-007"], log.append) == 1
+    assert gce.instances == {}
+    down = scontrol.read_text().splitlines()[-1]
+    assert down.startswith(
+        f"update NodeName=gcp-h100-[006-007] State=DOWN Reason=burst resume failed: {expected}"
+    )
+    assert log[-1] == f"{POOL} out for {config.cooldown}s: no capacity"
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    reason = down.split("Reason=", 1)[1]
+    (tmp_path / "states").write_text(
+        f"NodeName=gcp-h100-006 State=DOWN+CLOUD Reason={reason} [root@{stamp}]\n"
+    )
+    gce.refuse = None
+    asked = len(gce.requests)
+    assert programs.resume(config, ["gcp-h100-008"], log.append) == 1
+    assert len(gce.requests) == asked  # not even asked
+    assert "Reason=burst pool out: pool gcph100 out for " in scontrol.read_text().splitlines()[-1]
+
+
+def test_a_missing_template_marks_down_without_taking_the_pool_out(
+    config: BurstConfig, gce: FakeGCE, scontrol: Path
+) -> None:
+    gce.templates.clear()
+    log: list[str] = []
+    assert programs.resume(config, ["gcp-h100-008"], log.append) == 1
+    assert "Reason=burst resume failed: HTTP 404: instance template burst-gcph100 not found" in (
+        scontrol.read_text()
+    )
+    assert not any("out for" in line for line in log)
+
+
+def test_reconcile_deletes_orphans_and_marks_vanished_nodes_down(
+    config: BurstConfig, gce: FakeGCE, scontrol: Path, tmp_path: Path
+) -> None:
+    log: list[str] = []
+    nodes = [f"gcp-h100-00{i}" for i in range(1, 6)]  # five: two pages of three
+    programs.resume(config, nodes, log.append)
+    del gce.instances[f"{ZONE}/gcp-h100-002"]  # reclaimed (preempted, deleted by hand)
+    (tmp_path / "states").write_text(
+        "NodeName=gcp-h100-001 State=IDLE+CLOUD+POWERED_DOWN\n"
+        "NodeName=gcp-h100-002 State=ALLOCATED+CLOUD\n"
+        "NodeName=gcp-h100-003 State=ALLOCATED+CLOUD\n"
+        "NodeName=gcp-h100-004 State=IDLE+CLOUD\n"
+        "NodeName=gcp-h100-005 State=IDLE+CLOUD+POWERED_DOWN\n"
+    )
+    log.clear()
+    assert programs.reconcile(config, log.append) == 0
+    assert log == [
+        "gcp-h100-001 reconcile: orphan removed (Slurm has it powered down)",
+        "gcp-h100-002 reconcile: instance or container gone while Slurm has it up",
+        "gcp-h100-005 reconcile: orphan removed (Slurm has it powered down)",
+    ]
+    assert sorted(gce.instances) == [f"{ZONE}/gcp-h100-003", f"{ZONE}/gcp-h100-004"]
+    assert len([p for m, p, _ in gce.requests if m == "GET" and "pageToken=" in p]) >= 1
+    assert "update NodeName=gcp-h100-002 State=DOWN" in scontrol.read_text()
