@@ -130,6 +130,16 @@ def test_instance_types_and_counts_match_the_profiles(made: Any) -> None:
     assert len(scale_sets) == sum(1 for v in _pools(cluster, "azure") if v.pool.elastic)
     for vmss in scale_sets:
         assert vmss.inputs["sku"]["capacity"] == 0
+        # what the Azure burst backend needs: named VMs made from the profile, in a group it
+        # can name (provision/burst/azure.py)
+        assert vmss.inputs["orchestrationMode"] == "Flexible"
+        assert vmss.inputs["vmScaleSetName"].startswith(f"{name}-")
+        network = vmss.inputs["virtualMachineProfile"]["networkProfile"]
+        assert network["networkApiVersion"] == "2020-11-01"
+    groups = rec.of("resources:ResourceGroup")
+    assert len(groups) == (1 if lasting["azure"] or scale_sets else 0)
+    for group in groups:
+        assert group.inputs["resourceGroupName"] == f"{name}-rg"
 
 
 def test_efa_and_nic_layout_per_type(made: Any) -> None:

@@ -31,8 +31,13 @@ TAG_NODE = "provision-node"
 
 def cloud_template(cluster: str, pool: str) -> str:
     """The name of what the cluster's stack makes for a pool to start instances from (AWS
-    launch template, GCP instance template)."""
+    launch template, GCP instance template, Azure scale set)."""
     return f"{cluster}-{pool}"
+
+
+def cloud_group(cluster: str) -> str:
+    """The Azure resource group of a cluster."""
+    return f"{cluster}-rg"
 
 
 def lab_container_prefix(cluster: str) -> str:
@@ -60,16 +65,17 @@ class LabPool:
 class CloudPool:
     region: str
     # what the cluster's stack made for the pool to start instances from: the AWS launch
-    # template's or the GCP instance template's name
+    # template's, the GCP instance template's or the Azure scale set's name
     template: str
     tags: dict[str, str]  # on every instance of the pool: the cluster's and the pool's
     zone: str | None = None  # GCP: where bulkInsert makes the instances
+    group: str | None = None  # Azure: the cluster's resource group
 
 
 @dataclass(frozen=True)
 class Pool:
     name: str
-    backend: str  # lab, aws or gcp
+    backend: str  # lab, aws, gcp or azure
     nodes: dict[str, str]  # node name -> address (a cloud node's is the cloud's choice)
     lab: LabPool | None = None
     cloud: CloudPool | None = None

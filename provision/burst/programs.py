@@ -84,6 +84,10 @@ def backend_for(pool: Pool) -> Backend:
         from provision.burst.gcp import GcpBackend
 
         return GcpBackend(pool)
+    if pool.backend == "azure":
+        from provision.burst.azure import AzureBackend
+
+        return AzureBackend(pool)
     raise ValueError(f"pool {pool.name}: no burst backend '{pool.backend}' on this head")
 
 

@@ -28,23 +28,24 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirect)
 
 
-def call(
+def request(
     method: str,
     url: str,
     body: object = None,
     headers: dict[str, str] | None = None,
     timeout: float = 60,
-) -> Any:
-    """The JSON answer, {} for an empty one; HTTPError with the service's message and codes."""
+) -> tuple[int, Any]:
+    """The status and the JSON answer ({} for an empty one); HTTPError with the service's
+    message and codes for a 4xx or 5xx."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
+    req = urllib.request.Request(url, data=data, method=method)
     for key, value in (headers or {}).items():
-        request.add_header(key, value)
+        req.add_header(key, value)
     if data is not None:
-        request.add_header("Content-Type", "application/json")
+        req.add_header("Content-Type", "application/json")
     try:
-        with _OPENER.open(request, timeout=timeout) as answer:
-            raw = answer.read(8 << 20)
+        with _OPENER.open(req, timeout=timeout) as answer:
+            status, raw = answer.status, answer.read(8 << 20)
     except urllib.error.HTTPError as exc:
         raw = exc.read(1 << 20)
         message, reasons = _error(raw)
@@ -52,9 +53,20 @@ def call(
     except (urllib.error.URLError, OSError) as exc:
         raise BurstError(f"{url.split('?')[0]}: {getattr(exc, 'reason', exc)}") from None
     try:
-        return json.loads(raw) if raw.strip() else {}
+        return status, json.loads(raw) if raw.strip() else {}
     except ValueError:
         raise BurstError(f"{url.split('?')[0]}: not JSON") from None
+
+
+def call(
+    method: str,
+    url: str,
+    body: object = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 60,
+) -> Any:
+    """The JSON answer; see request."""
+    return request(method, url, body, headers, timeout)[1]
 
 
 def _error(raw: bytes) -> tuple[str, list[str]]:

@@ -11,6 +11,7 @@ from provision.burst.config import (
     CloudPool,
     LabPool,
     Pool,
+    cloud_group,
     cloud_template,
     lab_container_prefix,
     lab_image,
@@ -37,14 +38,15 @@ def burst_config(cluster: Cluster) -> BurstConfig | None:
                 container_prefix=lab_container_prefix(spec.name),
                 label=f"{LAB_LABEL}={spec.name}",
             )
-        elif view.pool.provider in ("aws", "gcp"):
+        elif view.pool.provider in ("aws", "gcp", "azure"):
             cloud = CloudPool(
                 region=view.pool.region or "",
-                # what the cluster's stack makes (providers/cloud/aws.py, gcp.py)
+                # what the cluster's stack makes (providers/cloud/aws.py, gcp.py, azure.py)
                 template=cloud_template(spec.name, view.name),
                 # GCP label values are lower case (providers/cloud/gcp.py)
                 tags={TAG_CLUSTER: spec.name.lower(), TAG_POOL: view.name.lower()},
                 zone=view.pool.zone,
+                group=cloud_group(spec.name) if view.pool.provider == "azure" else None,
             )
         pools[view.name] = Pool(view.name, view.pool.provider, nodes, lab, cloud)
     if not pools:

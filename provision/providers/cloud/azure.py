@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_azure_native as az
 
+from provision.burst.config import cloud_group, cloud_template
 from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, CloudPool
 
 
@@ -22,7 +23,12 @@ class AzureCluster(pulumi.ComponentResource):
         location = next((p.region for p in layout.pools if p.region), None)
         tags = layout.tags()
         group = az.resources.ResourceGroup(
-            layout.name("rg"), location=location, tags=tags, opts=here
+            layout.name("rg"),
+            # a fixed name: bursting finds the pools' scale sets in it (provision/burst/azure.py)
+            resource_group_name=cloud_group(layout.cluster),
+            location=location,
+            tags=tags,
+            opts=here,
         )
         vnet = az.network.VirtualNetwork(
             layout.name("vnet"),
@@ -192,16 +198,18 @@ class AzureCluster(pulumi.ComponentResource):
     def _scale_set(
         self, layout: CloudLayout, pool: CloudPool, where: _Where
     ) -> az.compute.VirtualMachineScaleSet:
-        """A burst pool's template: a scale set of capacity 0, the same VM as a lasting node's
-        (image, disk, security, NIC settings) without a public address."""
+        """A burst pool's template: a Flexible scale set of capacity 0 whose VM profile is a
+        lasting node's VM (image, disk, security, NIC settings) without a public address."""
         vmss = az.compute
         return vmss.VirtualMachineScaleSet(
             layout.name(pool.name, "vmss"),
-            vm_scale_set_name=layout.name(pool.name),
+            vm_scale_set_name=cloud_template(layout.cluster, pool.name),
             resource_group_name=where.group.name,
             location=where.group.location,
             sku=vmss.SkuArgs(name=pool.instance_type, tier="Standard", capacity=0),
-            upgrade_policy=vmss.UpgradePolicyArgs(mode=vmss.UpgradeMode.MANUAL),
+            # Flexible: bursting creates named VMs in it from this profile, one per node
+            orchestration_mode=vmss.OrchestrationMode.FLEXIBLE,
+            platform_fault_domain_count=1,
             proximity_placement_group=vmss.SubResourceArgs(id=where.ppg.id),
             virtual_machine_profile=vmss.VirtualMachineScaleSetVMProfileArgs(
                 os_profile=vmss.VirtualMachineScaleSetOSProfileArgs(
@@ -220,6 +228,8 @@ class AzureCluster(pulumi.ComponentResource):
                     ),
                 ),
                 network_profile=vmss.VirtualMachineScaleSetNetworkProfileArgs(
+                    # a VM of a Flexible scale set makes its NIC from this configuration
+                    network_api_version="2020-11-01",
                     network_interface_configurations=[
                         vmss.VirtualMachineScaleSetNetworkConfigurationArgs(
                             name="primary",
@@ -233,7 +243,7 @@ class AzureCluster(pulumi.ComponentResource):
                                 )
                             ],
                         )
-                    ]
+                    ],
                 ),
                 security_profile=_SECURITY,
             ),

@@ -1,0 +1,189 @@
+"""The Azure burst backend against Resource Manager faked at the HTTP layer
+(tests/fakeazure.py): the real programs and their standard-library client; each VM's body
+checked against the API's shape for a VM of a Flexible scale set; SkuNotAvailable, a quota and
+AllocationFailed as Azure reports them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from provision.burst import azure, programs
+from provision.burst.config import BurstConfig, parse_config
+from provision.cluster import Cluster
+from provision.render import render
+from provision.spec import load_spec
+
+from .conftest import ROOT
+from .fakeazure import SUBSCRIPTION, FakeARM, scale_set
+
+SPEC = ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml"
+POOL = "azh100"
+GROUP = "burst-rg"
+
+
+@pytest.fixture
+def arm(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeARM]:
+    subnet = (
+        f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{GROUP}/providers/"
+        "Microsoft.Network/virtualNetworks/burst-vnet/subnets/burst-subnet"
+    )
+    sets = {"burst-azh100": scale_set(GROUP, "burst-azh100", subnet, "burst-azh100-nsg", "ppg")}
+    with FakeARM(GROUP, sets) as fake:
+        monkeypatch.setenv("PROVISION_AZURE_ENDPOINT", fake.url)
+        monkeypatch.setattr(azure, "POLL_S", 0.01)
+        yield fake
+
+
+@pytest.fixture
+def config() -> BurstConfig:
+    full = parse_config(render(Cluster(load_spec(SPEC, unbuilt=True)))["files/burst/burst.json"])
+    return replace(full, pools={POOL: full.pools[POOL]})
+
+
+def _puts(arm: FakeARM) -> dict[str, object]:
+    return {p.split("?")[0].rpartition("/")[2]: b for m, p, b in arm.requests if m == "PUT"}
+
+
+def test_the_burst_configuration_of_an_azure_pool(config: BurstConfig) -> None:
+    pool = config.pools[POOL]
+    assert pool.backend == "azure" and pool.cloud is not None
+    assert pool.cloud.template == "burst-azh100"  # the scale set the stack makes
+    assert pool.cloud.group == GROUP
+    assert pool.cloud.tags == {"provision-cluster": "burst", "provision-pool": POOL}
+
+
+def test_resume_makes_a_named_vm_per_node_in_the_scale_set(
+    config: BurstConfig, arm: FakeARM, scontrol: Path
+) -> None:
+    log: list[str] = []
+    nodes = ["az-h100-001", "az-h100-002"]
+    assert programs.resume(config, nodes, log.append) == 0
+    assert sorted(arm.vms) == nodes
+    body = _puts(arm)["az-h100-001"]
+    profile = arm.scale_sets["burst-azh100"]["properties"]["virtualMachineProfile"]
+    props = body["properties"]  # type: ignore[index]
+    assert body["tags"] == {  # type: ignore[index]
+        "provision-cluster": "burst",
+        "provision-pool": POOL,
+        "provision-node": "az-h100-001",
+    }
+    assert props["virtualMachineScaleSet"]["id"].endswith("/virtualMachineScaleSets/burst-azh100")
+    assert props["hardwareProfile"] == {"vmSize": "Standard_ND96isr_H100_v5"}
+    assert props["osProfile"]["computerName"] == "az-h100-001"
+    assert props["osProfile"]["linuxConfiguration"] == profile["osProfile"]["linuxConfiguration"]
+    assert props["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
+    nic = props["networkProfile"]["networkInterfaceConfigurations"][0]
+    assert nic["name"] == "az-h100-001-primary" and nic["properties"]["deleteOption"] == "Delete"
+    assert props["securityProfile"] == {"encryptionAtHost": True}
+    assert props["proximityPlacementGroup"]["id"].endswith("/ppg")
+    ips = [
+        arm.nics[f"{n}-primary"]["properties"]["ipConfigurations"][0]["properties"][
+            "privateIPAddress"
+        ]
+        for n in nodes
+    ]
+    assert f"update NodeName=az-h100-001,az-h100-002 NodeAddr={','.join(ips)}" in (
+        scontrol.read_text().splitlines()
+    )
+    # the token and the subscription once each, from the metadata service with its header
+    metadata = [p for m, p, _ in arm.requests if p.startswith("/metadata/")]
+    assert len(metadata) == 2
+    assert [line.split(" (")[0] for line in log] == [f"{n} resume ok" for n in nodes]
+
+
+def test_suspend_deletes_the_nodes_vms(config: BurstConfig, arm: FakeARM, scontrol: Path) -> None:
+    log: list[str] = []
+    programs.resume(config, ["az-h100-003", "az-h100-004"], log.append)
+    log.clear()
+    assert programs.suspend(config, ["az-h100-003", "az-h100-005"], log.append) == 0
+    assert sorted(arm.vms) == ["az-h100-004"]
+    assert sorted(log) == [
+        "az-h100-003 suspend ok (azh100)",
+        "az-h100-005 suspend ok (azh100, was not there)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("how", "expected"),
+    [
+        ("SkuNotAvailable", "capacity: HTTP 409: The requested size for resource"),
+        ("quota", "capacity: HTTP 409: Operation could not be completed as it results in"),
+        ("AllocationFailed", "capacity: AllocationFailed: Allocation failed."),
+    ],
+)
+def test_no_capacity_takes_the_pool_out_and_leaves_no_vm(
+    config: BurstConfig, arm: FakeARM, scontrol: Path, tmp_path: Path, how: str, expected: str
+) -> None:
+    if how == "SkuNotAvailable":
+        arm.refuse = (
+            409,
+            "SkuNotAvailable",
+            "The requested size for resource '...' is currently not available in location "
+            "'eastus'. Please try another size or deploy to a different location.",
+        )
+    elif how == "quota":
+        arm.refuse = (
+            409,
+            "OperationNotAllowed",
+            "Operation could not be completed as it results in exceeding approved "
+            "standardNDSH100v5Family Cores quota.",
+        )
+    else:
+        arm.fail = ("AllocationFailed", "Allocation failed. We do not have sufficient capacity.")
+    log: list[str] = []
+    assert programs.resume(config, ["az-h100-006", "az-h100-007"], log.append) == 1
+    assert arm.vms == {}  # all or nothing: a VM that was made is deleted again
+    down = scontrol.read_text().splitlines()[-1]
+    assert down.startswith(
+        f"update NodeName=az-h100-[006-007] State=DOWN Reason=burst resume failed: {expected}"
+    )
+    assert log[-1] == f"{POOL} out for {config.cooldown}s: no capacity"
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    (tmp_path / "states").write_text(
+        f"NodeName=az-h100-006 State=DOWN+CLOUD Reason={down.split('Reason=', 1)[1]} "
+        f"[root@{stamp}]\n"
+    )
+    arm.refuse = arm.fail = None
+    asked = len(arm.requests)
+    assert programs.resume(config, ["az-h100-008"], log.append) == 1
+    assert len(arm.requests) == asked  # not even asked
+
+
+def test_a_missing_scale_set_marks_down_without_taking_the_pool_out(
+    config: BurstConfig, arm: FakeARM, scontrol: Path
+) -> None:
+    arm.scale_sets.clear()
+    log: list[str] = []
+    assert programs.resume(config, ["az-h100-008"], log.append) == 1
+    assert "Reason=burst resume failed: HTTP 404: burst-azh100" in scontrol.read_text()
+    assert not any("out for" in line for line in log)
+
+
+def test_reconcile_deletes_orphans_and_marks_vanished_nodes_down(
+    config: BurstConfig, arm: FakeARM, scontrol: Path, tmp_path: Path
+) -> None:
+    log: list[str] = []
+    nodes = [f"az-h100-00{i}" for i in range(1, 6)]  # five: two pages of three
+    assert programs.resume(config, nodes, log.append) == 0
+    del arm.vms["az-h100-002"]  # evicted, deleted by hand
+    (tmp_path / "states").write_text(
+        "NodeName=az-h100-001 State=IDLE+CLOUD+POWERED_DOWN\n"
+        "NodeName=az-h100-002 State=ALLOCATED+CLOUD\n"
+        "NodeName=az-h100-003 State=ALLOCATED+CLOUD\n"
+        "NodeName=az-h100-004 State=IDLE+CLOUD\n"
+        "NodeName=az-h100-005 State=IDLE+CLOUD+POWERED_DOWN\n"
+    )
+    log.clear()
+    assert programs.reconcile(config, log.append) == 0
+    assert log == [
+        "az-h100-001 reconcile: orphan removed (Slurm has it powered down)",
+        "az-h100-002 reconcile: instance or container gone while Slurm has it up",
+        "az-h100-005 reconcile: orphan removed (Slurm has it powered down)",
+    ]
+    assert sorted(arm.vms) == ["az-h100-003", "az-h100-004"]
+    assert any("skip=3" in p for m, p, _ in arm.requests if m == "GET")
