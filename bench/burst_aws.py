@@ -44,24 +44,20 @@ def main() -> int:
     )
     config = BurstConfig("bench", "head01:6817", {"awsh100": pool})
     log: list[str] = []
-    resumes, suspends = [], []
+    verbs = {"resume": programs.resume, "suspend": programs.suspend}
+    measured: dict[str, list[tuple[float, dict[str, int]]]] = {verb: [] for verb in verbs}
     with FakeEC2() as ec2:
         ec2.launch_template("bench-awsh100", "p5.48xlarge")
         os.environ.update(ec2.env())
         for _ in range(args.runs):
-            ec2.calls.clear()
-            started = time.monotonic()
-            if programs.resume(config, nodes, log.append):
-                print("resume failed:", log[-1], file=sys.stderr)
-                return 1
-            resumes.append((time.monotonic() - started, dict(ec2.calls)))
-            ec2.calls.clear()
-            started = time.monotonic()
-            if programs.suspend(config, nodes, log.append):
-                print("suspend failed:", log[-1], file=sys.stderr)
-                return 1
-            suspends.append((time.monotonic() - started, dict(ec2.calls)))
-    for name, runs in (("resume", resumes), ("suspend", suspends)):
+            for verb, run in verbs.items():
+                ec2.calls.clear()
+                started = time.monotonic()
+                if run(config, nodes, log.append):
+                    print(f"{verb} failed:", log[-1], file=sys.stderr)
+                    return 1
+                measured[verb].append((time.monotonic() - started, dict(ec2.calls)))
+    for name, runs in measured.items():
         seconds = [s for s, _ in runs]
         calls = runs[-1][1]
         print(

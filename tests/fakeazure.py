@@ -11,10 +11,10 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from .fakehttp import JsonFake
 
 TOKEN = "eyJ0eXAi.fake-token"
 SUBSCRIPTION = "00000000-1111-2222-3333-444444444444"
@@ -98,109 +98,65 @@ def scale_set(group: str, name: str, subnet: str, nsg: str, ppg: str) -> dict[st
     }
 
 
-class FakeARM:
+class FakeARM(JsonFake):
     def __init__(
         self, group: str, scale_sets: dict[str, dict[str, Any]], page_size: int = 3
     ) -> None:
+        super().__init__()
         self.group = group
         self.scale_sets = scale_sets
         self.page_size = page_size
         self.vms: dict[str, dict[str, Any]] = {}
         self.nics: dict[str, dict[str, Any]] = {}
-        self.requests: list[tuple[str, str, Any]] = []
         self.refuse: tuple[int, str, str] | None = None
         self.fail: tuple[str, str] | None = None
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> FakeARM:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _handle(self, method: str) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else None
-                status, doc = fake.answer(method, self.path, dict(self.headers), body)
-                data = b"" if doc is None else json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                self._handle("GET")
-
-            def do_PUT(self) -> None:
-                self._handle("PUT")
-
-            def do_DELETE(self) -> None:
-                self._handle("DELETE")
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
 
     @staticmethod
     def _error(status: int, code: str, message: str) -> tuple[int, Any]:
         return status, {"error": {"code": code, "message": message}}
 
-    def answer(self, method: str, path: str, headers: dict[str, str], body: Any) -> tuple[int, Any]:
-        with self._lock:
-            self.requests.append((method, path, body))
-            url = urllib.parse.urlsplit(path)
-            query = urllib.parse.parse_qs(url.query)
-            if url.path.startswith("/metadata/"):
-                if headers.get("Metadata") != "true":
-                    return 400, {"error": "Bad request. Required metadata header not specified"}
-                if url.path == "/metadata/identity/oauth2/token":
-                    if query.get("resource") != [ARM_RESOURCE]:
-                        return 400, {"error": "invalid_resource"}
-                    return 200, {
-                        "access_token": TOKEN,
-                        "expires_in": "86399",
-                        "token_type": "Bearer",
-                    }
-                if url.path == "/metadata/instance":
-                    return 200, {"compute": {"subscriptionId": SUBSCRIPTION, "location": "eastus"}}
-                return 404, {"error": "not found"}
-            if headers.get("Authorization") != f"Bearer {TOKEN}":
-                return self._error(401, "AuthenticationFailed", "no token")
-            if "api-version" not in query:
-                return self._error(400, "MissingApiVersionParameter", "api-version is required")
-            prefix = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{self.group}/providers/"
-            if not url.path.startswith(prefix):
-                return self._error(404, "ResourceGroupNotFound", url.path)
-            rest = url.path[len(prefix) :]
-            m = re.fullmatch(r"Microsoft\.Compute/virtualMachineScaleSets/([^/]+)", rest)
-            if m and method == "GET":
-                found = self.scale_sets.get(m.group(1))
-                return (200, found) if found else self._error(404, "ResourceNotFound", m.group(1))
-            if rest == "Microsoft.Compute/virtualMachines" and method == "GET":
-                return self._list(int(query.get("skip", ["0"])[0]))
-            m = re.fullmatch(r"Microsoft\.Compute/virtualMachines/([^/]+)", rest)
-            if m:
-                return self._vm(method, m.group(1), body, prefix)
-            m = re.fullmatch(r"Microsoft\.Network/networkInterfaces/([^/]+)", rest)
-            if m and method == "GET":
-                nic = self.nics.get(m.group(1))
-                return (200, nic) if nic else self._error(404, "NotFound", m.group(1))
-            return self._error(400, "BadRequest", f"{method} {rest}")
+    def respond(
+        self, method: str, path: str, headers: dict[str, str], body: Any
+    ) -> tuple[int, Any]:
+        url = urllib.parse.urlsplit(path)
+        query = urllib.parse.parse_qs(url.query)
+        if url.path.startswith("/metadata/"):
+            if headers.get("Metadata") != "true":
+                return 400, {"error": "Bad request. Required metadata header not specified"}
+            if url.path == "/metadata/identity/oauth2/token":
+                if query.get("resource") != [ARM_RESOURCE]:
+                    return 400, {"error": "invalid_resource"}
+                return 200, {
+                    "access_token": TOKEN,
+                    "expires_in": "86399",
+                    "token_type": "Bearer",
+                }
+            if url.path == "/metadata/instance":
+                return 200, {"compute": {"subscriptionId": SUBSCRIPTION, "location": "eastus"}}
+            return 404, {"error": "not found"}
+        if headers.get("Authorization") != f"Bearer {TOKEN}":
+            return self._error(401, "AuthenticationFailed", "no token")
+        if "api-version" not in query:
+            return self._error(400, "MissingApiVersionParameter", "api-version is required")
+        prefix = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{self.group}/providers/"
+        if not url.path.startswith(prefix):
+            return self._error(404, "ResourceGroupNotFound", url.path)
+        rest = url.path[len(prefix) :]
+        m = re.fullmatch(r"Microsoft\.Compute/virtualMachineScaleSets/([^/]+)", rest)
+        if m and method == "GET":
+            found = self.scale_sets.get(m.group(1))
+            return (200, found) if found else self._error(404, "ResourceNotFound", m.group(1))
+        if rest == "Microsoft.Compute/virtualMachines" and method == "GET":
+            return self._list(int(query.get("skip", ["0"])[0]))
+        m = re.fullmatch(r"Microsoft\.Compute/virtualMachines/([^/]+)", rest)
+        if m:
+            return self._vm(method, m.group(1), body, prefix)
+        m = re.fullmatch(r"Microsoft\.Network/networkInterfaces/([^/]+)", rest)
+        if m and method == "GET":
+            nic = self.nics.get(m.group(1))
+            return (200, nic) if nic else self._error(404, "NotFound", m.group(1))
+        return self._error(400, "BadRequest", f"{method} {rest}")
 
     def _list(self, skip: int) -> tuple[int, Any]:
         names = sorted(self.vms)

@@ -9,12 +9,11 @@ reports a zone out of resources; `refuse` answers bulkInsert with that HTTP erro
 from __future__ import annotations
 
 import itertools
-import json
 import re
-import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from .fakehttp import JsonFake
 
 TOKEN = "ya29.fake-token"
 PROJECT = "burst-project"
@@ -30,63 +29,16 @@ BULK_KEYS = {
 NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
-class FakeGCE:
+class FakeGCE(JsonFake):
     def __init__(self, templates: dict[str, dict[str, str]], page_size: int = 3) -> None:
+        super().__init__()
         self.templates = templates  # template name -> the labels its instances get
         self.page_size = page_size
         self.instances: dict[str, dict[str, Any]] = {}  # zone/name -> instance
-        self.requests: list[tuple[str, str, Any]] = []
         self.fail: tuple[str, str] | None = None
         self.refuse: tuple[int, str, str] | None = None
         self._ids = itertools.count(1)
         self._ops: dict[str, dict[str, Any]] = {}
-        self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> FakeGCE:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _send(self, status: int, doc: object) -> None:
-                data = json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _handle(self, method: str) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else None
-                status, doc = fake.answer(method, self.path, dict(self.headers), body)
-                self._send(status, doc)
-
-            def do_GET(self) -> None:
-                self._handle("GET")
-
-            def do_POST(self) -> None:
-                self._handle("POST")
-
-            def do_DELETE(self) -> None:
-                self._handle("DELETE")
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
 
     @staticmethod
     def _error(status: int, code: str, message: str) -> tuple[int, dict[str, Any]]:
@@ -111,37 +63,37 @@ class FakeGCE:
             self._ops[op["name"]]["error"] = {"errors": [{"code": error[0], "message": error[1]}]}
         return op
 
-    def answer(self, method: str, path: str, headers: dict[str, str], body: Any) -> tuple[int, Any]:
-        with self._lock:
-            self.requests.append((method, path, body))
-            url = urllib.parse.urlsplit(path)
-            if url.path.startswith("/computeMetadata/v1/"):
-                if headers.get("Metadata-Flavor") != "Google":
-                    return 403, {"error": "Missing Metadata-Flavor:Google header"}
-                if url.path.endswith("/service-accounts/default/token"):
-                    return 200, {"access_token": TOKEN, "expires_in": 3599, "token_type": "Bearer"}
-                if url.path.endswith("/project/project-id"):
-                    return 200, PROJECT
-                return 404, {"error": "not found"}
-            if headers.get("Authorization") != f"Bearer {TOKEN}":
-                return self._error(401, "authError", "Request had invalid authentication")
-            m = re.fullmatch(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/(.+)", url.path)
-            if not m or m.group(1) != PROJECT:
-                return self._error(404, "notFound", f"no such resource {url.path}")
-            zone, rest = m.group(2), m.group(3)
-            if method == "POST" and rest == "instances/bulkInsert":
-                return self._bulk_insert(zone, body)
-            op = re.fullmatch(r"operations/([^/]+)/wait", rest)
-            if method == "POST" and op:
-                return (200, self._ops[op.group(1)]) if op.group(1) in self._ops else (404, {})
-            if method == "GET" and rest == "instances":
-                return self._list(zone, urllib.parse.parse_qs(url.query))
-            gone = re.fullmatch(r"instances/([^/]+)", rest)
-            if method == "DELETE" and gone:
-                if self.instances.pop(f"{zone}/{gone.group(1)}", None) is None:
-                    return self._error(404, "notFound", f"instance {gone.group(1)} not found")
-                return 200, self._operation(zone, "delete", None)
-            return self._error(400, "badRequest", f"{method} {rest}")
+    def respond(
+        self, method: str, path: str, headers: dict[str, str], body: Any
+    ) -> tuple[int, Any]:
+        url = urllib.parse.urlsplit(path)
+        if url.path.startswith("/computeMetadata/v1/"):
+            if headers.get("Metadata-Flavor") != "Google":
+                return 403, {"error": "Missing Metadata-Flavor:Google header"}
+            if url.path.endswith("/service-accounts/default/token"):
+                return 200, {"access_token": TOKEN, "expires_in": 3599, "token_type": "Bearer"}
+            if url.path.endswith("/project/project-id"):
+                return 200, PROJECT
+            return 404, {"error": "not found"}
+        if headers.get("Authorization") != f"Bearer {TOKEN}":
+            return self._error(401, "authError", "Request had invalid authentication")
+        m = re.fullmatch(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/(.+)", url.path)
+        if not m or m.group(1) != PROJECT:
+            return self._error(404, "notFound", f"no such resource {url.path}")
+        zone, rest = m.group(2), m.group(3)
+        if method == "POST" and rest == "instances/bulkInsert":
+            return self._bulk_insert(zone, body)
+        op = re.fullmatch(r"operations/([^/]+)/wait", rest)
+        if method == "POST" and op:
+            return (200, self._ops[op.group(1)]) if op.group(1) in self._ops else (404, {})
+        if method == "GET" and rest == "instances":
+            return self._list(zone, urllib.parse.parse_qs(url.query))
+        gone = re.fullmatch(r"instances/([^/]+)", rest)
+        if method == "DELETE" and gone:
+            if self.instances.pop(f"{zone}/{gone.group(1)}", None) is None:
+                return self._error(404, "notFound", f"instance {gone.group(1)} not found")
+            return 200, self._operation(zone, "delete", None)
+        return self._error(400, "badRequest", f"{method} {rest}")
 
     def _bulk_insert(self, zone: str, body: Any) -> tuple[int, Any]:
         if not isinstance(body, dict) or set(body) - BULK_KEYS:
