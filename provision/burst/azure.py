@@ -4,12 +4,12 @@ networking, security group, proximity placement group, encryption at host).
 
 The standard library only: the token and the subscription come from the head's managed
 identity through the instance metadata service, and Resource Manager is plain JSON over HTTPS.
-A resume reads the scale set once, then creates one VM per node (named as the node, 16 at a
-time, its NIC and disk deleted with it), waits for them to be provisioned (allocation failures
-show there; at most 4 minutes), and gives Slurm their addresses in one call. All or nothing: when
-one VM fails for want of capacity, the others are deleted too. A suspend deletes each VM and
-does not wait. PROVISION_AZURE_ENDPOINT points both the metadata service and Resource Manager
-at another place (the tests' fake).
+A resume reads the scale set once, asks for one VM per node (named as the node, 16 calls at a
+time, its NIC and disk deleted with it), then waits for them all to be provisioned (allocation
+failures show there; at most 4 minutes), and gives Slurm their addresses in one call. All or
+nothing: when one VM fails for want of capacity, the others are deleted too. A suspend deletes
+each VM and does not wait. PROVISION_AZURE_ENDPOINT points both the metadata service and
+Resource Manager at another place (the tests' fake).
 """
 
 from __future__ import annotations
@@ -167,8 +167,10 @@ class AzureBackend(Backend):
             return {node: one_line(exc) for node in nodes}
         addresses: dict[str, str] = {}
 
-        def make(node: str) -> None:
+        def create(node: str) -> None:
             self._call("PUT", self._vm_url(node), bodies[node])
+
+        def wait(node: str) -> None:
             vm = self._provisioned(node)
             state = vm.get("properties", {}).get("provisioningState")
             if state == "Failed":
@@ -184,7 +186,9 @@ class AzureBackend(Backend):
                 if address:
                     addresses[node] = address
 
-        errors = each(nodes, make)
+        # every VM is asked for first, then waited for: they are made side by side
+        errors = each(nodes, create)
+        errors.update(each([n for n in nodes if n not in errors], wait))
         capacity = next((e for e in errors.values() if e.startswith(CAPACITY)), None)
         if capacity:  # all or nothing: the VMs that were made go too
             self.stop(nodes)
