@@ -4,14 +4,14 @@ with the last lines of the burst programs' log."""
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from provision.burst.config import LOG_DIR
 from provision.cluster import Cluster
+from provision.drain import on_head
 from provision.errors import OperationError
-from provision.lifecycle import open_cluster, ssh_argv
+from provision.lifecycle import open_cluster
 
 LOG_LINES = 10
 
@@ -76,11 +76,9 @@ def burst_status(spec_path: Path, state_root: Path) -> tuple[list[PoolStatus], l
         raise OperationError(f"{spec_path}: no elastic pool (pools[].elastic)")
     log = LOG_DIR / f"burst-{spec.name}.log"
     command = f"sinfo -h -N -o '%N|%P|%T|%E' && echo --- && tail -n {LOG_LINES} {log} 2>/dev/null"
-    argv = ssh_argv(spec_path, state_root, cluster.head_nodes[0].name, [command])
-    argv.insert(1, "-oBatchMode=yes")
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    if done.returncode != 0:
-        why = " ".join(done.stderr.split())[-300:] or f"exit {done.returncode}"
-        raise OperationError(f"cannot read Slurm's state on {cluster.head_nodes[0].name}: {why}")
-    sinfo, _, tail = done.stdout.partition("---\n")
+    try:
+        output = on_head(spec_path, state_root, command)
+    except OperationError as exc:
+        raise OperationError(f"cannot read Slurm's state {exc}") from None
+    sinfo, _, tail = output.partition("---\n")
     return parse_sinfo(sinfo, cluster), [line for line in tail.splitlines() if line.strip()]

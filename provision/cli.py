@@ -166,19 +166,27 @@ def plan(
     diff: Annotated[
         bool, typer.Option("--diff", help="show unified diffs of changed files")
     ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="the same plan as one JSON document, for automation")
+    ] = False,
     state_dir: StateOpt = None,
 ) -> None:
     """Show what apply would create and change, the peak power and the cloud cost."""
+    import json
+
     from provision.cluster import Cluster
-    from provision.plan import make_plan, print_plan
+    from provision.plan import make_plan, plan_json, print_plan
     from provision.spec import load_spec
     from provision.state import State
 
     loaded = load_spec(spec)
     cluster = Cluster(loaded)
     p = make_plan(cluster, State(_state_root(state_dir), loaded.name))
+    if as_json:
+        print(json.dumps(plan_json(p, cluster), indent=1, sort_keys=True))
+        return
     out.print(f"[bold]{cluster.describe()}[/bold]")
-    print_plan(p, out, diff)
+    print_plan(p, cluster, out, diff)
 
 
 @app.command()
@@ -353,6 +361,50 @@ def bmc_credentials(
     with state.locked(command_line()):
         path = pw.save_credentials(state, pw.Credentials(user, password))
     out.print(f"bmc-credentials: saved for user {user} in {path} (0600)")
+
+
+@app.command("drain")
+@guarded
+def drain_nodes(
+    nodes: Annotated[
+        str, typer.Argument(help="compute nodes (a hostlist) or a pool name", show_default=False)
+    ],
+    spec: Annotated[
+        Path, typer.Option("--spec", "-f", help="cluster spec", show_default=False)
+    ] = DEFAULT_SPEC,
+    reason: Annotated[
+        str | None,
+        typer.Option("--reason", help="what sinfo -R shows (default: provision drain by USER)"),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait/--no-wait", help="wait until no job runs on them")
+    ] = True,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="seconds to wait for their jobs", min=1)
+    ] = 24 * 3600,
+    state_dir: StateOpt = None,
+) -> None:
+    """Take compute nodes out of scheduling and wait until their jobs have ended."""
+    from provision.drain import drain
+
+    drain(spec, _state_root(state_dir), nodes, reason, wait, timeout, out.print)
+
+
+@app.command("resume")
+@guarded
+def resume_nodes(
+    nodes: Annotated[
+        str, typer.Argument(help="compute nodes (a hostlist) or a pool name", show_default=False)
+    ],
+    spec: Annotated[
+        Path, typer.Option("--spec", "-f", help="cluster spec", show_default=False)
+    ] = DEFAULT_SPEC,
+    state_dir: StateOpt = None,
+) -> None:
+    """Give drained compute nodes back to the scheduler."""
+    from provision.drain import resume
+
+    resume(spec, _state_root(state_dir), nodes, out.print)
 
 
 burst_app = typer.Typer(help="Elastic pools: what Slurm has up, powering up and down.")

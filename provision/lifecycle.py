@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from provision.changes import SLURM_ACTION, slurm_change
 from provision.cluster import Cluster, compress
 from provision.errors import OperationError, UsageError
 from provision.preflight import preflight
@@ -17,7 +18,7 @@ from provision.providers import get_provider
 from provision.providers.cloud import check_ready, saved_addresses
 from provision.providers.lab import burst as lab_burst
 from provision.providers.lab.image import debian_mirror, ensure_image
-from provision.render import render, write_render
+from provision.render import read_render, render, write_render
 from provision.render.burst import burst_config
 from provision.run.ansible import RunResult, run_playbook
 from provision.run.progress import HostProgress, summary_table
@@ -118,7 +119,8 @@ def _apply(
 ) -> ApplyReport:
     with _Phase(report, "nodes"):
         cluster = create_nodes(cluster, state, console)
-        changed = write_render(render(cluster), state.build)
+        files = render(cluster)
+        changed = write_render(files, state.build)
         secrets_dir = ensure_cluster_secrets(state, spec.scheduler)
     console.print(f"render: {state.build} ({len(changed)} file(s) changed)")
     key = private_key(spec, state)
@@ -135,6 +137,12 @@ def _apply(
 
     hosts = [n.name for n in cluster.lasting_nodes]
     extra_vars = {"provision_secrets_dir": str(secrets_dir.resolve())}
+    slurm = slurm_change(read_render(state.applied), files)
+    # the daemons do what the change since the last apply needs: the files on the nodes may
+    # be newer than that apply (one that failed), never older
+    extra_vars["slurm_config_change"] = SLURM_ACTION[slurm.action]
+    if slurm.action in ("reconfigure", "restart"):
+        console.print(f"slurm: {slurm.action}: {'; '.join(slurm.why)}", markup=False)
     if any(n.elastic for n in cluster.nodes):
         extra_vars["provision_burst_wheel"] = str(build_wheel(state.dir / "wheel").resolve())
     builds, inventories = _start_image_builds(cluster, state, console)

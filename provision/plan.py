@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from provision.changes import Changes, changes
 from provision.cluster import Cluster, compress
 from provision.providers import ProviderPlan, get_provider
 from provision.render import read_render, render
@@ -68,6 +71,7 @@ class Plan:
     power: list[PoolPower]
     cost: list[PoolCost] = field(default_factory=list)
     exposed: list[OpenRule] = field(default_factory=list)  # rules open to public addresses
+    running: Changes | None = None  # what changes on the running cluster; None before apply
 
     @property
     def total_kw(self) -> float:
@@ -95,15 +99,15 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
 
     new = render(cluster)
     old = read_render(state.applied)
-    changes = []
+    file_changes = []
     for path in sorted(set(new) | set(old)):
         if path not in old:
-            changes.append(FileChange(path, "added", _diff(path, "", new[path])))
+            file_changes.append(FileChange(path, "added", _diff(path, "", new[path])))
         elif path not in new:
-            changes.append(FileChange(path, "removed", _diff(path, old[path], "")))
+            file_changes.append(FileChange(path, "removed", _diff(path, old[path], "")))
         elif old[path] != new[path]:
-            changes.append(FileChange(path, "changed", _diff(path, old[path], new[path])))
-    unchanged = len(set(new) & set(old)) - sum(c.kind == "changed" for c in changes)
+            file_changes.append(FileChange(path, "changed", _diff(path, old[path], new[path])))
+    unchanged = len(set(new) & set(old)) - sum(c.kind == "changed" for c in file_changes)
 
     power = [
         PoolPower(
@@ -126,8 +130,86 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
         if v.profile.price is not None
     ]
     return Plan(
-        providers, groups, changes, unchanged, not old, power, cost, internet_rules(cluster)
+        providers,
+        groups,
+        file_changes,
+        unchanged,
+        not old,
+        power,
+        cost,
+        internet_rules(cluster),
+        changes(old, new) if old else None,
     )
+
+
+def plan_json(plan: Plan, cluster: Cluster) -> dict[str, Any]:
+    """The plan for automation (`plan --json`): the same content as the tables."""
+    doc = {
+        "cluster": cluster.spec.name,
+        "first_apply": plan.first_apply,
+        "providers": [dataclasses.asdict(p) for p in plan.providers],
+        "groups": plan.groups,
+        "files": [{"path": c.path, "change": c.kind} for c in plan.changes],
+        "files_unchanged": plan.unchanged,
+        "running_cluster": plan.running.to_json() if plan.running else None,
+        "open_to_internet": [
+            {
+                "pool": o.pool,
+                "enforced_by": o.where,
+                "service": o.rule.service,
+                "protocol": o.rule.protocol,
+                "ports": o.rule.ports,
+                "sources": list(o.cidrs),
+                "public_addresses": o.public,
+            }
+            for o in plan.exposed
+        ],
+        "power_kw": {"total": round(plan.total_kw, 3), "lasting": round(plan.lasting_kw, 3)},
+        "pools_power": [
+            {"pool": p.pool, "nodes": p.nodes, "kw": round(p.kw, 3), "elastic": p.elastic}
+            for p in plan.power
+        ],
+        "cost_usd_per_hour": [
+            {
+                "pool": c.pool,
+                "provider": c.provider,
+                "instance_type": c.instance_type,
+                "nodes": c.nodes,
+                "usd_per_hour": round(c.usd_per_hour, 2),
+                "elastic": c.elastic,
+                "price_as_of": c.price_as_of,
+            }
+            for c in plan.cost
+        ],
+    }
+    return doc
+
+
+def _running(plan: Plan, cluster: Cluster, console: Console) -> None:
+    """What apply would do to the running cluster (nodes joining and leaving, daemons)."""
+    run = plan.running
+    if run is None:
+        console.print("running cluster: none yet (first apply)")
+        return
+    if run.added:
+        console.print(f"running cluster: nodes joining: {compress(list(run.added))}")
+    if run.removed:
+        console.print(
+            f"running cluster: nodes leaving: {compress(list(run.removed))} (apply removes "
+            "them from Slurm; a lab provider's containers stay until destroy)"
+        )
+    heads = compress([n.name for n in cluster.head_nodes])
+    computes = [n.name for n in cluster.lasting_nodes if n.role == "compute"]
+    what = {
+        "none": "slurm: no change to the daemons",
+        "new": "slurm: the daemons start",
+        "reconfigure": "slurm: `scontrol reconfigure` (no daemon restarts, running jobs go on)",
+        "restart": f"slurm: restart slurmctld on {heads} and slurmd on "
+        f"{compress(computes) if computes else 'no node'} (running jobs go on)",
+    }[run.slurm.action]
+    console.print(f"running cluster: {what}", markup=False)
+    for why in run.slurm.why:
+        console.print(f"  {why}", markup=False)
 
 
 def _diff(path: str, old: str, new: str) -> str:
@@ -141,7 +223,7 @@ def _diff(path: str, old: str, new: str) -> str:
     )
 
 
-def print_plan(plan: Plan, console: Console, diff: bool = False) -> None:
+def print_plan(plan: Plan, cluster: Cluster, console: Console, diff: bool = False) -> None:
     """The plan as `provision plan` shows it: tables of nodes, groups, files, exposure, power
     and cost; with `diff`, the unified diff of every changed file."""
     nodes = Table(title="Nodes")
@@ -176,6 +258,7 @@ def print_plan(plan: Plan, console: Console, diff: bool = False) -> None:
     if diff:
         for change in plan.changes:
             console.print(change.diff, markup=False, end="")
+    _running(plan, cluster, console)
 
     if plan.exposed:
         exposed = Table(title="Open to the internet (sources beyond private address space)")

@@ -14,11 +14,11 @@ LAYERS: list[set[str]] = [
     {"errors", "assets", "state", "secrets", "burst"},
     {"spec"},
     {"cluster", "sshkeys"},
-    {"render"},
+    {"render", "changes"},
     {"providers"},
     {"run"},
     {"preflight", "verify"},
-    {"lifecycle", "plan", "power", "bursting"},
+    {"lifecycle", "plan", "power", "bursting", "drain"},
     {"cli", "__main__"},
 ]
 

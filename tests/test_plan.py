@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from provision.render import render, write_render
 from provision.spec import load_spec
 from provision.state import State
 
-from .conftest import ROOT, load_any
+from .conftest import ROOT, load_any, run_provision
 
 
 def test_superpod_power() -> None:
@@ -94,3 +95,34 @@ def test_plan_names_every_rule_open_to_the_internet(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "Open to the internet" in done.stdout
     assert "AWS security group" in done.stdout and "3,702,258,688" in done.stdout
+
+
+def test_plan_says_what_changes_on_the_running_cluster(tmp_path: Path) -> None:
+    spec_path = ROOT / "examples" / "lab.yaml"
+    state = State(tmp_path / "state", "lab")
+    write_render(render(Cluster(load_spec(spec_path))), state.applied)
+    grown = tmp_path / "lab.yaml"
+    grown.write_text(spec_path.read_text().replace("count: 2", "count: 3"))
+    r = run_provision("plan", str(grown), "--state-dir", str(tmp_path / "state"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "running cluster: nodes joining: compute003" in r.stdout
+    assert (
+        "running cluster: slurm: restart slurmctld on head001 and slurmd on compute[001-003]"
+        in r.stdout
+    )
+    assert "  nodes added to slurm.conf: compute003 (needs a restart)" in r.stdout
+    r = run_provision(
+        "plan", str(grown), "--json", "--state-dir", str(tmp_path / "state"), cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["cluster"] == "lab" and doc["first_apply"] is False
+    assert doc["running_cluster"]["nodes_added"] == ["compute003"]
+    assert doc["running_cluster"]["slurm"]["action"] == "restart"
+    assert {"path": "files/slurm/slurm.conf", "change": "changed"} in doc["files"]
+    assert doc["providers"][0]["provider"] == "lab"
+    # before any apply: nothing runs, and JSON says so
+    r = run_provision(
+        "plan", str(grown), "--json", "--state-dir", str(tmp_path / "x"), cwd=tmp_path
+    )
+    assert json.loads(r.stdout)["running_cluster"] is None

@@ -51,6 +51,10 @@ _TABLE = (
         "an elastic pool exists: the burst programs go on the heads",
     ),
     Variable(
+        "slurm_config_change", "extra", ("slurm",),
+        "what the Slurm daemons do for the change since the last apply (provision/changes.py)",
+    ),
+    Variable(
         "provision_burst_wheel", "extra", ("burst",),
         "this project's wheel, made by apply on the workstation, for the heads' burst programs",
     ),

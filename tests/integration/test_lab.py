@@ -105,6 +105,57 @@ def test_second_apply_changes_nothing(lab: tuple[Path, Path]) -> None:
     assert {h: s["changed"] for h, s in hosts.items()} == dict.fromkeys(hosts, 0)
 
 
+def _on(spec: Path, work: Path, node: str, command: str) -> str:
+    r = provision("ssh", "-f", str(spec), node, "--", command, cwd=work)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_a_scheduler_change_is_read_without_restarting_anything(lab: tuple[Path, Path]) -> None:
+    """A key `scontrol reconfigure` applies: apply says so, slurmctld and slurmd keep their
+    processes, and a job running through the change completes."""
+    spec, work = lab
+    pid = "systemctl show -p MainPID --value"
+    before = (
+        _on(spec, work, "head001", f"{pid} slurmctld"),
+        _on(spec, work, "compute001", f"{pid} slurmd"),
+    )
+    job = _on(spec, work, "head001", "sbatch --parsable -w compute001 --wrap 'sleep 45'")
+    changed = spec.with_name("lab-scheduler.yaml")
+    changed.write_text(
+        spec.read_text().replace(
+            "    TaskPlugin: task/affinity\n",
+            "    TaskPlugin: task/affinity\n    SchedulerParameters: bf_continue\n",
+        )
+    )
+    r = provision("apply", str(changed), "--no-verify", cwd=work)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert "slurm: reconfigure: SchedulerParameters: (unset) -> bf_continue" in r.stdout
+    after = (
+        _on(spec, work, "head001", f"{pid} slurmctld"),
+        _on(spec, work, "compute001", f"{pid} slurmd"),
+    )
+    assert after == before
+    config = _on(spec, work, "head001", "scontrol show config | grep ^SchedulerParameters")
+    assert config.split("=", 1)[1].strip() == "bf_continue"
+    assert _on(spec, work, "head001", f"squeue -h -j {job} -o %T") == "RUNNING"
+
+
+def test_drain_waits_for_the_running_job_then_resume_gives_the_node_back(
+    lab: tuple[Path, Path],
+) -> None:
+    spec, work = lab
+    job = _on(spec, work, "head001", "sbatch --parsable -w compute002 --wrap 'sleep 15'")
+    r = provision("drain", "compute002", "-f", str(spec), "--reason", "test drain", cwd=work)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"drain: compute002: 1 job(s) still running: {job} compute002" in r.stdout
+    assert "drain: compute002: drained, no job runs there" in r.stdout
+    assert _on(spec, work, "head001", "sinfo -h -n compute002 -o '%T|%E'") == "drained|test drain"
+    r = provision("resume", "compute", "-f", str(spec), cwd=work)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _on(spec, work, "head001", "sinfo -h -n compute002 -o %T") == "idle"
+
+
 def test_an_elastic_pool_added_to_a_running_lab_needs_a_new_head(lab: tuple[Path, Path]) -> None:
     """The head reaches podman through a mount made when it is created: apply says so, and
     changes no node."""

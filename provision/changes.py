@@ -1,0 +1,217 @@
+"""What a new render changes on a running cluster, from the render of the last apply: nodes
+that join or leave, and what the Slurm daemons must do for the new configuration (nothing,
+re-read it with `scontrol reconfigure`, or restart). Plan reports it; apply acts on it.
+
+Conservative by design: a slurm.conf change is a reconfigure only when every changed key is on
+the RECONFIGURE list (keys slurm.conf(5) of Slurm 21.08 to 24.05 applies on `scontrol
+reconfigure`) and the node set is the same; anything else, a key set through slurm.config
+included, restarts slurmctld and every slurmd (running jobs survive both: their steps are
+separate processes and slurmctld saves its state).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from provision.burst.hostlist import expand
+from provision.cluster import compress
+
+SLURM_FILES = ("files/slurm/slurm.conf", "files/slurm/gres.conf", "files/slurm/cgroup.conf")
+INVENTORY = "inventory/hosts.yml"
+ROLE_GROUPS = ("head", "login", "compute", "storage")
+
+# Keys `scontrol reconfigure` applies without a restart: timers, limits, power saving, the
+# scheduler's parameters, prolog and epilog, health checks
+RECONFIGURE = frozenset(
+    {
+        "ReturnToService",
+        "SlurmctldTimeout",
+        "SlurmdTimeout",
+        "InactiveLimit",
+        "MinJobAge",
+        "KillWait",
+        "Waittime",
+        "MessageTimeout",
+        "BatchStartTimeout",
+        "UnkillableStepTimeout",
+        "ResumeProgram",
+        "SuspendProgram",
+        "ResumeFailProgram",
+        "SuspendTime",
+        "SuspendTimeout",
+        "ResumeTimeout",
+        "ResumeRate",
+        "SuspendRate",
+        "SuspendExcNodes",
+        "SuspendExcParts",
+        "PrivateData",
+        "SchedulerParameters",
+        "DefMemPerCPU",
+        "DefMemPerNode",
+        "MaxMemPerCPU",
+        "MaxMemPerNode",
+        "MaxJobCount",
+        "MaxArraySize",
+        "Prolog",
+        "Epilog",
+        "PrologSlurmctld",
+        "EpilogSlurmctld",
+        "HealthCheckProgram",
+        "HealthCheckInterval",
+        "HealthCheckNodeState",
+        "SlurmctldDebug",
+        "SlurmdDebug",
+        "DebugFlags",
+        "PriorityWeightAge",
+        "PriorityWeightFairshare",
+        "PriorityWeightJobSize",
+        "PriorityWeightPartition",
+        "PriorityWeightQOS",
+    }
+)
+# Node attributes that reconfigure applies; any other change of a node line restarts
+NODE_RECONFIGURE = frozenset({"Weight", "Feature", "Features", "State"})
+
+Action = Literal["new", "none", "reconfigure", "restart"]
+# the slurm role's slurm_config_change for each: on a first apply it restarts what changed
+SLURM_ACTION: dict[Action, str] = {
+    "new": "auto",
+    "none": "none",
+    "reconfigure": "reconfigure",
+    "restart": "restart",
+}
+
+
+@dataclass(frozen=True)
+class SlurmChange:
+    action: Action  # new: no earlier apply (the daemons start for the first time)
+    why: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Changes:
+    added: tuple[str, ...]  # lasting nodes that join
+    removed: tuple[str, ...]  # lasting nodes that leave
+    slurm: SlurmChange
+    pools: dict[str, str] = field(default_factory=dict)  # node -> its pool (old or new)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "nodes_added": list(self.added),
+            "nodes_removed": list(self.removed),
+            "slurm": {"action": self.slurm.action, "why": list(self.slurm.why)},
+        }
+
+
+class _Loader(yaml.SafeLoader):
+    """The rendered inventory: its `!unsafe` strings read as plain strings."""
+
+
+def _unsafe(loader: yaml.SafeLoader, node: yaml.Node) -> str:
+    assert isinstance(node, yaml.ScalarNode)
+    return str(loader.construct_scalar(node))
+
+
+_Loader.add_constructor("!unsafe", _unsafe)
+
+
+def inventory_nodes(text: str) -> dict[str, str]:
+    """Lasting node -> its pool, from a rendered inventory/hosts.yml."""
+    doc = yaml.load(text, Loader=_Loader) or {}
+    children = (doc.get("all") or {}).get("children") or {}
+    out: dict[str, str] = {}
+    for group, body in children.items():
+        if group.startswith("pool_"):
+            for host in (body or {}).get("hosts") or {}:
+                out[host] = group[len("pool_") :]
+    for group in ROLE_GROUPS:
+        for host in ((children.get(group) or {}).get("hosts")) or {}:
+            out.setdefault(host, "")
+    return out
+
+
+def _settings(conf: str) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[str, str]]:
+    """slurm.conf -> (Key=Value settings, node -> its attributes, partition -> its line)."""
+    settings: dict[str, str] = {}
+    nodes: dict[str, dict[str, str]] = {}
+    partitions: dict[str, str] = {}
+    for raw in conf.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line or "=" not in line:
+            continue
+        words = dict(word.split("=", 1) for word in line.split() if "=" in word)
+        if line.startswith("NodeName="):
+            names = words.pop("NodeName")
+            for name in expand(names):
+                nodes[name] = words
+        elif line.startswith("PartitionName="):
+            partitions[words["PartitionName"]] = line
+        else:
+            key, _, value = line.partition("=")
+            settings[key] = value
+    return settings, nodes, partitions
+
+
+def slurm_change(old: dict[str, str], new: dict[str, str]) -> SlurmChange:
+    """What the Slurm daemons must do to move from the old render's files to the new one's."""
+    if SLURM_FILES[0] not in old:
+        return SlurmChange("new") if SLURM_FILES[0] in new else SlurmChange("none")
+    if SLURM_FILES[0] not in new:
+        return SlurmChange("none")
+    why: list[str] = []
+    restart = False
+    for path in SLURM_FILES[1:]:
+        if old.get(path) != new.get(path):
+            why.append(f"{path.rpartition('/')[2]} changed (slurmd reads it at start)")
+            restart = True
+    old_set, old_nodes, old_parts = _settings(old[SLURM_FILES[0]])
+    new_set, new_nodes, new_parts = _settings(new[SLURM_FILES[0]])
+    for key in sorted(set(old_set) | set(new_set)):
+        before, after = old_set.get(key, "(unset)"), new_set.get(key, "(unset)")
+        if before != after:
+            needs = key not in RECONFIGURE
+            restart |= needs
+            why.append(f"{key}: {before} -> {after}" + (" (needs a restart)" if needs else ""))
+    joined = sorted(set(new_nodes) - set(old_nodes))
+    left = sorted(set(old_nodes) - set(new_nodes))
+    if joined or left:
+        restart = True
+        if joined:
+            why.append(f"nodes added to slurm.conf: {compress(joined)} (needs a restart)")
+        if left:
+            why.append(f"nodes removed from slurm.conf: {compress(left)} (needs a restart)")
+    changed_nodes: dict[str, list[str]] = {}
+    for name in sorted(set(old_nodes) & set(new_nodes)):
+        keys = {
+            k
+            for k in set(old_nodes[name]) | set(new_nodes[name])
+            if old_nodes[name].get(k) != new_nodes[name].get(k)
+        }
+        for key in sorted(keys):
+            changed_nodes.setdefault(key, []).append(name)
+    for key, names in sorted(changed_nodes.items()):
+        needs = key not in NODE_RECONFIGURE
+        restart |= needs
+        why.append(f"{key} of {compress(names)}" + (" (needs a restart)" if needs else ""))
+    for name in sorted(set(old_parts) | set(new_parts)):
+        if old_parts.get(name) != new_parts.get(name):
+            what = "added" if name not in old_parts else "removed" if name not in new_parts else ""
+            why.append(f"partition {name} {what or 'changed'}")
+    if not why:
+        return SlurmChange("none")
+    return SlurmChange("restart" if restart else "reconfigure", tuple(why))
+
+
+def changes(old: dict[str, str], new: dict[str, str]) -> Changes:
+    """The running cluster's changes between two renders (old: {} before the first apply)."""
+    before = inventory_nodes(old[INVENTORY]) if INVENTORY in old else {}
+    after = inventory_nodes(new[INVENTORY]) if INVENTORY in new else {}
+    return Changes(
+        added=tuple(sorted(set(after) - set(before))) if before else (),
+        removed=tuple(sorted(set(before) - set(after))),
+        slurm=slurm_change(old, new),
+        pools={**before, **after},
+    )

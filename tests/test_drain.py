@@ -1,0 +1,102 @@
+"""`provision drain` and `provision resume`: which nodes they accept, what they ask of the head
+(a recording stand-in for SSH) and how drain waits for the jobs; live in
+tests/integration/test_lab.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from provision import drain
+from provision.cluster import Cluster
+from provision.errors import OperationError, UsageError
+from provision.spec import load_spec
+
+from .conftest import ROOT, run_provision
+
+LAB = ROOT / "examples" / "lab.yaml"
+
+
+def test_nodes_by_hostlist_or_pool() -> None:
+    cluster = Cluster(load_spec(LAB))
+    assert drain.pick_nodes(cluster, "compute002", LAB) == ["compute002"]
+    assert drain.pick_nodes(cluster, "compute[001-002]", LAB) == ["compute001", "compute002"]
+    assert drain.pick_nodes(cluster, "compute", LAB) == ["compute001", "compute002"]
+    for bad in ("head001", "compute009", "compute[001"):
+        with pytest.raises(UsageError):
+            drain.pick_nodes(cluster, bad, LAB)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["head001"], "head001 is not a lasting compute node of cluster 'lab'"),
+        (["compute001", "--reason", "two\nlines"], "--reason: one line of printable text"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
+    r = run_provision("drain", *args, "--state-dir", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+class Head:
+    """Answers what drain asks the head: each squeue returns the next of `queues`."""
+
+    def __init__(self, queues: list[str]) -> None:
+        self.queues = queues
+        self.commands: list[str] = []
+
+    def __call__(self, spec: Path, root: Path, command: str, timeout: float = 60) -> str:
+        self.commands.append(command)
+        return self.queues.pop(0) if command.startswith("squeue") else ""
+
+
+def test_drain_waits_for_the_jobs_and_says_what_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    head = Head(["12 compute001\n13 compute001\n", "13 compute001\n", "13 compute001\n", ""])
+    monkeypatch.setattr(drain, "on_head", head)
+    monkeypatch.setattr(drain, "POLL_S", 0)
+    said: list[str] = []
+    nodes = drain.drain(LAB, tmp_path, "compute001", "new driver", True, 60, said.append)
+    assert nodes == ["compute001"]
+    assert head.commands[0] == "scontrol update NodeName=compute001 State=DRAIN Reason='new driver'"
+    assert said == [
+        "drain: compute001: no new job starts there",
+        "drain: compute001: 2 job(s) still running: 12 compute001, 13 compute001",
+        "drain: compute001: 1 job(s) still running: 13 compute001",
+        "drain: compute001: drained, no job runs there",
+    ]
+
+
+def test_drain_gives_up_after_the_timeout_and_leaves_them_drained(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(drain, "on_head", Head(["7 compute002\n"] * 50))
+    monkeypatch.setattr(drain, "POLL_S", 0.01)
+    with pytest.raises(OperationError, match=r"1 job\(s\) still running: 7 compute002 after"):
+        drain.drain(LAB, tmp_path, "compute002", None, True, 0.05, lambda _m: None)
+
+
+def test_resume_gives_back_the_drained_and_leaves_the_rest(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    class Sinfo(Head):
+        def __call__(self, spec: Path, root: Path, command: str, timeout: float = 60) -> str:
+            self.commands.append(command)
+            return "compute001 idle\ncompute002 drained\n" if command.startswith("sinfo") else ""
+
+    head = Sinfo([])
+    monkeypatch.setattr(drain, "on_head", head)
+    said: list[str] = []
+    assert drain.resume(LAB, tmp_path, "compute", said.append) == ["compute002"]
+    assert head.commands == [
+        "sinfo -h -N -n compute[001-002] -o '%N %T'",
+        "scontrol update NodeName=compute002 State=RESUME",
+    ]
+    assert said == [
+        "resume: compute002: jobs may start there again",
+        "resume: compute001: not drained or down, left as they are",
+    ]
