@@ -8,6 +8,7 @@ reuses what exists (starting stopped nodes) and destroy finds everything it made
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import socket
 import time
@@ -54,21 +55,21 @@ class LabProvider:
     # --- reading ---------------------------------------------------------------------------
 
     def containers(self) -> dict[str, str]:
-        """Container name -> state, for every container of this cluster."""
+        """Container name -> state (running, exited, created...), for every container of this
+        cluster. JSON, not a Go template: podman 4.3's `ps` template gives .State as its
+        human status ("Up 2 minutes")."""
         out = podman.text(
-            "ps",
-            "-a",
-            "--filter",
-            f"label={LABEL}={self.cluster}",
-            "--format",
-            "{{.Names}} {{.State}}",
-            check=False,
+            "ps", "-a", "--filter", f"label={LABEL}={self.cluster}", "--format", "json", check=False
         )
+        try:
+            listed = json.loads(out or "[]")
+        except ValueError:
+            return {}
         found = {}
-        for line in out.splitlines():
-            name, _, status = line.partition(" ")
-            if name:
-                found[name] = status.strip().lower()
+        for entry in listed if isinstance(listed, list) else []:
+            names = entry.get("Names") or []
+            if names:
+                found[str(names[0])] = str(entry.get("State", "")).lower()
         return found
 
     def plan(self, nodes: list[Node], state: State) -> ProviderPlan:
@@ -189,6 +190,17 @@ class LabProvider:
         except OperationError:
             podman.podman("rm", "-f", "-t", "0", name, check=False)  # nothing half-made stays
             raise
+
+    def release(self, names: list[str]) -> list[str]:
+        """Remove the containers of nodes that left the spec; the nodes whose were there."""
+        existing = self.containers()
+        removed = []
+        for name in names:
+            container = container_name(self.cluster, name)
+            if container in existing:
+                podman.podman("rm", "-f", "-t", "0", container)
+                removed.append(name)
+        return removed
 
     def destroy(self, nodes: list[Node], state: State) -> list[str]:
         if _podman_missing():
