@@ -92,11 +92,19 @@ class SlurmChange:
 
 
 @dataclass(frozen=True)
+class InventoryNode:
+    pool: str
+    role: str  # head, login, compute, storage
+    provider: str  # static, lab, aws, gcp, azure
+
+
+@dataclass(frozen=True)
 class Changes:
     added: tuple[str, ...]  # lasting nodes that join
     removed: tuple[str, ...]  # lasting nodes that leave
     slurm: SlurmChange
-    pools: dict[str, str] = field(default_factory=dict)  # node -> its pool (old or new)
+    # every node of either render, as the newer one has it
+    nodes: dict[str, InventoryNode] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -118,19 +126,29 @@ def _unsafe(loader: yaml.SafeLoader, node: yaml.Node) -> str:
 _Loader.add_constructor("!unsafe", _unsafe)
 
 
-def inventory_nodes(text: str) -> dict[str, str]:
-    """Lasting node -> its pool, from a rendered inventory/hosts.yml."""
+def inventory_nodes(text: str) -> dict[str, InventoryNode]:
+    """Lasting node -> its pool, role and provider, from a rendered inventory/hosts.yml."""
     doc = yaml.load(text, Loader=_Loader) or {}
     children = (doc.get("all") or {}).get("children") or {}
-    out: dict[str, str] = {}
-    for group, body in children.items():
-        if group.startswith("pool_"):
-            for host in (body or {}).get("hosts") or {}:
-                out[host] = group[len("pool_") :]
-    for group in ROLE_GROUPS:
-        for host in ((children.get(group) or {}).get("hosts")) or {}:
-            out.setdefault(host, "")
-    return out
+
+    def members(prefix: str) -> dict[str, str]:
+        return {
+            host: group[len(prefix) :]
+            for group, body in children.items()
+            if group.startswith(prefix)
+            for host in (body or {}).get("hosts") or {}
+        }
+
+    pools, providers = members("pool_"), members("provider_")
+    roles = {
+        host: group
+        for group in ROLE_GROUPS
+        for host in ((children.get(group) or {}).get("hosts")) or {}
+    }
+    return {
+        host: InventoryNode(pools.get(host, ""), role, providers.get(host, ""))
+        for host, role in roles.items()
+    }
 
 
 def _settings(conf: str) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[str, str]]:
@@ -213,5 +231,5 @@ def changes(old: dict[str, str], new: dict[str, str]) -> Changes:
         added=tuple(sorted(set(after) - set(before))) if before else (),
         removed=tuple(sorted(set(before) - set(after))),
         slurm=slurm_change(old, new),
-        pools={**before, **after},
+        nodes={**before, **after},
     )

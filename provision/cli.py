@@ -195,12 +195,34 @@ def apply(
     spec: SpecArg = DEFAULT_SPEC,
     state_dir: StateOpt = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="skip verify after apply")] = False,
+    drain_timeout: Annotated[
+        float,
+        typer.Option(
+            "--drain-timeout",
+            min=1,
+            help="seconds to wait for the jobs of compute nodes that leave the spec",
+        ),
+    ] = 24 * 3600,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="requeue the jobs of compute nodes that leave the spec instead of waiting",
+        ),
+    ] = False,
 ) -> None:
     """Create the nodes, render, run the roles (gpu_provision.cluster.site) and verify."""
+    from provision.lifecycle import Leaving
     from provision.lifecycle import apply as do_apply
     from provision.verify import print_checks
 
-    report = do_apply(spec, _state_root(state_dir), out, verify=not no_verify)
+    report = do_apply(
+        spec,
+        _state_root(state_dir),
+        out,
+        verify=not no_verify,
+        leaving=Leaving(timeout=drain_timeout, force=force),
+    )
     failed = print_checks(report.checks, out) if report.checks else 0
     if failed:
         raise typer.Exit(1)

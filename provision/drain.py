@@ -68,15 +68,40 @@ def drain(
     timeout: float,
     say: Callable[[str], None],
 ) -> list[str]:
-    """Drain the nodes; with wait, until no job runs on them. The nodes drained."""
+    """Drain the spec's compute nodes these names give; with wait, until no job runs there."""
     _, cluster, _ = open_cluster(spec_path, state_root)
     nodes = pick_nodes(cluster, names, spec_path)
+    drain_nodes(spec_path, state_root, nodes, _reason(reason), wait, timeout, say)
+    return nodes
+
+
+def drain_nodes(
+    spec_path: Path,
+    state_root: Path,
+    nodes: list[str],
+    reason: str,
+    wait: bool,
+    timeout: float,
+    say: Callable[[str], None],
+    requeue: bool = False,
+) -> None:
+    """Drain these nodes (names Slurm knows; they need not be in the spec any more); with
+    requeue, their jobs go back to the queue (or are cancelled, if they cannot) at once."""
     hostlist = compress(nodes)
-    why = shlex.quote(_reason(reason))
+    why = shlex.quote(reason)
     on_head(spec_path, state_root, f"scontrol update NodeName={hostlist} State=DRAIN Reason={why}")
     say(f"drain: {hostlist}: no new job starts there")
+    if requeue:
+        requeued = on_head(
+            spec_path,
+            state_root,
+            f"for j in $(squeue -h -w {hostlist} -o %i); do "
+            "scontrol requeue $j 2>/dev/null || scancel $j; echo $j; done",
+        ).split()
+        if requeued:
+            say(f"drain: {hostlist}: requeued (or cancelled) job(s) {', '.join(requeued)}")
     if not wait:
-        return nodes
+        return
     deadline = time.monotonic() + timeout
     last = ""
     while True:
@@ -84,7 +109,7 @@ def drain(
         running = [line.strip() for line in jobs if line.strip()]
         if not running:
             say(f"drain: {hostlist}: drained, no job runs there")
-            return nodes
+            return
         now = f"{len(running)} job(s) still running: " + ", ".join(running[:10])
         if now != last:
             say(f"drain: {hostlist}: {now}")

@@ -10,12 +10,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from provision.changes import SLURM_ACTION, slurm_change
+from provision.changes import INVENTORY, SLURM_ACTION, InventoryNode, inventory_nodes, slurm_change
 from provision.cluster import Cluster, compress
 from provision.errors import OperationError, UsageError
 from provision.preflight import preflight
 from provision.providers import get_provider
 from provision.providers.cloud import check_ready, saved_addresses
+from provision.providers.lab import LabProvider
 from provision.providers.lab import burst as lab_burst
 from provision.providers.lab.image import debian_mirror, ensure_image
 from provision.render import read_render, render, write_render
@@ -104,14 +105,99 @@ def create_nodes(cluster: Cluster, state: State, console: Console) -> Cluster:
     return Cluster(cluster.spec, addresses) if addresses else cluster
 
 
-def apply(spec_path: Path, state_root: Path, console: Console, verify: bool = True) -> ApplyReport:
+@dataclass(frozen=True)
+class Leaving:
+    """Nodes of the last apply that the spec no longer has: drained before they go."""
+
+    timeout: float = 24 * 3600  # seconds to wait for their jobs
+    force: bool = False  # requeue their jobs instead of waiting; go on if the head is gone
+
+
+def apply(
+    spec_path: Path,
+    state_root: Path,
+    console: Console,
+    verify: bool = True,
+    leaving: Leaving = Leaving(),
+) -> ApplyReport:
     spec, cluster, state = open_cluster(spec_path, state_root)
     with state.locked(command_line()):
         report = ApplyReport()
         try:
-            return _apply(spec, cluster, state, console, verify, report)
+            gone = _drain_leaving(spec_path, state_root, cluster, state, console, leaving, report)
+            _apply(spec, cluster, state, console, verify, report)
+            _release(cluster, gone, console)
+            return report
         finally:
             (state.dir / REPORT).write_text(report.to_json())
+
+
+def _drain_leaving(
+    spec_path: Path,
+    state_root: Path,
+    cluster: Cluster,
+    state: State,
+    console: Console,
+    leaving: Leaving,
+    report: ApplyReport,
+) -> dict[str, InventoryNode]:
+    """Drain the compute nodes of the last apply that the spec no longer has, before anything
+    changes (a cloud stack would destroy them): jobs end, or with force are requeued. The
+    nodes that leave."""
+    applied = read_render(state.applied)
+    keep = {n.name for n in cluster.nodes}
+    gone = {
+        name: node
+        for name, node in inventory_nodes(applied.get(INVENTORY, "")).items()
+        if name not in keep
+    }
+    computes = sorted(name for name, node in gone.items() if node.role == "compute")
+    if not computes:
+        return gone
+    # the verb layer's drain reaches the head as `provision drain` does (imported here: it
+    # builds on this module)
+    from provision.drain import drain_nodes
+
+    console.print(f"drain: {compress(computes)} leave the spec: drained before they go")
+    with _Phase(report, "drain"):
+        try:
+            drain_nodes(
+                spec_path,
+                state_root,
+                computes,
+                "provision apply: leaving the cluster",
+                True,
+                leaving.timeout,
+                lambda m: console.print(m, markup=False),
+                requeue=leaving.force,
+            )
+        except OperationError as exc:
+            if not leaving.force:
+                raise OperationError(
+                    f"{exc}; nothing else was changed: let their jobs end, or run apply "
+                    "--force to requeue them"
+                ) from None
+            console.print(f"drain: {exc}; --force: they go anyway", markup=False)
+    return gone
+
+
+def _release(cluster: Cluster, gone: dict[str, InventoryNode], console: Console) -> None:
+    """What becomes of the nodes that left: lab containers are removed; a cloud's stack has
+    destroyed its instances; static hosts are the site's."""
+    for kind in sorted({node.provider for node in gone.values()}):
+        names = sorted(name for name, node in gone.items() if node.provider == kind)
+        if kind == "lab":
+            lab = get_provider("lab", cluster.spec)
+            assert isinstance(lab, LabProvider)
+            removed = lab.release(names)
+            console.print(f"lab: removed {compress(removed) or 'no container'} (left the spec)")
+        elif kind == "static":
+            console.print(
+                f"static: {compress(names)} left the cluster and were left alone: stop slurmd "
+                "there, or reuse them"
+            )
+        else:
+            console.print(f"{kind}: {compress(names)} destroyed by the stack's update")
 
 
 def _apply(

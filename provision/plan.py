@@ -195,8 +195,9 @@ def _running(plan: Plan, cluster: Cluster, console: Console) -> None:
         console.print(f"running cluster: nodes joining: {compress(list(run.added))}")
     if run.removed:
         console.print(
-            f"running cluster: nodes leaving: {compress(list(run.removed))} (apply removes "
-            "them from Slurm; a lab provider's containers stay until destroy)"
+            f"running cluster: nodes leaving: {compress(list(run.removed))} (apply drains "
+            "them first and waits for their jobs; lab containers are removed, static hosts "
+            "left alone)"
         )
     heads = compress([n.name for n in cluster.head_nodes])
     computes = [n.name for n in cluster.lasting_nodes if n.role == "compute"]

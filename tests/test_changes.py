@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from provision.changes import SlurmChange, changes, inventory_nodes, slurm_change
+from provision.changes import (
+    InventoryNode,
+    SlurmChange,
+    changes,
+    inventory_nodes,
+    slurm_change,
+)
 from provision.cluster import Cluster
 from provision.render import render
 from provision.spec import load_spec
@@ -69,7 +75,7 @@ def test_plugins_and_node_sets_need_a_restart(tmp_path: Path) -> None:
     assert "partition compute changed" in grown.slurm.why
     shrunk = changes(bigger, old)
     assert shrunk.removed == ("compute003", "compute004") and shrunk.added == ()
-    assert shrunk.pools["compute003"] == "compute"
+    assert shrunk.nodes["compute003"] == InventoryNode("compute", "compute", "lab")
 
 
 def test_a_changed_gres_or_cgroup_file_restarts_slurmd(tmp_path: Path) -> None:
@@ -83,7 +89,7 @@ def test_a_changed_gres_or_cgroup_file_restarts_slurmd(tmp_path: Path) -> None:
 def test_inventory_nodes_with_their_pools(tmp_path: Path) -> None:
     files = _render(tmp_path)
     assert inventory_nodes(files["inventory/hosts.yml"]) == {
-        "head001": "head",
-        "compute001": "compute",
-        "compute002": "compute",
+        "head001": InventoryNode("head", "head", "lab"),
+        "compute001": InventoryNode("compute", "compute", "lab"),
+        "compute002": InventoryNode("compute", "compute", "lab"),
     }

@@ -111,6 +111,17 @@ def _on(spec: Path, work: Path, node: str, command: str) -> str:
     return r.stdout.strip()
 
 
+def _until(spec: Path, work: Path, command: str, expected: str, seconds: float = 60) -> str:
+    """The head's answer to command once it is `expected`, or the last one after `seconds`
+    (a node slurmctld has not pinged since a change shows `*` for a while)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        got = _on(spec, work, "head001", command)
+        if got == expected or time.monotonic() > deadline:
+            return got
+        time.sleep(2)
+
+
 def test_a_scheduler_change_is_read_without_restarting_anything(lab: tuple[Path, Path]) -> None:
     """A key `scontrol reconfigure` applies: apply says so, slurmctld and slurmd keep their
     processes, and a job running through the change completes."""
@@ -120,7 +131,7 @@ def test_a_scheduler_change_is_read_without_restarting_anything(lab: tuple[Path,
         _on(spec, work, "head001", f"{pid} slurmctld"),
         _on(spec, work, "compute001", f"{pid} slurmd"),
     )
-    job = _on(spec, work, "head001", "sbatch --parsable -w compute001 --wrap 'sleep 45'")
+    job = _on(spec, work, "head001", "sbatch --parsable -w compute001 --wrap 'sleep 600'")
     changed = spec.with_name("lab-scheduler.yaml")
     changed.write_text(
         spec.read_text().replace(
@@ -139,6 +150,7 @@ def test_a_scheduler_change_is_read_without_restarting_anything(lab: tuple[Path,
     config = _on(spec, work, "head001", "scontrol show config | grep ^SchedulerParameters")
     assert config.split("=", 1)[1].strip() == "bf_continue"
     assert _on(spec, work, "head001", f"squeue -h -j {job} -o %T") == "RUNNING"
+    _on(spec, work, "head001", f"scancel {job}")
 
 
 def test_drain_waits_for_the_running_job_then_resume_gives_the_node_back(
@@ -153,7 +165,34 @@ def test_drain_waits_for_the_running_job_then_resume_gives_the_node_back(
     assert _on(spec, work, "head001", "sinfo -h -n compute002 -o '%T|%E'") == "drained|test drain"
     r = provision("resume", "compute", "-f", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert _on(spec, work, "head001", "sinfo -h -n compute002 -o %T") == "idle"
+    assert _until(spec, work, "sinfo -h -n compute002 -o %T", "idle") == "idle"
+
+
+def test_scale_up_then_down_drains_the_leaving_node_first(lab: tuple[Path, Path]) -> None:
+    """2 -> 3 -> 2 compute nodes: the new node joins; when it leaves, its job ends first (apply
+    waits), a job on a node that stays runs on, and the container goes."""
+    spec, work = lab
+    grown = spec.with_name("lab-3.yaml")
+    grown.write_text(spec.read_text().replace("count: 2", "count: 3"))
+    r = provision("apply", str(grown), "--no-verify", cwd=work)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert "slurm: restart: " in r.stdout, r.stdout[:3000]
+    assert "nodes added to slurm.conf: compute003 (needs a restart)" in r.stdout, r.stdout[:3000]
+    assert "starting stopped node" not in r.stdout, r.stdout[:3000]
+    nodes = "compute001 idle\ncompute002 idle\ncompute003 idle"
+    assert _until(spec, work, "sinfo -h -N -o '%N %T' | sort", nodes) == nodes
+    staying = _on(grown, work, "head001", "sbatch --parsable -w compute001 --wrap 'sleep 60'")
+    leaving = _on(grown, work, "head001", "sbatch --parsable -w compute003 --wrap 'sleep 10'")
+    r = provision("apply", str(spec), "--no-verify", cwd=work)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert "drain: compute003 leave the spec: drained before they go" in r.stdout
+    assert f"drain: compute003: 1 job(s) still running: {leaving} compute003" in r.stdout
+    assert "lab: removed compute003 (left the spec)" in r.stdout
+    assert "compute003" not in _leftovers()[0]
+    states = _on(spec, work, "head001", f"sacct -n -X -P -j {staying},{leaving} -o JobID,State")
+    found = dict(line.split("|") for line in states.splitlines())
+    assert found[leaving] == "COMPLETED"
+    assert found[staying] in ("RUNNING", "COMPLETED")  # never killed, requeued or failed
 
 
 def test_an_elastic_pool_added_to_a_running_lab_needs_a_new_head(lab: tuple[Path, Path]) -> None:
