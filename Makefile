@@ -6,7 +6,6 @@ VENV := .venv/bin
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 # podman settings for lab nodes and Molecule (runc, ulimits this host allows)
 export CONTAINERS_CONF := $(CURDIR)/provision/providers/lab/containers.conf
-SCENARIOS := common munge firewall nvidia fabric slurm
 SPEC ?= examples/lab.yaml
 
 setup:
@@ -38,12 +37,7 @@ image: setup
 	@$(VENV)/python -m provision.providers.lab
 
 molecule: setup image
-	@for s in $(SCENARIOS); do \
-	  echo "molecule: $$s"; \
-	  $(VENV)/molecule test -s $$s > .molecule-$$s.log 2>&1 \
-	    || { tail -60 .molecule-$$s.log; echo "molecule: $$s FAILED (full log: .molecule-$$s.log)"; exit 1; }; \
-	  grep -h "SCENARIO RECAP" -A1 .molecule-$$s.log | tail -1; \
-	done
+	@scripts/molecule.sh
 
 docs: setup
 	@$(VENV)/python scripts/update_readme.py
@@ -68,6 +62,7 @@ bench: setup image
 	$(VENV)/python bench/apply.py
 	$(VENV)/python bench/burst.py
 	$(VENV)/python bench/burst_aws.py
+	$(VENV)/python bench/scale.py
 
 clean:
 	rm -rf .venv .provision .pytest_cache .mypy_cache .ruff_cache .ansible dist .molecule-*.log
