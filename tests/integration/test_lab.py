@@ -182,7 +182,10 @@ def test_scale_up_then_down_drains_the_leaving_node_first(lab: tuple[Path, Path]
     nodes = "compute001 idle\ncompute002 idle\ncompute003 idle"
     assert _until(spec, work, "sinfo -h -N -o '%N %T' | sort", nodes) == nodes
     staying = _on(grown, work, "head001", "sbatch --parsable -w compute001 --wrap 'sleep 60'")
-    leaving = _on(grown, work, "head001", "sbatch --parsable -w compute003 --wrap 'sleep 10'")
+    leaving = _on(grown, work, "head001", "sbatch --parsable -w compute003 --wrap 'sleep 15'")
+    # both running before the shrink (a job still pending is on no node yet)
+    started = _until(spec, work, f"squeue -h -j {staying},{leaving} -o %T", "RUNNING\nRUNNING")
+    assert started == "RUNNING\nRUNNING"
     r = provision("apply", str(spec), "--no-verify", cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     assert "drain: compute003 leave the spec: drained before they go" in r.stdout
