@@ -49,6 +49,11 @@ SpecArg = Annotated[
         help="cluster spec (YAML); default: the embedded lab, examples/lab.yaml", show_default=False
     ),
 ]
+# the spec as an option, for verbs whose argument is something else (a node, a hostlist)
+SpecOpt = Annotated[Path, typer.Option("--spec", "-f", help="cluster spec", show_default=False)]
+NodesArg = Annotated[
+    str, typer.Argument(help="compute nodes (a hostlist) or a pool name", show_default=False)
+]
 StateOpt = Annotated[
     Path | None,
     typer.Option(
@@ -257,9 +262,7 @@ def ssh(
             show_default=False,
         ),
     ] = None,
-    spec: Annotated[
-        Path, typer.Option("--spec", "-f", help="cluster spec", show_default=False)
-    ] = DEFAULT_SPEC,
+    spec: SpecOpt = DEFAULT_SPEC,
     state_dir: StateOpt = None,
 ) -> None:
     """Run a command on a node (or open a shell there) with the cluster's key and host keys;
@@ -299,9 +302,7 @@ def power(
             help="node names, host lists like gpu[001-032], or pool names", show_default=False
         ),
     ],
-    spec: Annotated[
-        Path, typer.Option("--spec", "-f", help="cluster spec", show_default=False)
-    ] = DEFAULT_SPEC,
+    spec: SpecOpt = DEFAULT_SPEC,
     state_dir: StateOpt = None,
     soft: Annotated[
         bool, typer.Option("--soft", help="off: ACPI shutdown; cycle: graceful restart")
@@ -388,12 +389,8 @@ def bmc_credentials(
 @app.command("drain")
 @guarded
 def drain_nodes(
-    nodes: Annotated[
-        str, typer.Argument(help="compute nodes (a hostlist) or a pool name", show_default=False)
-    ],
-    spec: Annotated[
-        Path, typer.Option("--spec", "-f", help="cluster spec", show_default=False)
-    ] = DEFAULT_SPEC,
+    nodes: NodesArg,
+    spec: SpecOpt = DEFAULT_SPEC,
     reason: Annotated[
         str | None,
         typer.Option("--reason", help="what sinfo -R shows (default: provision drain by USER)"),
@@ -415,12 +412,8 @@ def drain_nodes(
 @app.command("resume")
 @guarded
 def resume_nodes(
-    nodes: Annotated[
-        str, typer.Argument(help="compute nodes (a hostlist) or a pool name", show_default=False)
-    ],
-    spec: Annotated[
-        Path, typer.Option("--spec", "-f", help="cluster spec", show_default=False)
-    ] = DEFAULT_SPEC,
+    nodes: NodesArg,
+    spec: SpecOpt = DEFAULT_SPEC,
     state_dir: StateOpt = None,
 ) -> None:
     """Give drained compute nodes back to the scheduler."""
@@ -436,9 +429,7 @@ app.add_typer(burst_app, name="burst")
 @burst_app.command("status")
 @guarded
 def burst_status(
-    spec: Annotated[
-        Path, typer.Option("--spec", "-f", help="cluster spec", show_default=False)
-    ] = DEFAULT_SPEC,
+    spec: SpecOpt = DEFAULT_SPEC,
     state_dir: StateOpt = None,
 ) -> None:
     """Each elastic pool as the head's Slurm sees it, its cost per hour now, and the burst

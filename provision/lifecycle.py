@@ -124,8 +124,10 @@ def apply(
     with state.locked(command_line()):
         report = ApplyReport()
         try:
-            gone = _drain_leaving(spec_path, state_root, cluster, state, console, leaving, report)
-            _apply(spec, cluster, state, console, verify, report)
+            # the render of the last successful apply: what leaves, what the daemons must do
+            applied = read_render(state.applied)
+            gone = _drain_leaving(spec_path, state_root, cluster, applied, console, leaving, report)
+            _apply(spec, cluster, state, applied, console, verify, report)
             _release(cluster, gone, console)
             return report
         finally:
@@ -136,7 +138,7 @@ def _drain_leaving(
     spec_path: Path,
     state_root: Path,
     cluster: Cluster,
-    state: State,
+    applied: dict[str, str],
     console: Console,
     leaving: Leaving,
     report: ApplyReport,
@@ -144,7 +146,6 @@ def _drain_leaving(
     """Drain the compute nodes of the last apply that the spec no longer has, before anything
     changes (a cloud stack would destroy them): jobs end, or with force are requeued. The
     nodes that leave."""
-    applied = read_render(state.applied)
     keep = {n.name for n in cluster.nodes}
     gone = {
         name: node
@@ -201,7 +202,13 @@ def _release(cluster: Cluster, gone: dict[str, InventoryNode], console: Console)
 
 
 def _apply(
-    spec: Spec, cluster: Cluster, state: State, console: Console, verify: bool, report: ApplyReport
+    spec: Spec,
+    cluster: Cluster,
+    state: State,
+    applied: dict[str, str],
+    console: Console,
+    verify: bool,
+    report: ApplyReport,
 ) -> ApplyReport:
     with _Phase(report, "nodes"):
         cluster = create_nodes(cluster, state, console)
@@ -223,7 +230,7 @@ def _apply(
 
     hosts = [n.name for n in cluster.lasting_nodes]
     extra_vars = {"provision_secrets_dir": str(secrets_dir.resolve())}
-    slurm = slurm_change(read_render(state.applied), files)
+    slurm = slurm_change(applied, files)
     # the daemons do what the change since the last apply needs: the files on the nodes may
     # be newer than that apply (one that failed), never older
     extra_vars["slurm_config_change"] = SLURM_ACTION[slurm.action]
