@@ -21,6 +21,9 @@ from provision.cluster import compress
 
 SLURM_FILES = ("files/slurm/slurm.conf", "files/slurm/gres.conf", "files/slurm/cgroup.conf")
 INVENTORY = "inventory/hosts.yml"
+GROUP_VARS = "inventory/group_vars/all.yml"
+# what makes the NVIDIA driver's role install another kernel module (a reboot to load it)
+DRIVER_VARS = ("nvidia_driver_version", "nvidia_driver_modules", "provision_nvidia_source")
 ROLE_GROUPS = ("head", "login", "compute", "storage")
 
 # Keys `scontrol reconfigure` applies without a restart: timers, limits, power saving, the
@@ -96,6 +99,16 @@ class InventoryNode:
     pool: str
     role: str  # head, login, compute, storage
     provider: str  # static, lab, aws, gcp, azure
+    gpu: bool = False  # in the gpu group: the NVIDIA roles run there
+
+
+@dataclass(frozen=True)
+class DriverChange:
+    """The NVIDIA driver changes on GPU nodes the cluster already has."""
+
+    why: tuple[str, ...]  # variable: before -> after
+    nodes: tuple[str, ...]
+    reboot: bool  # nvidia.reboot: the role reboots them (drained ones: see lifecycle)
 
 
 @dataclass(frozen=True)
@@ -105,12 +118,21 @@ class Changes:
     slurm: SlurmChange
     # every node of either render, as the newer one has it
     nodes: dict[str, InventoryNode] = field(default_factory=dict)
+    driver: DriverChange | None = None
 
     def to_json(self) -> dict[str, Any]:
+        driver = self.driver
         return {
             "nodes_added": list(self.added),
             "nodes_removed": list(self.removed),
             "slurm": {"action": self.slurm.action, "why": list(self.slurm.why)},
+            "nvidia_driver": {
+                "why": list(driver.why),
+                "nodes": list(driver.nodes),
+                "reboot": driver.reboot,
+            }
+            if driver
+            else None,
         }
 
 
@@ -145,10 +167,33 @@ def inventory_nodes(text: str) -> dict[str, InventoryNode]:
         for group in ROLE_GROUPS
         for host in ((children.get(group) or {}).get("hosts")) or {}
     }
+    gpus = set(((children.get("gpu") or {}).get("hosts")) or {})
     return {
-        host: InventoryNode(pools.get(host, ""), role, providers.get(host, ""))
+        host: InventoryNode(pools.get(host, ""), role, providers.get(host, ""), host in gpus)
         for host, role in roles.items()
     }
+
+
+def driver_change(old: dict[str, str], new: dict[str, str]) -> DriverChange | None:
+    """The driver settings that changed, and the GPU nodes of both renders they reach."""
+    before = yaml.load(old.get(GROUP_VARS, ""), Loader=_Loader) or {}
+    after = yaml.load(new.get(GROUP_VARS, ""), Loader=_Loader) or {}
+    why = tuple(
+        f"{key}: {before.get(key, '(unset)')} -> {after.get(key, '(unset)')}"
+        for key in DRIVER_VARS
+        if before.get(key) != after.get(key)
+    )
+    old_nodes = inventory_nodes(old.get(INVENTORY, ""))
+    nodes = tuple(
+        sorted(
+            name
+            for name, node in inventory_nodes(new.get(INVENTORY, "")).items()
+            if node.gpu and name in old_nodes
+        )
+    )
+    if not why or not nodes:
+        return None
+    return DriverChange(why, nodes, bool(after.get("nvidia_driver_reboot")))
 
 
 def _settings(conf: str) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[str, str]]:
@@ -181,6 +226,14 @@ def slurm_change(old: dict[str, str], new: dict[str, str]) -> SlurmChange:
         return SlurmChange("none")
     why: list[str] = []
     restart = False
+    versions = [
+        (yaml.load(files.get(GROUP_VARS, ""), Loader=_Loader) or {}).get("slurm_version")
+        for files in (old, new)
+    ]
+    if versions[0] != versions[1]:
+        before, after = (v or "the source's newest" for v in versions)
+        why.append(f"software.slurm: {before} -> {after} (the packages change: a restart)")
+        restart = True
     for path in SLURM_FILES[1:]:
         if old.get(path) != new.get(path):
             why.append(f"{path.rpartition('/')[2]} changed (slurmd reads it at start)")
@@ -232,4 +285,5 @@ def changes(old: dict[str, str], new: dict[str, str]) -> Changes:
         removed=tuple(sorted(set(before) - set(after))),
         slurm=slurm_change(old, new),
         nodes={**before, **after},
+        driver=driver_change(old, new) if old else None,
     )

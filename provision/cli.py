@@ -180,13 +180,16 @@ def plan(
     import json
 
     from provision.cluster import Cluster
-    from provision.plan import make_plan, plan_json, print_plan
+    from provision.drain import running_jobs
+    from provision.plan import ask_leaving_jobs, make_plan, plan_json, print_plan
     from provision.spec import load_spec
     from provision.state import State
 
     loaded = load_spec(spec)
     cluster = Cluster(loaded)
-    p = make_plan(cluster, State(_state_root(state_dir), loaded.name))
+    root = _state_root(state_dir)
+    p = make_plan(cluster, State(root, loaded.name))
+    ask_leaving_jobs(p, lambda nodes: running_jobs(spec, root, nodes))
     if as_json:
         print(json.dumps(plan_json(p, cluster), indent=1, sort_keys=True))
         return
@@ -212,12 +215,32 @@ def apply(
         bool,
         typer.Option(
             "--force",
-            help="requeue the jobs of compute nodes that leave the spec instead of waiting",
+            help="requeue the jobs of compute nodes that leave the spec (or of a --batch) "
+            "instead of waiting",
         ),
     ] = False,
+    limit: Annotated[
+        str | None,
+        typer.Option(
+            "--limit",
+            help="run the roles on these nodes only: a hostlist (compute[001-004]) or a pool",
+        ),
+    ] = None,
+    tags: Annotated[
+        str | None,
+        typer.Option("--tags", help="run only these roles' tasks (Ansible tags: slurm,nvidia)"),
+    ] = None,
+    batch: Annotated[
+        str | None,
+        typer.Option(
+            "--batch",
+            help="rolling change: compute nodes N at a time (or N%), each batch drained, "
+            "changed, checked and resumed; heads first",
+        ),
+    ] = None,
 ) -> None:
     """Create the nodes, render, run the roles (gpu_provision.cluster.site) and verify."""
-    from provision.lifecycle import Leaving
+    from provision.lifecycle import Leaving, Scope
     from provision.lifecycle import apply as do_apply
     from provision.verify import print_checks
 
@@ -227,6 +250,7 @@ def apply(
         out,
         verify=not no_verify,
         leaving=Leaving(timeout=drain_timeout, force=force),
+        scope=Scope(limit=limit, tags=tags, batch=batch),
     )
     failed = print_checks(report.checks, out) if report.checks else 0
     if failed:

@@ -9,6 +9,8 @@ from functools import cached_property
 
 import hostlist
 
+from provision.burst.hostlist import expand
+from provision.errors import UsageError
 from provision.spec.loader import load_profiles
 from provision.spec.models import Pool, Profile, Spec
 from provision.spec.nodes import Node, expand_nodes
@@ -94,3 +96,26 @@ class Cluster:
             f"({role_text}{extra}) in {len(s.pools)} pools on {providers}, {gpus} GPUs, "
             f"{s.network.fabric.kind} fabric"
         )
+
+
+def pick_nodes(
+    cluster: Cluster, names: str, source: object, roles: tuple[str, ...] = ("compute",)
+) -> list[str]:
+    """A pool name or a hostlist -> the lasting nodes of these roles it names, in the spec's
+    order; a name that is none of them: exit 2, naming `source` (the spec's path)."""
+    lasting = [n.name for n in cluster.lasting_nodes if n.role in roles]
+    pools = {v.name: [n.name for n in v.nodes if n.name in lasting] for v in cluster.pools}
+    if pools.get(names):
+        return pools[names]
+    try:
+        wanted = expand(names)
+    except ValueError as exc:
+        raise UsageError(f"{names!r}: {exc}") from None
+    unknown = [n for n in wanted if n not in lasting]
+    if unknown:
+        what = "/".join(roles)
+        raise UsageError(
+            f"{source}: {compress(unknown)} is not a lasting {what} node of cluster "
+            f"'{cluster.spec.name}' (they are: {compress(lasting) or 'none'}; or a pool name)"
+        )
+    return [n for n in lasting if n in set(wanted)]

@@ -9,34 +9,14 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from provision.cluster import Cluster, compress
+from provision.cluster import compress, pick_nodes
 from provision.errors import OperationError, UsageError
 from provision.lifecycle import open_cluster, ssh_argv
 
 POLL_S = 5.0
-
-
-def pick_nodes(cluster: Cluster, names: str, spec_path: Path) -> list[str]:
-    """A hostlist or pool name -> the lasting compute nodes it names; anything else: exit 2."""
-    from provision.burst.hostlist import expand
-
-    computes = {n.name for n in cluster.lasting_nodes if n.role == "compute"}
-    pools = {v.name: [n.name for n in v.nodes if n.name in computes] for v in cluster.pools}
-    if pools.get(names):
-        return pools[names]
-    try:
-        wanted = expand(names)
-    except ValueError as exc:
-        raise UsageError(f"{names!r}: {exc}") from None
-    unknown = [n for n in wanted if n not in computes]
-    if unknown:
-        raise UsageError(
-            f"{spec_path}: {compress(unknown)} is not a lasting compute node of cluster "
-            f"'{cluster.spec.name}' (they are: {compress(sorted(computes)) or 'none'})"
-        )
-    return wanted
 
 
 def on_head(spec_path: Path, state_root: Path, command: str, timeout: float = 60) -> str:
@@ -44,7 +24,7 @@ def on_head(spec_path: Path, state_root: Path, command: str, timeout: float = 60
     _, cluster, _ = open_cluster(spec_path, state_root)
     head = cluster.head_nodes[0].name
     argv = ssh_argv(spec_path, state_root, head, [command])
-    argv.insert(1, "-oBatchMode=yes")
+    argv[1:1] = ["-oBatchMode=yes", "-oConnectTimeout=10"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         why = " ".join(done.stderr.split())[-300:] or f"exit {done.returncode}"
@@ -100,8 +80,19 @@ def drain_nodes(
         ).split()
         if requeued:
             say(f"drain: {hostlist}: requeued (or cancelled) job(s) {', '.join(requeued)}")
-    if not wait:
-        return
+    if wait:
+        wait_for_jobs(spec_path, state_root, nodes, timeout, say)
+
+
+def wait_for_jobs(
+    spec_path: Path,
+    state_root: Path,
+    nodes: list[str],
+    timeout: float,
+    say: Callable[[str], None],
+) -> None:
+    """Until no job runs on these nodes; OperationError after `timeout` seconds."""
+    hostlist = compress(nodes)
     deadline = time.monotonic() + timeout
     last = ""
     while True:
@@ -122,13 +113,29 @@ def drain_nodes(
         time.sleep(POLL_S)
 
 
+def running_jobs(spec_path: Path, state_root: Path, nodes: list[str]) -> list[str]:
+    """The jobs on these nodes now: "jobid user nodes" each."""
+    shown = on_head(spec_path, state_root, f"squeue -h -w {compress(nodes)} -o '%i %u %N'", 30)
+    return [line.strip() for line in shown.splitlines() if line.strip()]
+
+
+def node_states(spec_path: Path, state_root: Path, nodes: list[str]) -> dict[str, str]:
+    """Node -> Slurm's state as sinfo spells it (`drained`, `idle*`, `down+drain` ...)."""
+    shown = on_head(spec_path, state_root, f"sinfo -h -N -n {compress(nodes)} -o '%N %T'")
+    return dict(line.split(None, 1) for line in shown.splitlines() if len(line.split()) == 2)
+
+
+def out_of_service(state: str) -> bool:
+    """Drained, draining or down already: not ours to give back."""
+    return state.startswith(("drain", "down", "fail")) or "drain" in state
+
+
 def resume(spec_path: Path, state_root: Path, names: str, say: Callable[[str], None]) -> list[str]:
     """Resume the nodes that are drained, draining or down (Slurm refuses the others); the
     nodes resumed."""
     _, cluster, _ = open_cluster(spec_path, state_root)
     nodes = pick_nodes(cluster, names, spec_path)
-    shown = on_head(spec_path, state_root, f"sinfo -h -N -n {compress(nodes)} -o '%N %T'")
-    states = dict(line.split(None, 1) for line in shown.splitlines() if len(line.split()) == 2)
+    states = node_states(spec_path, state_root, nodes)
     out = [n for n in nodes if states.get(n, "").startswith(("drain", "down"))]
     rest = [n for n in nodes if n not in out]
     if out:
@@ -137,3 +144,80 @@ def resume(spec_path: Path, state_root: Path, names: str, say: Callable[[str], N
     if rest:
         say(f"resume: {compress(rest)}: not drained or down, left as they are")
     return out
+
+
+@dataclass
+class SlurmBatchSteps:
+    """The steps of a rolling change (provision/rolling.py) on a Slurm cluster, through the
+    first head; `change` runs Ansible on a batch (lifecycle gives it)."""
+
+    spec_path: Path
+    state_root: Path
+    change: Callable[[list[str]], None]
+    say: Callable[[str], None]
+    drain_timeout: float = 24 * 3600
+    requeue: bool = False
+    back_timeout: float = 600  # a reboot included
+    poll_s: float = POLL_S
+
+    def drain(self, batch: list[str]) -> list[str]:
+        before = node_states(self.spec_path, self.state_root, batch)
+        kept = [n for n in batch if out_of_service(before.get(n, ""))]
+        ours = [n for n in batch if n not in kept]
+        if kept:
+            self.say(
+                f"rolling: {compress(kept)} already out of service "
+                f"({', '.join(sorted({before[n] for n in kept}))}): left so afterwards"
+            )
+        if ours:
+            drain_nodes(
+                self.spec_path,
+                self.state_root,
+                ours,
+                "provision apply --batch: rolling change",
+                False,
+                0,
+                self.say,
+                requeue=self.requeue,
+            )
+        wait_for_jobs(self.spec_path, self.state_root, batch, self.drain_timeout, self.say)
+        return ours
+
+    def verify(self, batch: list[str]) -> None:
+        """slurmd on every node of the batch registered again and answering (a node that
+        rebooted comes back as down+drain or drained; `*` marks one not answering)."""
+        deadline = time.monotonic() + self.back_timeout
+        query = f"sinfo -h -N -n {compress(batch)} -o '%N|%T|%E'"
+        while True:
+            shown = on_head(self.spec_path, self.state_root, query)
+            states = {n: (s, r) for n, s, r in (ln.split("|", 2) for ln in shown.splitlines())}
+            bad = {
+                n: " ".join(states.get(n, ("unknown to Slurm", ""))).strip()
+                for n in batch
+                if n not in states or not _answering(*states[n])
+            }
+            if not bad:
+                self.say(f"rolling: {compress(batch)}: slurmd answering")
+                return
+            if time.monotonic() >= deadline:
+                shown = ", ".join(f"{n} {s}" for n, s in sorted(bad.items()))
+                raise OperationError(f"not back after {self.back_timeout:.0f}s: {shown}")
+            time.sleep(self.poll_s)
+
+    def resume(self, nodes: list[str]) -> None:
+        on_head(
+            self.spec_path,
+            self.state_root,
+            f"scontrol update NodeName={compress(nodes)} State=RESUME",
+        )
+        self.say(f"resume: {compress(nodes)}: jobs may start there again")
+
+
+def _answering(state: str, reason: str) -> bool:
+    """slurmd registered and answering: no `*` (not responding) or power-saving mark, and not
+    down, unless for the reboot itself ("Node unexpectedly rebooted"; resume clears it)."""
+    if state.endswith(("*", "~", "#", "%", "!")):
+        return False
+    if "down" in state or "fail" in state:
+        return "reboot" in reason.lower()
+    return True

@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from provision.changes import INVENTORY, SLURM_ACTION, InventoryNode, inventory_nodes, slurm_change
-from provision.cluster import Cluster, compress
+from provision.cluster import Cluster, compress, pick_nodes
 from provision.errors import OperationError, UsageError
 from provision.preflight import preflight
 from provision.providers import get_provider
@@ -21,7 +21,8 @@ from provision.providers.lab import burst as lab_burst
 from provision.providers.lab.image import debian_mirror, ensure_image
 from provision.render import read_render, render, write_render
 from provision.render.burst import burst_config
-from provision.run.ansible import RunResult, run_playbook
+from provision.rolling import batch_size, roll
+from provision.run.ansible import HostResult, RunResult, playbook_tags, run_playbook
 from provision.run.progress import HostProgress, summary_table
 from provision.run.wheel import build_wheel
 from provision.secrets import ensure_cluster_secrets
@@ -106,6 +107,20 @@ def create_nodes(cluster: Cluster, state: State, console: Console) -> Cluster:
 
 
 @dataclass(frozen=True)
+class Scope:
+    """Which part of the cluster an apply changes, and how (all of it, at once, by default)."""
+
+    limit: str | None = None  # a hostlist or pool name: Ansible runs on these nodes only
+    tags: str | None = None  # Ansible's tags: only these roles' tasks
+    batch: str | None = None  # roll through the compute nodes: a count or a percentage
+
+    @property
+    def partial(self) -> bool:
+        """Part of the cluster or of the roles: not a render every node has."""
+        return self.limit is not None or self.tags is not None
+
+
+@dataclass(frozen=True)
 class Leaving:
     """Nodes of the last apply that the spec no longer has: drained before they go."""
 
@@ -119,15 +134,30 @@ def apply(
     console: Console,
     verify: bool = True,
     leaving: Leaving = Leaving(),
+    scope: Scope = Scope(),
 ) -> ApplyReport:
     spec, cluster, state = open_cluster(spec_path, state_root)
+    hosts = [n.name for n in cluster.lasting_nodes]
+    if scope.limit is not None:
+        hosts = pick_nodes(cluster, scope.limit, spec_path, ("head", "login", "compute", "storage"))
+    if scope.batch is not None:  # a bad --batch or --tags is refused before anything happens
+        batch_size(scope.batch, 1)
+    if scope.tags is not None:
+        known = playbook_tags("site.yml")
+        unknown = [t for t in scope.tags.split(",") if t.strip() not in known]
+        if unknown or not scope.tags.strip():
+            raise UsageError(
+                f"--tags {scope.tags!r}: {', '.join(map(repr, unknown)) or 'empty'} is no tag of "
+                f"the roles (they are: {', '.join(known)})"
+            )
     with state.locked(command_line()):
         report = ApplyReport()
         try:
             # the render of the last successful apply: what leaves, what the daemons must do
             applied = read_render(state.applied)
             gone = _drain_leaving(spec_path, state_root, cluster, applied, console, leaving, report)
-            _apply(spec, cluster, state, applied, console, verify, report)
+            run = _Run(spec_path, state_root, console, report, leaving, scope, hosts)
+            _apply(spec, cluster, state, applied, run, verify)
             _release(cluster, gone, console)
             return report
         finally:
@@ -201,15 +231,28 @@ def _release(cluster: Cluster, gone: dict[str, InventoryNode], console: Console)
             console.print(f"{kind}: {compress(names)} destroyed by the stack's update")
 
 
+@dataclass
+class _Run:
+    """One apply's choices and where it reports."""
+
+    spec_path: Path
+    state_root: Path
+    console: Console
+    report: ApplyReport
+    leaving: Leaving
+    scope: Scope
+    hosts: list[str]  # the lasting nodes Ansible runs on
+
+
 def _apply(
     spec: Spec,
     cluster: Cluster,
     state: State,
     applied: dict[str, str],
-    console: Console,
+    run: _Run,
     verify: bool,
-    report: ApplyReport,
 ) -> ApplyReport:
+    console, report, scope = run.console, run.report, run.scope
     with _Phase(report, "nodes"):
         cluster = create_nodes(cluster, state, console)
         files = render(cluster)
@@ -228,52 +271,172 @@ def _apply(
         raise OperationError(f"preflight failed on: {names}; nothing was changed on any node")
     console.print(f"preflight: {len(checks)} checks passed")
 
-    hosts = [n.name for n in cluster.lasting_nodes]
-    extra_vars = {"provision_secrets_dir": str(secrets_dir.resolve())}
+    extra_vars: dict[str, object] = {"provision_secrets_dir": str(secrets_dir.resolve())}
     slurm = slurm_change(applied, files)
     # the daemons do what the change since the last apply needs: the files on the nodes may
     # be newer than that apply (one that failed), never older
     extra_vars["slurm_config_change"] = SLURM_ACTION[slurm.action]
     if slurm.action in ("reconfigure", "restart"):
         console.print(f"slurm: {slurm.action}: {'; '.join(slurm.why)}", markup=False)
+    # nodes no job can be running on, which a role may reboot (the NVIDIA driver's): new ones
+    # here; in a rolling change, each batch once drained
+    known = inventory_nodes(applied.get(INVENTORY, ""))
+    new_nodes = [h for h in run.hosts if h not in known]
+    extra_vars["provision_drained"] = new_nodes
     if any(n.elastic for n in cluster.nodes):
         extra_vars["provision_burst_wheel"] = str(build_wheel(state.dir / "wheel").resolve())
-    builds, inventories = _start_image_builds(cluster, state, console)
+    rolling = scope.batch is not None and bool(known)
+    if scope.batch is not None and not known:
+        console.print("rolling: first apply, no job runs yet: all nodes at once")
+    if rolling:
+        _roll(cluster, state, key, run, extra_vars, new_nodes, slurm.action)
+    else:
+        _converge(cluster, state, key, run, extra_vars)
+    if scope.partial:
+        console.print(
+            "apply: a partial apply (--limit/--tags) is not recorded as the last apply: plan "
+            "still compares with the one before, and a full apply finishes the job"
+        )
+    else:
+        state.record_applied()
+    if verify and (scope.partial or rolling):
+        console.print(
+            "verify: skipped after a partial or rolling apply (it needs every compute node "
+            "idle): run provision verify when the cluster is"
+        )
+    elif verify:
+        with _Phase(report, "verify"):
+            report.checks = verify_cluster(cluster, state, key)
+    return report
+
+
+def _play(
+    state: State,
+    key: Path | None,
+    run: _Run,
+    limit: list[str] | None,
+    extra_vars: dict[str, object],
+    builds: tuple[lab_burst.ImageBuild, ...] = (),
+    inventories: list[Path] | None = None,
+) -> RunResult:
+    """One run of playbooks/site.yml, with its progress and summary; OperationError if it
+    failed. limit: these hosts only (None: all)."""
+    hosts = limit if limit is not None else run.hosts
+    console = run.console
     console.print(f"ansible: playbooks/site.yml on {len(hosts) + len(builds)} host(s)")
-    try:
-        with (
-            _Phase(report, "ansible"),
-            HostProgress(console, hosts + [b.host for b in builds]) as progress,
-        ):
-            report.run = run_playbook(
-                "site.yml",
-                state,
-                key,
-                on_event=progress,
-                extra_vars=extra_vars,
-                extra_inventory=inventories,
+    with HostProgress(console, [*hosts, *(b.host for b in builds)]) as progress:
+        result = run_playbook(
+            "site.yml",
+            state,
+            key,
+            on_event=progress,
+            limit=",".join(limit) if limit is not None else None,
+            tags=run.scope.tags,
+            extra_vars=extra_vars,
+            extra_inventory=inventories,
+        )
+    console.print(summary_table(result))
+    run.report.run = result if run.report.run is None else _merged(run.report.run, result)
+    if result.rc != 0:
+        failed = ", ".join(result.failed_hosts) or "see the log"
+        raise OperationError(
+            f"apply failed on: {failed} (log: {result.log_dir}); "
+            "fix the cause and run apply again, it continues where it stopped"
+        )
+    return result
+
+
+def _merged(a: RunResult, b: RunResult) -> RunResult:
+    """Two runs as one: each host's counts added up, the worse outcome."""
+    hosts = dict(a.hosts)
+    for host, r in b.hosts.items():
+        if host in hosts:
+            o = hosts[host]
+            r = HostResult(
+                o.ok + r.ok,
+                o.changed + r.changed,
+                o.failed + r.failed,
+                o.unreachable + r.unreachable,
+                o.skipped + r.skipped,
+                o.first_failure or r.first_failure,
             )
+        hosts[host] = r
+    worst = b if b.rc != 0 else a
+    return RunResult(worst.rc, worst.status, hosts, a.seconds + b.seconds, b.log_dir)
+
+
+def _converge(
+    cluster: Cluster, state: State, key: Path | None, run: _Run, extra_vars: dict[str, object]
+) -> None:
+    """All the chosen nodes at once (and the elastic pools' images, in a full apply)."""
+    builds: list[lab_burst.ImageBuild] = []
+    inventories: list[Path] = []
+    if not run.scope.partial:
+        builds, inventories = _start_image_builds(cluster, state, run.console)
+    limit = run.hosts if run.scope.limit is not None else None
+    ok = False
+    try:
+        with _Phase(run.report, "ansible"):
+            _play(state, key, run, limit, extra_vars, tuple(builds), inventories)
+        ok = True
     finally:
         if builds:
-            with _Phase(report, "images"):
-                ok = report.run is not None and report.run.rc == 0
+            with _Phase(run.report, "images"):
                 config = burst_config(cluster)
                 assert config is not None  # builds exist only for elastic pools
                 lab_burst.finish_builders(builds, config.conf_server, state, ok)
             if ok:
-                console.print(f"images: {', '.join(b.image for b in builds)} made")
-    console.print(summary_table(report.run))
-    if report.run.rc != 0:
-        failed = ", ".join(report.run.failed_hosts) or "see the log"
-        raise OperationError(
-            f"apply failed on: {failed} (log: {report.run.log_dir}); "
-            "fix the cause and run apply again, it continues where it stopped"
-        )
-    state.record_applied()
-    if verify:
-        with _Phase(report, "verify"):
-            report.checks = verify_cluster(cluster, state, key)
-    return report
+                run.console.print(f"images: {', '.join(b.image for b in builds)} made")
+
+
+def _roll(
+    cluster: Cluster,
+    state: State,
+    key: Path | None,
+    run: _Run,
+    extra_vars: dict[str, object],
+    new_nodes: list[str],
+    action: str,
+) -> None:
+    """A rolling change: first the nodes no job runs on (heads, logins: the controller goes
+    before the slurmds, as a Slurm upgrade needs; nodes new to the cluster), then the compute
+    nodes the cluster already had, a batch at a time (provision/rolling.py)."""
+    from provision.drain import SlurmBatchSteps, on_head
+
+    roles = {n.name: n.role for n in cluster.lasting_nodes}
+    rolled = [h for h in run.hosts if roles[h] == "compute" and h not in new_nodes]
+    first = [h for h in run.hosts if h not in rolled]
+    size = batch_size(run.scope.batch or "1", len(rolled))
+    if cluster.spec.scheduler != "slurm" and rolled:
+        raise UsageError("--batch drains nodes through Slurm: a Slurm cluster only")
+    # a reconfigure is made once every node has the new files, not before the batches
+    reconfigure = action == "reconfigure"
+    if reconfigure:
+        extra_vars = {**extra_vars, "slurm_config_change": "none"}
+
+    def say(message: str) -> None:
+        run.console.print(message, markup=False)
+
+    def change(batch: list[str]) -> None:
+        _play(state, key, run, batch, {**extra_vars, "provision_drained": batch})
+
+    with _Phase(run.report, "ansible"):
+        if first:
+            _play(state, key, run, first, extra_vars)
+        if rolled:
+            say(f"rolling: {compress(rolled)} in batches of {size}")
+            steps = SlurmBatchSteps(
+                run.spec_path,
+                run.state_root,
+                change,
+                say,
+                drain_timeout=run.leaving.timeout,
+                requeue=run.leaving.force,
+            )
+            roll(rolled, size, steps, say)
+    if reconfigure:
+        on_head(run.spec_path, run.state_root, "scontrol reconfigure")
+        say("slurm: scontrol reconfigure (every node has the new files)")
 
 
 def _start_image_builds(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +14,7 @@ from rich.table import Table
 
 from provision.changes import Changes, changes
 from provision.cluster import Cluster, compress
+from provision.errors import ProvisionError
 from provision.providers import ProviderPlan, get_provider
 from provision.render import read_render, render
 from provision.render.firewall import OpenRule, internet_rules
@@ -19,6 +22,8 @@ from provision.spec.models import PROVIDER_ORDER
 from provision.state import State
 
 HOURS_PER_MONTH = 730  # the cloud providers' own convention
+# nodes -> the jobs on them, one "jobid user nodes" line each (drain.running_jobs over SSH)
+JobsOn = Callable[[list[str]], list[str]]
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,9 @@ class Plan:
     cost: list[PoolCost] = field(default_factory=list)
     exposed: list[OpenRule] = field(default_factory=list)  # rules open to public addresses
     running: Changes | None = None  # what changes on the running cluster; None before apply
+    # the jobs on the compute nodes that leave, as squeue shows them ("jobid user nodes"),
+    # or why they could not be asked (None: not asked, or no compute node leaves)
+    leaving_jobs: list[str] | str | None = None
 
     @property
     def total_kw(self) -> float:
@@ -151,7 +159,12 @@ def plan_json(plan: Plan, cluster: Cluster) -> dict[str, Any]:
         "groups": plan.groups,
         "files": [{"path": c.path, "change": c.kind} for c in plan.changes],
         "files_unchanged": plan.unchanged,
-        "running_cluster": plan.running.to_json() if plan.running else None,
+        "running_cluster": {
+            **plan.running.to_json(),
+            "jobs_on_nodes_removed": plan.leaving_jobs,
+        }
+        if plan.running
+        else None,
         "open_to_internet": [
             {
                 "pool": o.pool,
@@ -199,6 +212,15 @@ def _running(plan: Plan, cluster: Cluster, console: Console) -> None:
             "them first and waits for their jobs; lab containers are removed, static hosts "
             "left alone)"
         )
+        jobs = plan.leaving_jobs
+        if isinstance(jobs, str):
+            console.print(f"  jobs on them: unknown ({jobs})", markup=False)
+        elif jobs is not None:
+            console.print(f"  jobs on them now: {len(jobs) or 'none'}", markup=False)
+            for line in jobs[:20]:
+                console.print(f"    {line}", markup=False)
+            if len(jobs) > 20:
+                console.print(f"    ... and {len(jobs) - 20} more", markup=False)
     heads = compress([n.name for n in cluster.head_nodes])
     computes = [n.name for n in cluster.lasting_nodes if n.role == "compute"]
     what = {
@@ -211,6 +233,33 @@ def _running(plan: Plan, cluster: Cluster, console: Console) -> None:
     console.print(f"running cluster: {what}", markup=False)
     for why in run.slurm.why:
         console.print(f"  {why}", markup=False)
+    driver = run.driver
+    if driver is not None:
+        nodes = compress(list(driver.nodes))
+        if driver.reboot:
+            then = (
+                f"rebooted (nvidia.reboot): with apply --batch N each batch is drained, "
+                f"rebooted and resumed; a plain apply installs it and leaves {nodes} for that"
+            )
+        else:
+            then = "not rebooted (nvidia.reboot false): the new module loads at their next boot"
+        console.print(f"running cluster: NVIDIA driver changes on {nodes}: {then}", markup=False)
+        for why in driver.why:
+            console.print(f"  {why}", markup=False)
+
+
+def ask_leaving_jobs(plan: Plan, jobs: JobsOn) -> None:
+    """Fill in the jobs running now on the compute nodes that leave (where the head answers)."""
+    if plan.running is None:
+        return
+    nodes = plan.running.nodes
+    leaving = [n for n in plan.running.removed if n in nodes and nodes[n].role == "compute"]
+    if not leaving:
+        return
+    try:
+        plan.leaving_jobs = jobs(leaving)
+    except (ProvisionError, OSError, subprocess.TimeoutExpired) as exc:
+        plan.leaving_jobs = f"the head did not answer: {exc}"
 
 
 def _diff(path: str, old: str, new: str) -> str:
@@ -238,8 +287,9 @@ def print_plan(plan: Plan, cluster: Cluster, console: Console, diff: bool = Fals
             f"up to {len(pp.on_demand)} {compress(pp.on_demand)}" if pp.on_demand else "-",
         )
     console.print(nodes)
-    for line in (r for pp in plan.providers for r in pp.resources):
-        console.print(f"cloud: {line}", markup=False)
+    for pp in plan.providers:
+        for line in pp.resources:
+            console.print(f"{'lab' if pp.provider == 'lab' else 'cloud'}: {line}", markup=False)
 
     groups = Table(title="Ansible groups")
     groups.add_column("group")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from provision.changes import (
+    DriverChange,
     InventoryNode,
     SlurmChange,
     changes,
@@ -35,6 +36,7 @@ def test_the_same_render_changes_nothing(tmp_path: Path) -> None:
         "nodes_added": [],
         "nodes_removed": [],
         "slurm": {"action": "none", "why": []},
+        "nvidia_driver": None,
     }
 
 
@@ -93,3 +95,52 @@ def test_inventory_nodes_with_their_pools(tmp_path: Path) -> None:
         "compute001": InventoryNode("compute", "compute", "lab"),
         "compute002": InventoryNode("compute", "compute", "lab"),
     }
+
+
+DGX = ROOT / "examples" / "dgx-8.yaml"
+
+
+def _dgx(tmp_path: Path, old: str = "", new: str = "", name: str = "dgx.yaml") -> dict[str, str]:
+    spec = tmp_path / name
+    spec.write_text(DGX.read_text().replace(old, new) if old else DGX.read_text())
+    return render(Cluster(load_spec(spec)))
+
+
+def test_a_driver_change_reaches_the_gpu_nodes_and_says_whether_they_reboot(
+    tmp_path: Path,
+) -> None:
+    old = _dgx(tmp_path)
+    assert changes(old, old).driver is None
+    assert inventory_nodes(old["inventory/hosts.yml"])["dgx01"].gpu
+    assert not inventory_nodes(old["inventory/hosts.yml"])["head01"].gpu
+    newer = _dgx(tmp_path, 'nvidia_driver: "550"', 'nvidia_driver: "560"', "newer.yaml")
+    found = changes(old, newer).driver
+    assert found == DriverChange(
+        ("nvidia_driver_version: 550 -> 560",),
+        tuple(f"dgx0{i}" for i in range(1, 9)),
+        False,
+    )
+    assert changes(old, newer).slurm.action == "none"  # the driver is no Slurm change
+    rebooting = _dgx(
+        tmp_path,
+        'software:\n  nvidia_driver: "550"',
+        'nvidia:\n  reboot: true\nsoftware:\n  nvidia_driver: "560"',
+        "reboot.yaml",
+    )
+    assert changes(old, rebooting).driver.reboot  # type: ignore[union-attr]
+    # nodes new to the cluster are no change of a running node
+    fewer = _dgx(tmp_path, "count: 8", "count: 6", "fewer.yaml")
+    grown = _dgx(tmp_path, 'nvidia_driver: "550"', 'nvidia_driver: "560"', "grown.yaml")
+    assert changes(fewer, grown).driver.nodes == tuple(  # type: ignore[union-attr]
+        f"dgx0{i}" for i in range(1, 7)
+    )
+
+
+def test_a_new_slurm_version_restarts_the_daemons(tmp_path: Path) -> None:
+    old = _render(tmp_path)
+    pinned = _render(tmp_path, "security:", 'software:\n  slurm: "22.05"\nsecurity:', "pin.yaml")
+    assert slurm_change(old, pinned) == SlurmChange(
+        "restart",
+        ("software.slurm: the source's newest -> 22.05 (the packages change: a restart)",),
+    )
+    assert slurm_change(pinned, pinned).action == "none"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from provision import drain
-from provision.cluster import Cluster
+from provision.cluster import Cluster, pick_nodes
 from provision.errors import OperationError, UsageError
 from provision.spec import load_spec
 
@@ -20,12 +20,12 @@ LAB = ROOT / "examples" / "lab.yaml"
 
 def test_nodes_by_hostlist_or_pool() -> None:
     cluster = Cluster(load_spec(LAB))
-    assert drain.pick_nodes(cluster, "compute002", LAB) == ["compute002"]
-    assert drain.pick_nodes(cluster, "compute[001-002]", LAB) == ["compute001", "compute002"]
-    assert drain.pick_nodes(cluster, "compute", LAB) == ["compute001", "compute002"]
+    assert pick_nodes(cluster, "compute002", LAB) == ["compute002"]
+    assert pick_nodes(cluster, "compute[001-002]", LAB) == ["compute001", "compute002"]
+    assert pick_nodes(cluster, "compute", LAB) == ["compute001", "compute002"]
     for bad in ("head001", "compute009", "compute[001"):
         with pytest.raises(UsageError):
-            drain.pick_nodes(cluster, bad, LAB)
+            pick_nodes(cluster, bad, LAB)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ LAYERS: list[set[str]] = [
     {"providers"},
     {"run"},
     {"preflight", "verify"},
-    {"lifecycle", "plan", "power", "bursting", "drain"},
+    {"lifecycle", "plan", "power", "bursting", "drain", "rolling"},
     {"cli", "__main__"},
 ]
 

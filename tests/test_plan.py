@@ -126,3 +126,67 @@ def test_plan_says_what_changes_on_the_running_cluster(tmp_path: Path) -> None:
         "plan", str(grown), "--json", "--state-dir", str(tmp_path / "x"), cwd=tmp_path
     )
     assert json.loads(r.stdout)["running_cluster"] is None
+
+
+def _applied_then(tmp_path: Path, spec_path: Path, old: str, new: str) -> tuple[Cluster, State]:
+    """A state whose last apply rendered spec_path; the cluster of the spec with old -> new."""
+    state = State(tmp_path / "state", load_spec(spec_path).name)
+    write_render(render(Cluster(load_spec(spec_path))), state.applied)
+    changed = tmp_path / spec_path.name
+    changed.write_text(spec_path.read_text().replace(old, new))
+    return Cluster(load_spec(changed)), state
+
+
+def test_plan_lists_the_jobs_on_nodes_that_leave(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from provision.plan import ask_leaving_jobs, plan_json, print_plan
+
+    cluster, state = _applied_then(tmp_path, ROOT / "examples" / "lab.yaml", "count: 2", "count: 1")
+    plan = make_plan(cluster, state)
+    asked: list[list[str]] = []
+    ask_leaving_jobs(plan, lambda nodes: asked.append(nodes) or ["41 alice compute002"])
+    assert asked == [["compute002"]]
+    console = Console(record=True, width=200)
+    print_plan(plan, cluster, console)
+    text = console.export_text()
+    assert "running cluster: nodes leaving: compute002" in text
+    assert "  jobs on them now: 1\n    41 alice compute002\n" in text
+    doc = plan_json(plan, cluster)["running_cluster"]
+    assert doc["jobs_on_nodes_removed"] == ["41 alice compute002"]
+
+    def unreachable(nodes: list[str]) -> list[str]:
+        raise OSError("No route to host")
+
+    ask_leaving_jobs(plan, unreachable)
+    console = Console(record=True, width=200)
+    print_plan(plan, cluster, console)
+    assert "jobs on them: unknown (the head did not answer: No route to host)" in (
+        console.export_text()
+    )
+
+
+def test_plan_says_which_gpu_nodes_a_driver_change_reboots(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from provision.plan import plan_json, print_plan
+
+    dgx = ROOT / "examples" / "dgx-8.yaml"
+    cluster, state = _applied_then(
+        tmp_path,
+        dgx,
+        'software:\n  nvidia_driver: "550"',
+        'nvidia:\n  reboot: true\nsoftware:\n  nvidia_driver: "560"',
+    )
+    plan = make_plan(cluster, state)
+    console = Console(record=True, width=300)
+    print_plan(plan, cluster, console)
+    text = console.export_text()
+    assert "running cluster: NVIDIA driver changes on dgx[01-08]: rebooted (nvidia.reboot)" in text
+    assert "  nvidia_driver_version: 550 -> 560\n" in text
+    assert "running cluster: slurm: no change to the daemons" in text
+    assert plan_json(plan, cluster)["running_cluster"]["nvidia_driver"] == {
+        "why": ["nvidia_driver_version: 550 -> 560"],
+        "nodes": [f"dgx0{i}" for i in range(1, 9)],
+        "reboot": True,
+    }

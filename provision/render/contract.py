@@ -55,6 +55,11 @@ _TABLE = (
         "what the Slurm daemons do for the change since the last apply (provision/changes.py)",
     ),
     Variable(
+        "provision_drained", "extra", ("nvidia_driver",),
+        "nodes no job runs on, which a reboot may take: a rolling change's drained batch, or "
+        "the nodes new to the cluster (provision/lifecycle.py)",
+    ),
+    Variable(
         "provision_burst_wheel", "extra", ("burst",),
         "this project's wheel, made by apply on the workstation, for the heads' burst programs",
     ),
@@ -113,6 +118,7 @@ _TABLE = (
         "nvidia_driver_version", "all", ("nvidia_driver", "nvidia_fabricmanager"),
         "software.nvidia_driver",
     ),
+    Variable("slurm_version", "all", ("slurm",), "software.slurm"),
     Variable("cuda_version", "all", ("cuda",), "software.cuda"),
     Variable("cudnn_version", "all", ("cudnn",), "software.cudnn"),
     Variable("nccl_version", "all", ("nccl",), "software.nccl"),
@@ -130,6 +136,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in _TABLE}
 # spec section -> field -> variable: the fields group_vars copies as they are
 SOFTWARE = {
     "nvidia_driver": "nvidia_driver_version",
+    "slurm": "slurm_version",
     "cuda": "cuda_version",
     "cudnn": "cudnn_version",
     "nccl": "nccl_version",

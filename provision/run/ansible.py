@@ -55,6 +55,18 @@ class RunResult:
         return sum(r.changed for r in self.hosts.values())
 
 
+def playbook_tags(playbook: str) -> list[str]:
+    """The tags of a playbook's plays and roles (what --tags may name)."""
+    import yaml
+
+    tags: set[str] = set()
+    for play in yaml.safe_load(assets.playbook(playbook).read_text()) or []:
+        for item in [play, *(play.get("roles") or [])]:
+            if isinstance(item, dict):
+                tags.update(item.get("tags") or [])
+    return sorted(tags)
+
+
 def ssh_common_args(state: State) -> str:
     """Host keys: learned on first contact, checked ever after, kept per cluster."""
     return shlex.join(host_key_options(state))
@@ -68,7 +80,7 @@ def run_playbook(
     limit: str | None = None,
     tags: str | None = None,
     extra_env: dict[str, str] | None = None,
-    extra_vars: dict[str, str] | None = None,
+    extra_vars: dict[str, object] | None = None,
     extra_inventory: list[Path] | None = None,
 ) -> RunResult:
     """Run one playbook of playbooks/. extra_vars carry paths and switches, never secrets

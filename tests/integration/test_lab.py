@@ -198,6 +198,51 @@ def test_scale_up_then_down_drains_the_leaving_node_first(lab: tuple[Path, Path]
     assert found[staying] in ("RUNNING", "COMPLETED")  # never killed, requeued or failed
 
 
+def test_a_rolling_restart_keeps_a_job_array_running(lab: tuple[Path, Path]) -> None:
+    """A change that restarts the daemons, in batches of one: the head first, then each compute
+    node drained, changed (slurmd restarted), checked and resumed in turn, while a job array
+    runs on the other node; no task fails."""
+    spec, work = lab
+    pid = "systemctl show -p MainPID --value"
+    before = {n: _on(spec, work, n, f"{pid} slurmd") for n in ("compute001", "compute002")}
+    # at most two tasks at once, 10 s each: the array runs through the whole roll
+    array = _on(spec, work, "head001", "sbatch --parsable --array=1-16%2 --wrap 'sleep 10'")
+    changed = spec.with_name("lab-tcp.yaml")
+    changed.write_text(
+        spec.read_text().replace(
+            "    TaskPlugin: task/affinity\n", "    TaskPlugin: task/affinity\n    TCPTimeout: 3\n"
+        )
+    )
+    r = provision("apply", str(changed), "--batch", "1", cwd=work)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    out = r.stdout
+    assert "slurm: restart: TCPTimeout: (unset) -> 3 (needs a restart)" in out, out[:3000]
+    steps = [
+        "ansible: playbooks/site.yml on 1 host(s)",  # head001
+        "rolling: compute[001-002] in batches of 1",
+        "rolling: batch 1/2: compute001",
+        "drain: compute001: no new job starts there",
+        "drain: compute001: drained, no job runs there",
+        "rolling: compute001: slurmd answering",
+        "resume: compute001: jobs may start there again",
+        "rolling: batch 2/2: compute002",
+        "drain: compute002: drained, no job runs there",
+        "resume: compute002: jobs may start there again",
+        "verify: skipped after a partial or rolling apply",
+    ]
+    at = [out.find(step) for step in steps]
+    assert -1 not in at and at == sorted(at), list(zip(steps, at, strict=True))
+    after = {n: _on(spec, work, n, f"{pid} slurmd") for n in ("compute001", "compute002")}
+    assert all(after[n] != before[n] for n in after), (before, after)  # each restarted
+    assert _on(spec, work, "head001", "scontrol show config | grep ^TCPTimeout").endswith("3 sec")
+    _until(spec, work, f"squeue -h -j {array} -o %i", "", seconds=240)
+    states = _on(spec, work, "head001", f"sacct -n -X -P -j {array} -o JobID,State")
+    tasks = dict(line.split("|") for line in states.splitlines())
+    assert len(tasks) == 16 and set(tasks.values()) == {"COMPLETED"}, tasks
+    nodes = "compute001 idle\ncompute002 idle"
+    assert _until(spec, work, "sinfo -h -N -o '%N %T' | sort", nodes) == nodes
+
+
 def test_an_elastic_pool_added_to_a_running_lab_needs_a_new_head(lab: tuple[Path, Path]) -> None:
     """The head reaches podman through a mount made when it is created: apply says so, and
     changes no node."""

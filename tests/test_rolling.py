@@ -1,0 +1,200 @@
+"""Rolling changes (provision/rolling.py and drain.SlurmBatchSteps): the order of the steps per
+batch, where a failed batch leaves the cluster, and what the head is asked; the CLI's refusals.
+Live: tests/integration/test_lab.py (a rolling slurmd restart under a job array)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from provision import drain
+from provision.errors import OperationError, UsageError
+from provision.rolling import batch_size, batches, roll
+
+from .conftest import ROOT, run_provision
+
+LAB = ROOT / "examples" / "lab.yaml"
+
+
+@pytest.mark.parametrize(
+    ("text", "total", "size"),
+    [("1", 8, 1), ("3", 8, 3), ("25%", 8, 2), ("10%", 8, 1), ("30%", 8, 3), ("100%", 5, 5)],
+)
+def test_batch_sizes(text: str, total: int, size: int) -> None:
+    assert batch_size(text, total) == size
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "0%", "101%", "a", "2.5", "1e3", "", "%"])
+def test_bad_batch_sizes_are_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="--batch"):
+        batch_size(text, 8)
+
+
+def test_batches_keep_the_order() -> None:
+    assert batches(["a", "b", "c", "d", "e"], 2) == [["a", "b"], ["c", "d"], ["e"]]
+
+
+class Recorder:
+    """Records each step; `fail` names a (step, first node of the batch) that fails."""
+
+    def __init__(self, fail: tuple[str, str] | None = None, kept: set[str] = frozenset()) -> None:
+        self.calls: list[str] = []
+        self.fail = fail
+        self.kept = kept
+
+    def _step(self, step: str, nodes: list[str]) -> None:
+        self.calls.append(f"{step} {','.join(nodes)}")
+        if self.fail == (step, nodes[0]):
+            raise OperationError(f"{step} went wrong")
+
+    def drain(self, batch: list[str]) -> list[str]:
+        self._step("drain", batch)
+        return [n for n in batch if n not in self.kept]
+
+    def change(self, batch: list[str]) -> None:
+        self._step("change", batch)
+
+    def verify(self, batch: list[str]) -> None:
+        self._step("verify", batch)
+
+    def resume(self, nodes: list[str]) -> None:
+        self._step("resume", nodes)
+
+
+NODES = ["c1", "c2", "c3", "c4", "c5"]
+
+
+def test_each_batch_is_drained_changed_verified_and_resumed_before_the_next() -> None:
+    steps = Recorder()
+    said: list[str] = []
+    assert roll(NODES, 2, steps, said.append) == 3
+    assert steps.calls == [
+        "drain c1,c2", "change c1,c2", "verify c1,c2", "resume c1,c2",
+        "drain c3,c4", "change c3,c4", "verify c3,c4", "resume c3,c4",
+        "drain c5", "change c5", "verify c5", "resume c5",
+    ]  # fmt: skip
+    assert said[0] == "rolling: batch 1/3: c[1-2]"
+    assert said[-1] == "rolling: batch 3/3: c5 changed and serving"
+
+
+def test_nodes_out_of_service_before_stay_so() -> None:
+    steps = Recorder(kept={"c2"})
+    roll(NODES[:2], 2, steps, lambda _m: None)
+    assert steps.calls[-1] == "resume c1"
+
+
+@pytest.mark.parametrize("step", ["change", "verify"])
+def test_the_first_failed_batch_stops_the_roll_and_stays_drained(step: str) -> None:
+    steps = Recorder(fail=(step, "c3"))
+    with pytest.raises(OperationError) as caught:
+        roll(NODES, 2, steps, lambda _m: None)
+    assert steps.calls[-1] == f"{step} c3,c4"  # nothing after: no resume, no next batch
+    assert "resume c3,c4" not in steps.calls and "drain c5" not in steps.calls
+    assert str(caught.value) == (
+        f"rolling: batch 2/3 (c[3-4]) failed: {step} went wrong; it stays drained, c[1-2] "
+        "changed and serving, c5 not changed and serving; fix the cause and run the same apply "
+        "again"
+    )
+
+
+def test_a_batch_whose_jobs_do_not_end_stops_before_any_change() -> None:
+    steps = Recorder(fail=("drain", "c1"))
+    with pytest.raises(OperationError, match="drain went wrong"):
+        roll(NODES, 2, steps, lambda _m: None)
+    assert steps.calls == ["drain c1,c2"]
+
+
+class Head:
+    """The first head as SlurmBatchSteps sees it: sinfo answers from `states` (node -> state,
+    reason), squeue from `queues`; every command recorded beside the changes."""
+
+    def __init__(self, log: list[str], states: list[dict[str, tuple[str, str]]]) -> None:
+        self.log = log
+        self.states = states
+        self.queues = [""]
+
+    def __call__(self, spec: Path, root: Path, command: str, timeout: float = 60) -> str:
+        self.log.append(command)
+        if command.startswith("sinfo"):
+            now = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+            if "%E" in command:
+                return "".join(f"{n}|{s}|{r}\n" for n, (s, r) in now.items())
+            return "".join(f"{n} {s}\n" for n, (s, _r) in now.items())
+        if command.startswith("squeue"):
+            return self.queues.pop(0) if len(self.queues) > 1 else self.queues[0]
+        return ""
+
+
+def _steps(
+    monkeypatch: pytest.MonkeyPatch, states: list[dict[str, tuple[str, str]]], tmp_path: Path
+) -> tuple[drain.SlurmBatchSteps, list[str]]:
+    log: list[str] = []
+    monkeypatch.setattr(drain, "on_head", Head(log, states))
+    steps = drain.SlurmBatchSteps(
+        LAB,
+        tmp_path,
+        change=lambda batch: log.append(f"ansible on {','.join(batch)}"),
+        say=lambda _m: None,
+        back_timeout=0.2,
+        poll_s=0.01,
+    )
+    return steps, log
+
+
+def test_what_the_head_is_asked_in_a_batch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    before = {"compute001": ("mixed", "none"), "compute002": ("drained", "disk")}
+    restarting = {"compute001": ("drained*", "none"), "compute002": ("drained*", "disk")}
+    back = {"compute001": ("drained", "x"), "compute002": ("drained", "disk")}
+    steps, log = _steps(monkeypatch, [before, restarting, back], tmp_path)
+    roll(["compute001", "compute002"], 2, steps, lambda _m: None)
+    assert log == [
+        "sinfo -h -N -n compute[001-002] -o '%N %T'",
+        # the operator's drain (reason "disk") is left alone
+        "scontrol update NodeName=compute001 State=DRAIN "
+        "Reason='provision apply --batch: rolling change'",
+        "squeue -h -w compute[001-002] -o '%i %N'",
+        "ansible on compute001,compute002",
+        "sinfo -h -N -n compute[001-002] -o '%N|%T|%E'",  # one not answering yet
+        "sinfo -h -N -n compute[001-002] -o '%N|%T|%E'",
+        "scontrol update NodeName=compute001 State=RESUME",
+    ]
+
+
+def test_a_node_back_from_its_reboot_counts_as_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    rebooted = {"compute001": ("down", "Node unexpectedly rebooted")}
+    steps, _log = _steps(monkeypatch, [rebooted], tmp_path)
+    steps.verify(["compute001"])
+
+
+@pytest.mark.parametrize(
+    "state",
+    [("down", "Not responding"), ("idle*", "none"), ("down*", "Node unexpectedly rebooted")],
+)
+def test_a_node_that_does_not_come_back_fails_its_batch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, state: tuple[str, str]
+) -> None:
+    steps, _log = _steps(monkeypatch, [{"compute001": state}], tmp_path)
+    with pytest.raises(OperationError, match=r"not back after 0s: compute001 "):
+        steps.verify(["compute001"])
+    steps, _log = _steps(monkeypatch, [{}], tmp_path)
+    with pytest.raises(OperationError, match="compute002 unknown to Slurm"):
+        steps.verify(["compute002"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch", "0"], "--batch '0': a number of nodes (2) or a percentage (25%)"),
+        (["--batch", "150%"], "--batch '150%'"),
+        (["--limit", "compute009"], "compute009 is not a lasting head/login/compute/storage node"),
+        (["--tags", "slurm,nosuch"], "--tags 'slurm,nosuch': 'nosuch' is no tag of the roles"),
+    ],
+)
+def test_bad_scope_is_one_line_and_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
+    r = run_provision("apply", str(LAB), *args, "--state-dir", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "lab").exists()  # refused before anything was made
