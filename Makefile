@@ -63,6 +63,7 @@ bench: setup image
 	$(VENV)/python bench/burst.py
 	$(VENV)/python bench/burst_aws.py
 	$(VENV)/python bench/scale.py
+	$(VENV)/python bench/failover.py
 
 clean:
 	rm -rf .venv .provision .pytest_cache .mypy_cache .ruff_cache .ansible dist .molecule-*.log

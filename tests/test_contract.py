@@ -109,16 +109,11 @@ def test_no_role_reads_a_provision_variable_nobody_provides() -> None:
     assert not unknown, sorted(unknown)
 
 
-def test_every_software_and_nvidia_field_reaches_a_role_or_is_refused() -> None:
-    from provision.spec.unbuilt import check_unbuilt
-
-    refused = {"slurm"}  # software.slurm: spec/unbuilt.py
-    assert set(Software.model_fields) == set(SOFTWARE) | refused
+def test_every_software_and_nvidia_field_reaches_a_role() -> None:
+    assert set(Software.model_fields) == set(SOFTWARE)
     assert set(NvidiaSettings.model_fields) == set(NVIDIA)
     assert set(RoceSettings.model_fields) == set(ROCE)
     assert set(FABRIC.values()) <= set(VARIABLES)
-    spec = _every_field()
-    assert any(loc == ("software", "slurm") for loc, _ in check_unbuilt(spec))
 
 
 def test_the_renderer_refuses_a_variable_outside_the_contract() -> None:

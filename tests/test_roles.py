@@ -141,3 +141,61 @@ def test_playbooks_syntax(tmp_path: Path) -> None:
             },
         )
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+MADISON = (
+    " slurm-client | 22.05.8-4+deb12u3 | http://deb.debian.org/debian bookworm/main amd64 "
+    "Packages\n"
+    " slurm-client | 22.05.8-4+deb12u1 | http://deb.debian.org/debian-security bookworm/main "
+    "amd64 Packages\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("family", "offered", "pin", "version", "packages"),
+    [
+        # the newest the source offers that the pin names, on the Slurm packages only
+        (
+            "Debian",
+            MADISON,
+            "22.05",
+            "22.05.8-4+deb12u3",
+            ["slurmctld=22.05.8-4+deb12u3", "slurm-client=22.05.8-4+deb12u3", "mariadb-server"],
+        ),
+        ("Debian", MADISON, "22.05.8-4+deb12u1", "22.05.8-4+deb12u1", None),
+        ("Debian", MADISON, "22.0", "", ["slurmctld", "slurm-client", "mariadb-server"]),
+        ("Debian", MADISON, "23.11", "", None),
+        ("Debian", "", "22.05", "", None),  # no Slurm in the source at all
+        (
+            "RedHat",
+            "22.05.9-1.el9\n23.11.10-1.el9\n",
+            "23.11",
+            "23.11.10-1.el9",
+            ["slurm-23.11.10-1.el9", "slurm-slurmctld-23.11.10-1.el9", "mariadb-server"],
+        ),
+    ],
+)
+def test_a_pinned_slurm_version_picks_from_what_the_source_offers(
+    family: str, offered: str, pin: str, version: str, packages: list[str] | None
+) -> None:
+    vars_dir = ROLES_DIR / "slurm" / "vars"
+    exprs = {**_load(vars_dir / "main.yml"), **_load(vars_dir / f"{family}.yml")}
+    names = ["slurmctld", "slurm-client"] if family == "Debian" else ["slurm", "slurm-slurmctld"]
+    from ansible.template import trust_as_template
+
+    variables = {
+        **{k: trust_as_template(v) if isinstance(v, str) else v for k, v in exprs.items()},
+        "slurm_version": pin,
+        "_slurm_offered_out": {"stdout_lines": offered.splitlines()},
+        "_slurm_packages": [*names, "mariadb-server"],
+    }
+    wanted = {
+        k: exprs[k] for k in ("_slurm_offered", "_slurm_pin_version", "_slurm_packages_pinned")
+    }
+    got = _render(wanted, variables)
+    assert got["_slurm_pin_version"] == version
+    assert got["_slurm_offered"] == [
+        line.split("|")[1].strip() if "|" in line else line for line in offered.splitlines()
+    ]
+    if packages is not None:
+        assert got["_slurm_packages_pinned"] == packages

@@ -47,10 +47,13 @@ def get_provider(kind: str, spec: Spec, log: Callable[[str], None] | None = None
 
         return StaticProvider()
     if kind == "lab":
+        from provision.cluster import Cluster
         from provision.providers.lab import LabProvider
+        from provision.providers.lab.storage import lab_volumes
 
         elastic = [p.name for p in spec.pools if p.elastic and p.provider == "lab"]
-        return LabProvider(spec.name, spec.network.management.cidr, log, elastic)
+        volumes = lab_volumes(Cluster(spec)) if spec.storage.exports or spec.storage.mounts else {}
+        return LabProvider(spec.name, spec.network.management.cidr, log, elastic, volumes)
     if kind in CLOUD_PROVIDERS:
         from provision.providers.cloud import CloudProvider
 

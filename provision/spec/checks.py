@@ -243,6 +243,74 @@ def _check_scheduler(spec: Spec) -> list[Problem]:
     return problems
 
 
+# The Slurm series each OS's own archive carries (stable releases keep their series); Rocky 9's
+# comes from EPEL, which moves on, so the slurm role checks it on the node instead
+SLURM_SERIES = {"debian12": "22.05", "ubuntu22.04": "21.08", "ubuntu24.04": "23.11"}
+
+
+def _check_slurm_version(spec: Spec) -> list[Problem]:
+    version, series = spec.software.slurm, SLURM_SERIES.get(spec.os)
+    if version is None or series is None:
+        return []
+    if version == series or version.startswith(f"{series}."):
+        return []
+    return [
+        (
+            ("software", "slurm"),
+            f"'{version}': {spec.os}'s Slurm packages are {series}, the only series the slurm "
+            f"role installs there; pin {series} (or one of its releases, like {series}.1) or "
+            "leave software.slurm out",
+        )
+    ]
+
+
+def _check_controllers(spec: Spec) -> list[Problem]:
+    """Two or more heads run a primary and backup slurmctld: the controller's state must be on
+    storage every head mounts, served by none of them (it would fail with its server)."""
+    for i, pool in enumerate(spec.pools):
+        if pool.role != "head" or pool.size < 2 or spec.scheduler != "slurm":
+            continue
+        state = str(spec.slurm.config.get("StateSaveLocation", ""))
+        shared = [
+            m
+            for m in spec.storage.mounts
+            if (m.pools is None or pool.name in m.pools)
+            and state.startswith(m.path.rstrip("/") + "/")
+        ]
+        at: Loc = (
+            ("slurm", "config", "StateSaveLocation")
+            if state
+            else ("pools", i, "hosts" if pool.hosts is not None else "count")
+        )
+        if not shared:
+            return [
+                (
+                    at,
+                    f"{pool.size} head nodes run a primary and a backup slurmctld, which share "
+                    "their state: set slurm.config StateSaveLocation under a path of "
+                    "storage.mounts that every head mounts (like /shared/slurm/state under a "
+                    "mount at /shared/slurm)",
+                )
+            ]
+        heads = set(_pool_node_names(spec, pool.name))
+        server = shared[0].source.partition(":")[0]
+        if server in heads:
+            return [
+                (
+                    at,
+                    f"StateSaveLocation is on {shared[0].source}, served by head {server}: the "
+                    "backup controller could not read it once that head is down; mount it from "
+                    "storage outside the head pool",
+                )
+            ]
+    return []
+
+
+def _pool_node_names(spec: Spec, pool: str) -> list[str]:
+    nodes, _ = expand_nodes_checked(spec)
+    return [n.name for n in nodes if n.pool == pool]
+
+
 # Debian and Ubuntu package NVIDIA drivers; Rocky has no distribution NVIDIA packages.
 _DISTRO_NVIDIA_OS = ("debian12", "ubuntu22.04", "ubuntu24.04")
 # What Debian 12's non-free does not carry: the NVIDIA-only parts.
@@ -475,9 +543,14 @@ def _check_nodes(spec: Spec, nodes: list[Node]) -> list[Problem]:
     known = {n.name for n in nodes}
     for i, mount in enumerate(spec.storage.mounts):
         server = mount.source.partition(":")[0]
-        if server and server not in known and not _is_address(server):
+        # a node's name, an address, or a site's server by its full name (filer.example.org)
+        if server and server not in known and not _is_address(server) and "." not in server:
             close = difflib.get_close_matches(server, sorted(known), n=1)
-            hint = f": did you mean '{close[0]}'?" if close else ": use a node name or an address"
+            hint = (
+                f": did you mean '{close[0]}'?"
+                if close
+                else ": use a node name, an address or a site server's full name"
+            )
             problems.append(
                 (
                     ("storage", "mounts", i, "source"),
@@ -729,6 +802,8 @@ CHECKS: list[Callable[[Spec], list[Problem]]] = [
     _check_pools,
     _check_networks,
     _check_scheduler,
+    _check_slurm_version,
+    _check_controllers,
     _check_security,
     _check_storage,
     _check_gpu,

@@ -584,7 +584,9 @@ class Software(Model):
     cudnn: Version | None = Field(default=None, description="cuDNN version (9.1)")
     nccl: Version | None = Field(default=None, description="NCCL version (2.21.5)")
     slurm: Version | None = Field(
-        default=None, description="Slurm version (not supported yet: the OS's packages)"
+        default=None,
+        description="Slurm version from the OS's packages (Debian 12: 22.05, Ubuntu 22.04: "
+        "21.08, 24.04: 23.11, Rocky 9: EPEL's, checked on the node)",
     )
     dcgm: Version | None = Field(default=None, description="DCGM version (3.3.7)")
     container_toolkit: Version | None = Field(

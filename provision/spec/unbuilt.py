@@ -35,35 +35,46 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                 )
             )
         if pool.role == "head" and spec.scheduler == "slurm" and pool.size > 1:
+            at: Loc = ("pools", i, "hosts" if pool.hosts is not None else "count")
+            if any(p.provider != "lab" for p in spec.pools):
+                problems.append(
+                    (
+                        at,
+                        f"not supported yet: {pool.size} head nodes outside a lab (their "
+                        "StateSaveLocation must be shared storage, and no role serves or mounts "
+                        "NFS yet); give the head pool one node",
+                    )
+                )
+            elif any(p.elastic for p in spec.pools):
+                problems.append(
+                    (
+                        at,
+                        f"not supported yet: {pool.size} head nodes with an elastic pool (the "
+                        "burst programs run on one head); give the head pool one node",
+                    )
+                )
+    providers = {p.name: p.provider for p in spec.pools}
+    for i, export in enumerate(spec.storage.exports):
+        where = providers.get(export.pool, "lab")
+        if where != "lab":
             problems.append(
                 (
-                    ("pools", i, "hosts" if pool.hosts is not None else "count"),
-                    f"not supported yet: {pool.size} head nodes (a backup controller needs a "
-                    "StateSaveLocation both heads share); give the head pool one node",
+                    ("storage", "exports", i),
+                    f"not supported yet: NFS exports on {where} nodes (no role serves NFS yet; "
+                    "a lab realizes them as shared volumes); serve the directory outside "
+                    "provision and leave storage.exports out",
                 )
             )
-    if spec.software.slurm is not None:
-        problems.append(
-            (
-                ("software", "slurm"),
-                "not supported yet: a pinned Slurm version (the slurm role installs the Slurm "
-                "packages of the OS); leave software.slurm out",
+    for i, mount in enumerate(spec.storage.mounts):
+        pools = mount.pools if mount.pools is not None else list(providers)
+        elsewhere = sorted({providers.get(p, "lab") for p in pools} - {"lab"})
+        if elsewhere:
+            problems.append(
+                (
+                    ("storage", "mounts", i),
+                    f"not supported yet: NFS mounts on {', '.join(elsewhere)} nodes (no role "
+                    "mounts NFS yet; a lab realizes them as shared volumes); mount it outside "
+                    "provision and leave storage.mounts out",
+                )
             )
-        )
-    for i in range(len(spec.storage.exports)):
-        problems.append(
-            (
-                ("storage", "exports", i),
-                "not supported yet: NFS exports (nothing serves them); serve the directory "
-                "outside provision and leave storage.exports out",
-            )
-        )
-    for i in range(len(spec.storage.mounts)):
-        problems.append(
-            (
-                ("storage", "mounts", i),
-                "not supported yet: NFS mounts (nothing mounts them); mount it outside provision "
-                "and leave storage.mounts out",
-            )
-        )
     return problems

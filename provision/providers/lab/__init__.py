@@ -16,10 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from provision.burst.config import LAB_LABEL, LAB_SOCKET_DIR, lab_container_prefix, lab_network
+from provision.cluster import compress
 from provision.errors import OperationError
 from provision.providers import ProviderPlan
 from provision.providers.lab import burst, podman
 from provision.providers.lab.image import debian_mirror, ensure_image
+from provision.providers.lab.storage import Volume
 from provision.spec.nodes import Node
 from provision.sshkeys import ensure_ssh_key, forget_host_key
 from provision.state import State
@@ -45,12 +47,15 @@ class LabProvider:
         cidr: ipaddress.IPv4Network,
         log: Callable[[str], None] | None = None,
         burst_pools: list[str] | None = None,
+        volumes: dict[str, list[Volume]] | None = None,
     ) -> None:
         self.cluster = cluster
         self.cidr = cidr
         self.log = log or (lambda _msg: None)
         # elastic lab pools: the head drives podman through its API to make their nodes
         self.burst_pools = burst_pools or []
+        # the spec's storage: node -> the shared volumes standing in for NFS (storage.py)
+        self.volumes = volumes or {}
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -86,7 +91,19 @@ class LabProvider:
             existing=[n.name for n in lasting if container_name(self.cluster, n.name) in existing],
             on_demand=[n.name for n in nodes if n.elastic],
             what="container",
+            resources=self._volume_lines(),
         )
+
+    def _volume_lines(self) -> list[str]:
+        where: dict[Volume, list[str]] = {}
+        for node, volumes in sorted(self.volumes.items()):
+            for v in volumes:
+                where.setdefault(v, []).append(node)
+        return [
+            f"{v.source} at {v.path} on {compress(nodes)}: podman volume {v.name} (a shared "
+            "volume stands in for NFS in a lab)"
+            for v, nodes in sorted(where.items(), key=lambda kv: (kv[0].source, kv[0].path))
+        ]
 
     # --- changing --------------------------------------------------------------------------
 
@@ -99,6 +116,7 @@ class LabProvider:
         self._ensure_network()
         api = burst.ensure_api_service(state, self.log) if self.burst_pools else None
         existing = self.containers()
+        self._ensure_volumes()
         created = []
         for node in nodes:
             name = container_name(self.cluster, node.name)
@@ -108,11 +126,14 @@ class LabProvider:
                 if api is not None and node.role == "head":
                     # root in this head is root on the workstation: a lab's trade (README)
                     mounts = ["--volume", f"{api.parent.resolve()}:{LAB_SOCKET_DIR}"]
+                for v in self.volumes.get(node.name, []):
+                    mounts += ["--volume", f"{v.name}:{v.path}"]
                 self._create_container(node, image, key, mounts)
                 created.append(node)
             else:
                 if api is not None and node.role == "head":
                     self._require_api_mount(name, node.name)
+                self._require_volumes(name, node.name)
                 if status != "running":
                     self.log(f"lab: starting stopped node {node.name}")
                     podman.podman("start", name)
@@ -134,6 +155,32 @@ class LabProvider:
             raise OperationError(
                 f"{node} was created before the spec had an elastic lab pool, so it cannot reach "
                 "podman to create burst nodes: `provision destroy` the cluster and apply again"
+            )
+
+    def _ensure_volumes(self) -> None:
+        """The shared volumes, labelled with the cluster so destroy finds them."""
+        names = sorted({v.name for vs in self.volumes.values() for v in vs})
+        if not names:
+            return
+        have = set(podman.text("volume", "ls", "--format", "{{.Name}}").split())
+        for name in names:
+            if name not in have:
+                podman.podman("volume", "create", "--label", f"{LABEL}={self.cluster}", name)
+
+    def _require_volumes(self, container: str, node: str) -> None:
+        """A node made before the spec gave it storage cannot mount it later: say so."""
+        wanted = self.volumes.get(node, [])
+        if not wanted:
+            return
+        mounted = podman.text(
+            "container", "inspect", container, "--format", "{{range .Mounts}}{{.Name}} {{end}}"
+        ).split()
+        missing = [v for v in wanted if v.name not in mounted]
+        if missing:
+            raise OperationError(
+                f"{node} was created before the spec gave it {', '.join(v.path for v in missing)} "
+                "(a lab node's volumes are fixed when it is made): `provision destroy` the "
+                "cluster and apply again"
             )
 
     def _ensure_network(self) -> None:
@@ -211,6 +258,11 @@ class LabProvider:
             removed.append(name)
         if podman.network_exists(network_name(self.cluster)):
             podman.podman("network", "rm", "-f", network_name(self.cluster))
+        volumes = podman.text(
+            "volume", "ls", "--filter", f"label={LABEL}={self.cluster}", "--format", "{{.Name}}"
+        ).split()
+        for volume in volumes:
+            podman.podman("volume", "rm", "-f", volume)
         burst.stop_api_service(state)
         burst.remove_images(self.cluster, self.burst_pools)
         return removed
