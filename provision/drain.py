@@ -136,7 +136,7 @@ def resume(spec_path: Path, state_root: Path, names: str, say: Callable[[str], N
     _, cluster, _ = open_cluster(spec_path, state_root)
     nodes = pick_nodes(cluster, names, spec_path)
     states = node_states(spec_path, state_root, nodes)
-    out = [n for n in nodes if states.get(n, "").startswith(("drain", "down"))]
+    out = [n for n in nodes if out_of_service(states.get(n, ""))]
     rest = [n for n in nodes if n not in out]
     if out:
         on_head(spec_path, state_root, f"scontrol update NodeName={compress(out)} State=RESUME")

@@ -10,7 +10,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from provision.changes import INVENTORY, SLURM_ACTION, InventoryNode, inventory_nodes, slurm_change
+from provision.changes import (
+    INVENTORY,
+    ROLE_GROUPS,
+    SLURM_ACTION,
+    InventoryNode,
+    inventory_nodes,
+    slurm_change,
+)
 from provision.cluster import Cluster, compress, pick_nodes
 from provision.errors import OperationError, UsageError
 from provision.preflight import preflight
@@ -139,7 +146,7 @@ def apply(
     spec, cluster, state = open_cluster(spec_path, state_root)
     hosts = [n.name for n in cluster.lasting_nodes]
     if scope.limit is not None:
-        hosts = pick_nodes(cluster, scope.limit, spec_path, ("head", "login", "compute", "storage"))
+        hosts = pick_nodes(cluster, scope.limit, spec_path, ROLE_GROUPS)
     if scope.batch is not None:  # a bad --batch or --tags is refused before anything happens
         batch_size(scope.batch, 1)
     if scope.tags is not None:
@@ -407,8 +414,6 @@ def _roll(
     rolled = [h for h in run.hosts if roles[h] == "compute" and h not in new_nodes]
     first = [h for h in run.hosts if h not in rolled]
     size = batch_size(run.scope.batch or "1", len(rolled))
-    if cluster.spec.scheduler != "slurm" and rolled:
-        raise UsageError("--batch drains nodes through Slurm: a Slurm cluster only")
     # a reconfigure is made once every node has the new files, not before the batches
     reconfigure = action == "reconfigure"
     if reconfigure:

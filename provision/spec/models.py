@@ -109,8 +109,17 @@ def _ssh_public_key(value: str) -> str:
 
 
 def _abs_path(value: str) -> str:
-    if not value.startswith("/") or "//" in value or "/../" in value + "/":
-        raise ValueError(f"{value!r} must be an absolute, normalised path like /home")
+    # letters, digits and . _ - only: a path reaches exports, mount units and (in a lab) a
+    # podman --volume argument, where ':' or ',' would start options
+    if (
+        not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", value)
+        or "/../" in value + "/"
+        or "/./" in value + "/"
+    ):
+        raise ValueError(
+            f"{value!r} must be an absolute, normalised path below / of letters, digits and "
+            "'._-', like /home"
+        )
     return value
 
 
