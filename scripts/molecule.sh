@@ -19,7 +19,7 @@ lane() {
 }
 # the longest first in each lane (nvidia and slurm take the most)
 lane nvidia common munge & a=$!
-lane slurm firewall fabric & b=$!
+lane slurm firewall fabric storage & b=$!
 status=0
 wait "$a" || status=1
 wait "$b" || status=1

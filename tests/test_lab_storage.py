@@ -61,3 +61,22 @@ def test_volume_names_are_podman_names_and_distinct() -> None:
     b = volume_name("lab", "filer.example.org:/export/home/")
     assert a.startswith("provision-lab-filer-example-org-export-home-") and a != b
     assert all(c.isalnum() or c == "-" for c in a)
+
+
+def test_a_client_admitted_read_only_mounts_the_volume_read_only(tmp_path: Path) -> None:
+    spec = tmp_path / "lab.yaml"
+    spec.write_text(
+        (ROOT / "examples" / "lab.yaml")
+        .read_text()
+        .replace(
+            "security:",
+            "storage:\n  exports:\n    - pool: head\n      path: /srv/data\n"
+            "      clients: [{pools: [compute], access: ro}]\n"
+            '  mounts:\n    - {source: "head001:/srv/data", path: /data, pools: [compute]}\n'
+            "security:",
+        )
+    )
+    found = lab_volumes(Cluster(load_spec(spec)))
+    served = volume_name("lab", "head001:/srv/data")
+    assert found["head001"] == [Volume(served, "head001:/srv/data", "/srv/data")]
+    assert found["compute001"] == [Volume(served, "head001:/srv/data", "/data", readonly=True)]

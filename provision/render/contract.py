@@ -82,6 +82,14 @@ _TABLE = (
         "provision_fabric_addresses", "host", ("playbooks/site", "ipoib"),
         "the node's address on each rail",
     ),
+    Variable(
+        "nfs_server_exports", "pool", ("nfs_server",),
+        "storage.exports of the pool, each client as addresses or networks",
+    ),
+    Variable(
+        "mounts_filesystems", "pool", ("mounts",),
+        "storage.mounts of the pool (skip_on: the node serving it at that path)",
+    ),
     Variable("opensm_priority", "host", ("opensm",), "network.fabric.subnet_managers' order"),
     # GPU software: network.fabric, nvidia and software
     Variable("provision_fabric", "all", ("rdma", "ipoib"), "network.fabric.kind"),

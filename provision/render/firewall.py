@@ -102,7 +102,16 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
                 Rule("job traffic over the fabric (IP)", "tcp", "1024-65535", (str(fabric.subnet),))
             )
         if view.name in exporting:
-            rules.append(Rule("nfs", "tcp", ports.nfs, (CLUSTER,)))
+            # the cluster's nodes, and the networks an export names as clients (the NFS server
+            # itself admits each client to its own exports only)
+            networks = [
+                str(c.network)
+                for e in spec.storage.exports
+                if e.pool == view.name
+                for c in e.clients
+                if c.network is not None
+            ]
+            rules.append(Rule("nfs", "tcp", ports.nfs, (CLUSTER, *dict.fromkeys(networks))))
         for extra in spec.security.firewall_rules:
             if extra.pools is None or view.name in extra.pools:
                 sources = tuple(

@@ -11,6 +11,7 @@ from provision.render.contract import emitted
 from provision.render.jinja import template
 from provision.render.yamldata import Template, yaml_mapping, yaml_value
 from provision.spec.fabric import fabric_addresses, rails
+from provision.spec.storage import export_clients, served_by, split_source
 
 # Where the roles install the rendered nftables sets file on each node.
 NFT_SETS_PATH = "/etc/nftables.d/provision-sets.nft"
@@ -56,6 +57,8 @@ def render_inventory(cluster: Cluster) -> str:
                 gvars["provision_fabric_netdevs"] = netdevs
             if devices:
                 gvars["provision_fabric_devices"] = devices
+        if view.pool.provider != "lab":  # a lab's storage is podman volumes (lab/storage.py)
+            gvars.update(_storage_vars(cluster, view.name))
         hosts = [
             _host(n.name, provision_fabric_addresses=addresses[n.name])
             if n.name in addresses
@@ -83,6 +86,37 @@ def render_inventory(cluster: Cluster) -> str:
         all_vars=_pairs(emitted(all_vars, "connection")),
         groups=groups,
     )
+
+
+def _storage_vars(cluster: Cluster, pool: str) -> dict[str, object]:
+    """A pool's NFS exports (nfs_server role) and mounts (mounts role), where it has any."""
+    spec, nodes = cluster.spec, cluster.nodes
+    out: dict[str, object] = {}
+    exports = [
+        {
+            "path": e.path,
+            "clients": [
+                {"match": list(c.matches), "access": c.access, "squash": c.squash}
+                for c in export_clients(spec, nodes, e)
+            ],
+        }
+        for e in spec.storage.exports
+        if e.pool == pool
+    ]
+    if exports:
+        out["nfs_server_exports"] = exports
+    mounts = []
+    for m in spec.storage.mounts:
+        if m.pools is not None and pool not in m.pools:
+            continue
+        entry = {"src": m.source, "path": m.path, "fstype": m.fstype, "opts": m.options}
+        served = served_by(spec, nodes, m)
+        if served is not None and split_source(m)[1] == m.path:
+            entry["skip_on"] = served.node.name  # the server has the directory itself
+        mounts.append(entry)
+    if mounts:
+        out["mounts_filesystems"] = mounts
+    return out
 
 
 def _pairs(values: dict[str, object]) -> list[tuple[str, str]]:

@@ -19,6 +19,7 @@ from provision.spec.ports import (
     service_ports,
     system_directory,
 )
+from provision.spec.storage import check_storage_nodes, split_source
 from provision.spec.yamlfile import format_path
 
 Problem = tuple[Loc, str]
@@ -32,6 +33,8 @@ def check_spec(spec: Spec) -> list[Problem]:
     problems.extend(node_problems)
     if not problems:
         problems.extend(_check_nodes(spec, nodes))
+    if not problems:
+        problems.extend(check_storage_nodes(spec, nodes))
     if not problems:
         problems.extend(_check_fabric_nodes(spec, nodes))
     return problems
@@ -293,7 +296,7 @@ def _check_controllers(spec: Spec) -> list[Problem]:
                 )
             ]
         heads = set(_pool_node_names(spec, pool.name))
-        server = shared[0].source.partition(":")[0]
+        server = split_source(shared[0])[0]
         if server in heads:
             return [
                 (
@@ -527,11 +530,7 @@ def _check_storage(spec: Spec) -> list[Problem]:
                 )
             )
     for i, mount in enumerate(spec.storage.mounts):
-        server, sep, remote = mount.source.partition(":")
-        if not sep or not server or not remote.startswith("/"):
-            problems.append(
-                (("storage", "mounts", i, "source"), f"'{mount.source}' should be 'server:/path'")
-            )
+        # the source's form per fstype, and what its server exports: storage.check_storage_nodes
         for j, pool in enumerate(mount.pools or []):
             if pool not in roles:
                 problems.append((("storage", "mounts", i, "pools", j), f"no pool named '{pool}'"))
@@ -542,7 +541,9 @@ def _check_nodes(spec: Spec, nodes: list[Node]) -> list[Problem]:
     problems: list[Problem] = []
     known = {n.name for n in nodes}
     for i, mount in enumerate(spec.storage.mounts):
-        server = mount.source.partition(":")[0]
+        server = split_source(mount)[0]
+        if mount.fstype == "lustre":
+            continue  # a site's Lustre, by its MGS NIDs
         # a node's name, an address, or a site's server by its full name (filer.example.org)
         if server and server not in known and not _is_address(server) and "." not in server:
             close = difflib.get_close_matches(server, sorted(known), n=1)

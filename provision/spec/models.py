@@ -252,7 +252,7 @@ NfsOptions = Annotated[
 MountSource = Annotated[
     str,
     _matching(
-        r"[A-Za-z0-9.-]{1,253}:/[A-Za-z0-9._/-]*",
+        r"[A-Za-z0-9.@,:_-]{1,253}:/[A-Za-z0-9._/-]*",
         "{!r} should be 'server:/path' (a node name or address, then the exported path)",
     ),
 ]
@@ -704,28 +704,54 @@ class SshAccess(Model):
     )
 
 
+class ExportClient(Model):
+    """Who may mount an export, and how: the nodes of some pools, or a network."""
+
+    pools: list[PoolName] | None = Field(
+        default=None, description="pools whose nodes may mount it (by their addresses)"
+    )
+    network: ipaddress.IPv4Network | None = Field(
+        default=None, description="or a network that may mount it, like 10.1.0.0/16"
+    )
+    access: Literal["rw", "ro"] = Field(default="rw", description="read-write or read-only")
+    squash: Literal["root", "none", "all"] = Field(
+        default="root",
+        description="users mapped to nobody: root (root_squash), none (no_root_squash), all",
+    )
+
+    @model_validator(mode="after")
+    def _pools_or_network(self) -> ExportClient:
+        if (self.pools is None) == (self.network is None):
+            raise ValueError("give either pools or network")
+        return self
+
+
 class Export(Model):
     pool: PoolName = Field(description="pool whose nodes serve this export")
     path: AbsPath = Field(description="directory to export")
-    options: NfsOptions = Field(
-        default="rw,sync,no_subtree_check,no_root_squash", description="NFS export options"
+    clients: list[ExportClient] = Field(
+        default=[],
+        description="who may mount it; unset: every node of the cluster, read-write, root squashed",
     )
 
 
 class Mount(Model):
     source: MountSource = Field(
-        description="'server:/path': a node name or address, then the export"
+        description="nfs/nfs4: 'server:/path', a node name or address, then the export; "
+        "lustre: 'mgsnid[:mgsnid]:/fsname', like 10.0.0.5@tcp:/scratch"
     )
     path: AbsPath = Field(description="mount point")
     pools: list[PoolName] | None = Field(
         default=None, description="pools that mount it; all if unset"
     )
-    fstype: Literal["nfs", "nfs4"] = "nfs4"
+    fstype: Literal["nfs", "nfs4", "lustre"] = Field(
+        default="nfs4", description="nfs4 (also a Weka or other appliance's NFS), nfs, lustre"
+    )
     options: NfsOptions = Field(default="defaults,_netdev", description="mount options")
 
 
 class Storage(Model):
-    exports: list[Export] = Field(default=[], description="directories nodes serve over NFS")
+    exports: list[Export] = Field(default=[], description="directories nodes serve over NFSv4")
     mounts: list[Mount] = Field(default=[], description="what nodes mount")
 
 
@@ -750,7 +776,7 @@ class Spec(Model):
     security: Security = Field(description="who may reach the nodes, and how")
     ssh: SshAccess = Field(default=SshAccess(), description="how Ansible logs in to the nodes")
     storage: Storage = Field(
-        default=Storage(), description="shared NFS file systems (not supported yet)"
+        default=Storage(), description="NFS exports the cluster serves, and what nodes mount"
     )
     profiles: dict[ProfileName, Profile] = Field(
         default={}, description="extra hardware profiles, by name, beside the built-in ones"

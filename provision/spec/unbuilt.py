@@ -41,8 +41,9 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                     (
                         at,
                         f"not supported yet: {pool.size} head nodes outside a lab (their "
-                        "StateSaveLocation must be shared storage, and no role serves or mounts "
-                        "NFS yet); give the head pool one node",
+                        "shared StateSaveLocation needs the slurm user to have one uid on every "
+                        "head, which the slurm role does not fix yet); give the head pool one "
+                        "node",
                     )
                 )
             elif any(p.elastic for p in spec.pools):
@@ -53,28 +54,4 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                         "burst programs run on one head); give the head pool one node",
                     )
                 )
-    providers = {p.name: p.provider for p in spec.pools}
-    for i, export in enumerate(spec.storage.exports):
-        where = providers.get(export.pool, "lab")
-        if where != "lab":
-            problems.append(
-                (
-                    ("storage", "exports", i),
-                    f"not supported yet: NFS exports on {where} nodes (no role serves NFS yet; "
-                    "a lab realizes them as shared volumes); serve the directory outside "
-                    "provision and leave storage.exports out",
-                )
-            )
-    for i, mount in enumerate(spec.storage.mounts):
-        pools = mount.pools if mount.pools is not None else list(providers)
-        elsewhere = sorted({providers.get(p, "lab") for p in pools} - {"lab"})
-        if elsewhere:
-            problems.append(
-                (
-                    ("storage", "mounts", i),
-                    f"not supported yet: NFS mounts on {', '.join(elsewhere)} nodes (no role "
-                    "mounts NFS yet; a lab realizes them as shared volumes); mount it outside "
-                    "provision and leave storage.mounts out",
-                )
-            )
     return problems

@@ -100,8 +100,8 @@ class LabProvider:
             for v in volumes:
                 where.setdefault(v, []).append(node)
         return [
-            f"{v.source} at {v.path} on {compress(nodes)}: podman volume {v.name} (a shared "
-            "volume stands in for NFS in a lab)"
+            f"{v.source} at {v.path}{' read-only' if v.readonly else ''} on {compress(nodes)}: "
+            f"podman volume {v.name} (a shared volume stands in for NFS in a lab)"
             for v, nodes in sorted(where.items(), key=lambda kv: (kv[0].source, kv[0].path))
         ]
 
@@ -127,7 +127,7 @@ class LabProvider:
                     # root in this head is root on the workstation: a lab's trade (README)
                     mounts = ["--volume", f"{api.parent.resolve()}:{LAB_SOCKET_DIR}"]
                 for v in self.volumes.get(node.name, []):
-                    mounts += ["--volume", f"{v.name}:{v.path}"]
+                    mounts += ["--volume", f"{v.name}:{v.path}" + (":ro" if v.readonly else "")]
                 self._create_container(node, image, key, mounts)
                 created.append(node)
             else:
