@@ -112,6 +112,22 @@ class DriverChange:
 
 
 @dataclass(frozen=True)
+class StorageChange:
+    """NFS exports and mounts that change on nodes the cluster already has."""
+
+    servers: tuple[str, ...]  # nodes whose export list changes: nfs-ganesha restarts there
+    mounted: dict[str, tuple[str, ...]]  # node -> mount points added
+    unmounted: dict[str, tuple[str, ...]]  # node -> mount points gone from the spec (kept)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "nfs_server_restarts": list(self.servers),
+            "mounts_added": {k: list(v) for k, v in self.mounted.items()},
+            "mounts_left_mounted": {k: list(v) for k, v in self.unmounted.items()},
+        }
+
+
+@dataclass(frozen=True)
 class Changes:
     added: tuple[str, ...]  # lasting nodes that join
     removed: tuple[str, ...]  # lasting nodes that leave
@@ -119,10 +135,12 @@ class Changes:
     # every node of either render, as the newer one has it
     nodes: dict[str, InventoryNode] = field(default_factory=dict)
     driver: DriverChange | None = None
+    storage: StorageChange | None = None
 
     def to_json(self) -> dict[str, Any]:
         driver = self.driver
         return {
+            "storage": self.storage.to_json() if self.storage else None,
             "nodes_added": list(self.added),
             "nodes_removed": list(self.removed),
             "slurm": {"action": self.slurm.action, "why": list(self.slurm.why)},
@@ -194,6 +212,51 @@ def driver_change(old: dict[str, str], new: dict[str, str]) -> DriverChange | No
     if not why or not nodes:
         return None
     return DriverChange(why, nodes, bool(after.get("nvidia_driver_reboot")))
+
+
+def _pool_vars(text: str) -> dict[str, dict[str, Any]]:
+    """pool -> its group variables, from a rendered inventory/hosts.yml."""
+    doc = yaml.load(text, Loader=_Loader) or {}
+    children = (doc.get("all") or {}).get("children") or {}
+    return {
+        group.removeprefix("pool_"): dict((body or {}).get("vars") or {})
+        for group, body in children.items()
+        if group.startswith("pool_")
+    }
+
+
+def _mount_points(pool_vars: dict[str, Any], node: str) -> set[str]:
+    return {
+        m["path"] for m in pool_vars.get("mounts_filesystems") or [] if m.get("skip_on") != node
+    }
+
+
+def storage_change(old: dict[str, str], new: dict[str, str]) -> StorageChange | None:
+    """Exports and mounts that change on the nodes both renders have (new nodes just get
+    theirs). The mounts role never unmounts: a mount gone from the spec stays, and plan says so."""
+    before, after = _pool_vars(old.get(INVENTORY, "")), _pool_vars(new.get(INVENTORY, ""))
+    old_nodes = inventory_nodes(old.get(INVENTORY, ""))
+    staying = {
+        name: node
+        for name, node in inventory_nodes(new.get(INVENTORY, "")).items()
+        if name in old_nodes
+    }
+    servers, mounted, unmounted = [], {}, {}
+    for name, node in sorted(staying.items()):
+        was, now = before.get(old_nodes[name].pool, {}), after.get(node.pool, {})
+        if was.get("nfs_server_exports") and was.get("nfs_server_exports") != now.get(
+            "nfs_server_exports"
+        ):
+            servers.append(name)
+        added = _mount_points(now, name) - _mount_points(was, name)
+        gone = _mount_points(was, name) - _mount_points(now, name)
+        if added:
+            mounted[name] = tuple(sorted(added))
+        if gone:
+            unmounted[name] = tuple(sorted(gone))
+    if not (servers or mounted or unmounted):
+        return None
+    return StorageChange(tuple(servers), mounted, unmounted)
 
 
 def _settings(conf: str) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[str, str]]:
@@ -286,4 +349,5 @@ def changes(old: dict[str, str], new: dict[str, str]) -> Changes:
         slurm=slurm_change(old, new),
         nodes={**before, **after},
         driver=driver_change(old, new) if old else None,
+        storage=storage_change(old, new) if old else None,
     )

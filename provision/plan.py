@@ -246,6 +246,31 @@ def _running(plan: Plan, cluster: Cluster, console: Console) -> None:
         console.print(f"running cluster: NVIDIA driver changes on {nodes}: {then}", markup=False)
         for why in driver.why:
             console.print(f"  {why}", markup=False)
+    storage = run.storage
+    if storage is not None:
+        if storage.servers:
+            console.print(
+                f"running cluster: NFS exports change on {compress(list(storage.servers))}: "
+                "nfs-ganesha restarts there (mounted clients wait out its grace period, 90 s, "
+                "and go on)",
+                markup=False,
+            )
+        for points, nodes in _by_points(storage.mounted):
+            console.print(f"running cluster: {points} mounted on {nodes}", markup=False)
+        for points, nodes in _by_points(storage.unmounted):
+            console.print(
+                f"running cluster: {points} left the spec and stays mounted on {nodes} (apply "
+                "never unmounts: umount it and remove its /etc/fstab line when no job uses it)",
+                markup=False,
+            )
+
+
+def _by_points(found: dict[str, tuple[str, ...]]) -> list[tuple[str, str]]:
+    """node -> mount points, as (points, hostlist) lines grouping the nodes that share them."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for node, points in found.items():
+        groups.setdefault(points, []).append(node)
+    return [(", ".join(points), compress(nodes)) for points, nodes in sorted(groups.items())]
 
 
 def ask_leaving_jobs(plan: Plan, jobs: JobsOn) -> None:

@@ -37,6 +37,7 @@ def test_the_same_render_changes_nothing(tmp_path: Path) -> None:
         "nodes_removed": [],
         "slurm": {"action": "none", "why": []},
         "nvidia_driver": None,
+        "storage": None,
     }
 
 

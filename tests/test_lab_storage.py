@@ -33,21 +33,24 @@ def test_the_ha_example_shares_home_everywhere_and_the_state_on_the_heads() -> N
     }
 
 
+def _volumes(tmp_path: Path, export: str) -> dict[str, list[Volume]]:
+    """The lab example with one export of head001's /srv/data (as given), which the compute
+    pool mounts at /data."""
+    spec = tmp_path / "lab.yaml"
+    storage = (
+        f"storage:\n  exports:\n{export}"
+        '  mounts:\n    - {source: "head001:/srv/data", path: /data, pools: [compute]}\n'
+    )
+    spec.write_text(
+        (ROOT / "examples" / "lab.yaml").read_text().replace("security:", storage + "security:")
+    )
+    return lab_volumes(Cluster(load_spec(spec)))
+
+
 def test_each_node_of_an_export_pool_serves_its_own_and_a_mount_uses_that_one(
     tmp_path: Path,
 ) -> None:
-    spec = tmp_path / "lab.yaml"
-    spec.write_text(
-        (ROOT / "examples" / "lab.yaml")
-        .read_text()
-        .replace(
-            "security:",
-            "storage:\n  exports:\n    - {pool: head, path: /srv/data}\n"
-            '  mounts:\n    - {source: "head001:/srv/data", path: /data, pools: [compute]}\n'
-            "security:",
-        )
-    )
-    found = lab_volumes(Cluster(load_spec(spec)))
+    found = _volumes(tmp_path, "    - {pool: head, path: /srv/data}\n")
     served = volume_name("lab", "head001:/srv/data")
     assert found == {
         "head001": [Volume(served, "head001:/srv/data", "/srv/data")],
@@ -64,19 +67,11 @@ def test_volume_names_are_podman_names_and_distinct() -> None:
 
 
 def test_a_client_admitted_read_only_mounts_the_volume_read_only(tmp_path: Path) -> None:
-    spec = tmp_path / "lab.yaml"
-    spec.write_text(
-        (ROOT / "examples" / "lab.yaml")
-        .read_text()
-        .replace(
-            "security:",
-            "storage:\n  exports:\n    - pool: head\n      path: /srv/data\n"
-            "      clients: [{pools: [compute], access: ro}]\n"
-            '  mounts:\n    - {source: "head001:/srv/data", path: /data, pools: [compute]}\n'
-            "security:",
-        )
+    found = _volumes(
+        tmp_path,
+        "    - pool: head\n      path: /srv/data\n"
+        "      clients: [{pools: [compute], access: ro}]\n",
     )
-    found = lab_volumes(Cluster(load_spec(spec)))
     served = volume_name("lab", "head001:/srv/data")
     assert found["head001"] == [Volume(served, "head001:/srv/data", "/srv/data")]
     assert found["compute001"] == [Volume(served, "head001:/srv/data", "/data", readonly=True)]

@@ -199,3 +199,35 @@ def test_a_pinned_slurm_version_picks_from_what_the_source_offers(
     ]
     if packages is not None:
         assert got["_slurm_packages_pinned"] == packages
+
+
+@pytest.mark.parametrize(
+    ("uids", "play", "expected"),
+    [
+        ({"head001": "64030", "head002": "64030"}, ["head001", "head002"], ["64030", "64030"]),
+        ({"head001": "64030", "head002": "991"}, ["head001", "head002"], ["64030", "991"]),
+        # a controller outside this run (--limit) is not asked; one without the user yet neither
+        ({"head001": "64030", "head002": "991"}, ["head001"], ["64030"]),
+        ({"head001": "64030", "head002": None}, ["head001", "head002"], ["64030"]),
+    ],
+)
+def test_the_controllers_slurm_uids_are_compared(
+    uids: dict[str, str | None], play: list[str], expected: list[str]
+) -> None:
+    expr = _load(ROLES_DIR / "slurm" / "vars" / "main.yml")["_slurm_controller_uids"]
+    hostvars = {
+        host: {
+            "ansible_facts": {
+                "getent_passwd": {"slurm": ["x", uid, uid, "", "/nonexistent", ""] if uid else None}
+            }
+        }
+        for host, uid in uids.items()
+    }
+    variables = {
+        "groups": {"head": ["head001", "head002"]},
+        "slurm_controller_group": "head",
+        "ansible_play_hosts": play,
+        "hostvars": hostvars,
+    }
+    got = _render({"uids": expr}, variables)["uids"]
+    assert got == expected

@@ -236,3 +236,23 @@ def test_a_pool_without_addresses_cannot_be_named_as_clients(tmp_path: Path) -> 
     with pytest.raises(SpecError) as raised:
         load_spec(path)
     assert "pool 'gpu' has nodes without a known address" in str(raised.value)
+
+
+def test_plan_names_the_nfs_restart_and_the_mounts_that_come_and_stay(tmp_path: Path) -> None:
+    from provision.changes import changes
+
+    old = render(_cluster(tmp_path))
+    assert changes(old, old).storage is None
+    # the network client becomes read-write; /scratch leaves the spec; /data comes
+    text = SPEC.replace("access: ro, squash: all", "access: rw, squash: all")
+    text = text.replace(
+        '    - {source: "10.3.0.5@tcp:/scratch", path: /scratch, pools: [gpu], fstype: lustre}\n',
+        '    - {source: "filer.example.org:/data", path: /data, pools: [gpu]}\n',
+    )
+    found = changes(old, render(_cluster(tmp_path, text))).storage
+    assert found is not None
+    assert found.to_json() == {
+        "nfs_server_restarts": ["store001"],
+        "mounts_added": {"gpu001": ["/data"], "gpu002": ["/data"]},
+        "mounts_left_mounted": {"gpu001": ["/scratch"], "gpu002": ["/scratch"]},
+    }

@@ -19,7 +19,7 @@ from provision.spec.ports import (
     service_ports,
     system_directory,
 )
-from provision.spec.storage import check_storage_nodes, split_source
+from provision.spec.storage import check_storage_nodes, client_for, served_by, split_source
 from provision.spec.yamlfile import format_path
 
 Problem = tuple[Loc, str]
@@ -295,8 +295,10 @@ def _check_controllers(spec: Spec) -> list[Problem]:
                     "mount at /shared/slurm)",
                 )
             ]
-        heads = set(_pool_node_names(spec, pool.name))
-        server = split_source(shared[0])[0]
+        nodes, _ = expand_nodes_checked(spec)
+        heads = {n.name for n in nodes if n.pool == pool.name}
+        served = served_by(spec, nodes, shared[0])
+        server = served.node.name if served else split_source(shared[0])[0]
         if server in heads:
             return [
                 (
@@ -306,12 +308,19 @@ def _check_controllers(spec: Spec) -> list[Problem]:
                     "storage outside the head pool",
                 )
             ]
+        if served is not None and served.index >= 0:
+            client = client_for(spec, nodes, served.export, pool.name)
+            if client is not None and client.squash != "none":
+                return [
+                    (
+                        at,
+                        f"StateSaveLocation is on {shared[0].source}, whose export squashes the "
+                        f"heads' root ({client.squash}): the slurm role makes the directory as "
+                        "root and gives it to slurm; give the head pool's client entry in "
+                        f"storage.exports[{served.index}] squash: none",
+                    )
+                ]
     return []
-
-
-def _pool_node_names(spec: Spec, pool: str) -> list[str]:
-    nodes, _ = expand_nodes_checked(spec)
-    return [n.name for n in nodes if n.pool == pool]
 
 
 # Debian and Ubuntu package NVIDIA drivers; Rocky has no distribution NVIDIA packages.

@@ -34,24 +34,18 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                     "pool with count",
                 )
             )
-        if pool.role == "head" and spec.scheduler == "slurm" and pool.size > 1:
+        if (
+            pool.role == "head"
+            and spec.scheduler == "slurm"
+            and pool.size > 1
+            and any(p.elastic for p in spec.pools)
+        ):
             at: Loc = ("pools", i, "hosts" if pool.hosts is not None else "count")
-            if any(p.provider != "lab" for p in spec.pools):
-                problems.append(
-                    (
-                        at,
-                        f"not supported yet: {pool.size} head nodes outside a lab (their "
-                        "shared StateSaveLocation needs the slurm user to have one uid on every "
-                        "head, which the slurm role does not fix yet); give the head pool one "
-                        "node",
-                    )
+            problems.append(
+                (
+                    at,
+                    f"not supported yet: {pool.size} head nodes with an elastic pool (the "
+                    "burst programs run on one head); give the head pool one node",
                 )
-            elif any(p.elastic for p in spec.pools):
-                problems.append(
-                    (
-                        at,
-                        f"not supported yet: {pool.size} head nodes with an elastic pool (the "
-                        "burst programs run on one head); give the head pool one node",
-                    )
-                )
+            )
     return problems
