@@ -168,34 +168,54 @@ def test_drain_waits_for_the_running_job_then_resume_gives_the_node_back(
     assert _until(spec, work, "sinfo -h -n compute002 -o %T", "idle") == "idle"
 
 
-def test_scale_up_then_down_drains_the_leaving_node_first(lab: tuple[Path, Path]) -> None:
-    """2 -> 3 -> 2 compute nodes: the new node joins; when it leaves, its job ends first (apply
-    waits), a job on a node that stays runs on, and the container goes."""
+def test_scale_up_then_down_drains_the_leaving_nodes_first(lab: tuple[Path, Path]) -> None:
+    """2 -> 4 -> 2 compute nodes: the new nodes join; when they leave, apply waits for their
+    jobs, stops within --drain-timeout having changed nothing, and with --force requeues what
+    still runs; a job on a node that stays runs on, and the containers go."""
     spec, work = lab
-    grown = spec.with_name("lab-3.yaml")
-    grown.write_text(spec.read_text().replace("count: 2", "count: 3"))
+    grown = spec.with_name("lab-4.yaml")
+    grown.write_text(spec.read_text().replace("count: 2", "count: 4"))
     r = provision("apply", str(grown), "--no-verify", cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     assert "slurm: restart: " in r.stdout, r.stdout[:3000]
-    assert "nodes added to slurm.conf: compute003 (needs a restart)" in r.stdout, r.stdout[:3000]
+    assert "nodes added to slurm.conf: compute[003-004] (needs a restart)" in r.stdout, r.stdout[
+        :3000
+    ]
     assert "starting stopped node" not in r.stdout, r.stdout[:3000]
-    nodes = "compute001 idle\ncompute002 idle\ncompute003 idle"
+    nodes = "compute001 idle\ncompute002 idle\ncompute003 idle\ncompute004 idle"
     assert _until(spec, work, "sinfo -h -N -o '%N %T' | sort", nodes) == nodes
-    staying = _on(grown, work, "head001", "sbatch --parsable -w compute001 --wrap 'sleep 60'")
+    staying = _on(grown, work, "head001", "sbatch --parsable -w compute001 --wrap 'sleep 90'")
     leaving = _on(grown, work, "head001", "sbatch --parsable -w compute003 --wrap 'sleep 15'")
-    # both running before the shrink (a job still pending is on no node yet)
-    started = _until(spec, work, f"squeue -h -j {staying},{leaving} -o %T", "RUNNING\nRUNNING")
-    assert started == "RUNNING\nRUNNING"
-    r = provision("apply", str(spec), "--no-verify", cwd=work)
+    stuck = _on(grown, work, "head001", "sbatch --parsable -w compute004 --wrap 'sleep 600'")
+    # all running before the shrink (a job still pending is on no node yet)
+    jobs = f"{staying},{leaving},{stuck}"
+    started = _until(spec, work, f"squeue -h -j {jobs} -o %T", "RUNNING\nRUNNING\nRUNNING")
+    assert started == "RUNNING\nRUNNING\nRUNNING"
+    # the job on compute004 outlasts the drain timeout: apply stops, nothing removed
+    r = provision("apply", str(spec), "--no-verify", "--drain-timeout", "25", cwd=work)
+    assert r.returncode != 0, r.stdout[-3000:]
+    assert "drain: compute[003-004] leave the spec: drained before they go" in r.stdout
+    assert "run apply --force to requeue them" in r.stdout + r.stderr, r.stderr
+    assert "lab: removed" not in r.stdout
+    assert {"compute003", "compute004"} <= set(
+        _on(grown, work, "head001", "sinfo -h -N -o %N").split()
+    )
+    # --force: what still runs there goes back to the queue, and the nodes go
+    r = provision("apply", str(spec), "--no-verify", "--force", cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
-    assert "drain: compute003 leave the spec: drained before they go" in r.stdout
-    assert f"drain: compute003: 1 job(s) still running: {leaving} compute003" in r.stdout
-    assert "lab: removed compute003 (left the spec)" in r.stdout
-    assert "compute003" not in _leftovers()[0]
+    assert f"drain: compute[003-004]: requeued (or cancelled) job(s) {stuck}" in r.stdout, r.stdout
+    assert "lab: removed compute[003-004] (left the spec)" in r.stdout
+    assert "compute003" not in _leftovers()[0] and "compute004" not in _leftovers()[0]
     states = _on(spec, work, "head001", f"sacct -n -X -P -j {staying},{leaving} -o JobID,State")
     found = dict(line.split("|") for line in states.splitlines())
     assert found[leaving] == "COMPLETED"
     assert found[staying] in ("RUNNING", "COMPLETED")  # never killed, requeued or failed
+    # requeued, not killed (its first run's record says so; asked for compute004 alone, it
+    # cannot run again once that node is gone, so Slurm ends it there)
+    runs = _on(spec, work, "head001", f"sacct -n -X -D -P -j {stuck} -o State").split()
+    assert runs[:1] == ["REQUEUED"], runs
+    _on(spec, work, "head001", f"scancel {stuck}")
+    assert _until(spec, work, f"squeue -h -j {stuck} -o %T", "") == ""
 
 
 def test_a_rolling_restart_keeps_a_job_array_running(lab: tuple[Path, Path]) -> None:
