@@ -256,3 +256,14 @@ def test_plan_names_the_nfs_restart_and_the_mounts_that_come_and_stay(tmp_path: 
         "mounts_added": {"gpu001": ["/data"], "gpu002": ["/data"]},
         "mounts_left_mounted": {"gpu001": ["/scratch"], "gpu002": ["/scratch"]},
     }
+
+
+def test_a_mount_of_a_servers_root_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "st.yaml"
+    path.write_text(SPEC.replace('"10.1.0.10:/srv/apps"', '"10.1.0.10:/"'))
+    with pytest.raises(SpecError) as raised:
+        load_spec(path)
+    assert str(raised.value).endswith(
+        "storage.mounts[1].source: head001 exports nothing holding / (it exports /srv/apps): "
+        "add it to storage.exports for pool 'head'"
+    )

@@ -308,7 +308,7 @@ def _check_controllers(spec: Spec) -> list[Problem]:
                     "storage outside the head pool",
                 )
             ]
-        if served is not None and served.index >= 0:
+        if served is not None and served.export is not None:
             client = client_for(spec, nodes, served.export, pool.name)
             if client is not None and client.squash != "none":
                 return [

@@ -31,8 +31,8 @@ class Served:
     """A mount whose server is a node of this cluster, and the export that serves it."""
 
     node: Node
-    index: int  # in spec.storage.exports
-    export: Export
+    index: int  # in spec.storage.exports; -1: the node exports nothing holding the path
+    export: Export | None
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def served_by(spec: Spec, nodes: list[Node], mount: Mount) -> Served | None:
         for i, export in enumerate(spec.storage.exports):
             if export.pool == node.pool and _under(remote, export.path):
                 return Served(node, i, export)
-        return Served(node, -1, Export(pool=node.pool, path=remote))
+        return Served(node, -1, None)
     return None
 
 
@@ -170,7 +170,7 @@ def check_storage_nodes(spec: Spec, nodes: list[Node]) -> list[Problem]:
         served = served_by(spec, nodes, mount)
         if served is None:
             continue
-        if served.index < 0:
+        if served.export is None:
             exported = [e.path for e in spec.storage.exports if e.pool == served.node.pool]
             said = f" (it exports {', '.join(exported)})" if exported else ""
             problems.append(

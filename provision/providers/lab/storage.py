@@ -65,7 +65,7 @@ def lab_volumes(cluster: Cluster) -> dict[str, list[Volume]]:
         for pool in pools:
             client = (
                 client_for(spec, cluster.nodes, served.export, pool)
-                if served is not None and served.index >= 0
+                if served is not None and served.export is not None
                 else None
             )
             for node in by_pool.get(pool, []):
