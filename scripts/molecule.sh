@@ -18,8 +18,8 @@ lane() {
   done
 }
 # the longest first in each lane (nvidia and slurm take the most)
-lane nvidia common munge & a=$!
-lane slurm firewall fabric storage & b=$!
+lane nvidia common munge storage & a=$!
+lane slurm firewall fabric & b=$!
 status=0
 wait "$a" || status=1
 wait "$b" || status=1
