@@ -118,12 +118,14 @@ class StorageChange:
     servers: tuple[str, ...]  # nodes whose export list changes: nfs-ganesha restarts there
     mounted: dict[str, tuple[str, ...]]  # node -> mount points added
     unmounted: dict[str, tuple[str, ...]]  # node -> mount points gone from the spec (kept)
+    left_serving: tuple[str, ...] = ()  # nodes with no exports now: nfs-ganesha goes on serving
 
     def to_json(self) -> dict[str, Any]:
         return {
             "nfs_server_restarts": list(self.servers),
             "mounts_added": {k: list(v) for k, v in self.mounted.items()},
             "mounts_left_mounted": {k: list(v) for k, v in self.unmounted.items()},
+            "nfs_servers_left_serving": list(self.left_serving),
         }
 
 
@@ -241,22 +243,23 @@ def storage_change(old: dict[str, str], new: dict[str, str]) -> StorageChange | 
         for name, node in inventory_nodes(new.get(INVENTORY, "")).items()
         if name in old_nodes
     }
-    servers, mounted, unmounted = [], {}, {}
+    servers, left, mounted, unmounted = [], [], {}, {}
     for name, node in sorted(staying.items()):
         was, now = before.get(old_nodes[name].pool, {}), after.get(node.pool, {})
-        if was.get("nfs_server_exports") and was.get("nfs_server_exports") != now.get(
-            "nfs_server_exports"
-        ):
+        exports = was.get("nfs_server_exports"), now.get("nfs_server_exports")
+        if exports[0] and exports[1] and exports[0] != exports[1]:
             servers.append(name)
+        elif exports[0] and not exports[1]:
+            left.append(name)  # the role runs only where there are exports to serve
         added = _mount_points(now, name) - _mount_points(was, name)
         gone = _mount_points(was, name) - _mount_points(now, name)
         if added:
             mounted[name] = tuple(sorted(added))
         if gone:
             unmounted[name] = tuple(sorted(gone))
-    if not (servers or mounted or unmounted):
+    if not (servers or left or mounted or unmounted):
         return None
-    return StorageChange(tuple(servers), mounted, unmounted)
+    return StorageChange(tuple(servers), mounted, unmounted, tuple(left))
 
 
 def _settings(conf: str) -> tuple[dict[str, str], dict[str, dict[str, str]], dict[str, str]]:

@@ -255,6 +255,13 @@ def _running(plan: Plan, cluster: Cluster, console: Console) -> None:
                 "and go on)",
                 markup=False,
             )
+        if storage.left_serving:
+            console.print(
+                f"running cluster: {compress(list(storage.left_serving))} export nothing now, "
+                "but apply does not stop nfs-ganesha there: it serves its last exports until "
+                "stopped by hand (systemctl disable --now nfs-ganesha)",
+                markup=False,
+            )
         for points, nodes in _by_points(storage.mounted):
             console.print(f"running cluster: {points} mounted on {nodes}", markup=False)
         for points, nodes in _by_points(storage.unmounted):

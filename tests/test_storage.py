@@ -255,7 +255,21 @@ def test_plan_names_the_nfs_restart_and_the_mounts_that_come_and_stay(tmp_path: 
         "nfs_server_restarts": ["store001"],
         "mounts_added": {"gpu001": ["/data"], "gpu002": ["/data"]},
         "mounts_left_mounted": {"gpu001": ["/scratch"], "gpu002": ["/scratch"]},
+        "nfs_servers_left_serving": [],
     }
+
+
+def test_plan_says_a_server_left_with_no_exports_goes_on_serving(tmp_path: Path) -> None:
+    from provision.changes import changes
+
+    old = render(_cluster(tmp_path))
+    # the head's /srv/apps export leaves the spec, and the mount of it with it
+    text = SPEC.replace("    - {pool: head, path: /srv/apps}\n", "")
+    text = text.replace('    - {source: "10.1.0.10:/srv/apps", path: /srv/apps}\n', "")
+    found = changes(old, render(_cluster(tmp_path, text))).storage
+    assert found is not None
+    assert found.left_serving == ("head001",)
+    assert found.servers == ()
 
 
 def test_a_mount_of_a_servers_root_is_refused_in_one_line(tmp_path: Path) -> None:
