@@ -158,12 +158,17 @@ def test_drain_waits_for_the_running_job_then_resume_gives_the_node_back(
 ) -> None:
     spec, work = lab
     job = _on(spec, work, "head001", "sbatch --parsable -w compute002 --wrap 'sleep 15'")
-    r = provision("drain", "compute002", "-f", str(spec), "--reason", "test drain", cwd=work)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert f"drain: compute002: 1 job(s) still running: {job} compute002" in r.stdout
-    assert "drain: compute002: drained, no job runs there" in r.stdout
-    assert _on(spec, work, "head001", "sinfo -h -n compute002 -o '%T|%E'") == "drained|test drain"
-    r = provision("resume", "compute", "-f", str(spec), cwd=work)
+    # a job still pending when the drain lands would never start there: wait for it to run
+    assert _until(spec, work, f"squeue -h -j {job} -o %T", "RUNNING") == "RUNNING"
+    try:
+        r = provision("drain", "compute002", "-f", str(spec), "--reason", "test drain", cwd=work)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"drain: compute002: 1 job(s) still running: {job} compute002" in r.stdout
+        assert "drain: compute002: drained, no job runs there" in r.stdout
+        state = _on(spec, work, "head001", "sinfo -h -n compute002 -o '%T|%E'")
+        assert state == "drained|test drain"
+    finally:  # a failure here must not leave the node drained for the tests after it
+        r = provision("resume", "compute", "-f", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout + r.stderr
     assert _until(spec, work, "sinfo -h -n compute002 -o %T", "idle") == "idle"
 
