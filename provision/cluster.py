@@ -80,6 +80,12 @@ class Cluster:
         """Nodes that live as long as the cluster: everything but elastic burst nodes."""
         return [n for n in self.nodes if not n.elastic]
 
+    @cached_property
+    def monitoring_node(self) -> Node | None:
+        """The node running Prometheus and Alertmanager: the first of the monitoring pool."""
+        pool = self.spec.monitoring_pool
+        return next((n for n in self.nodes if n.pool == pool and not n.elastic), None)
+
     def describe(self) -> str:
         """One line: what the cluster is (validate prints it, plan heads with it)."""
         s = self.spec

@@ -31,3 +31,19 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
   .venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
   touch "$stamp"
 fi
+
+# promtool (the alert rules' unit tests): Debian's prometheus package carries it. Only the
+# binary is unpacked into .venv/bin; the package is not installed, so no Prometheus starts here.
+if [ ! -x .venv/bin/promtool ]; then
+  echo "setup: unpacking promtool from Debian's prometheus package into .venv/bin"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  if ! (cd "$tmp" && apt-get download -q prometheus >/dev/null 2>&1); then
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    (cd "$tmp" && apt-get download -q prometheus >/dev/null)
+  fi
+  dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -x -C "$tmp" ./usr/bin/promtool
+  install -m 0755 "$tmp/usr/bin/promtool" .venv/bin/promtool
+fi

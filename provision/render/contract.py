@@ -137,6 +137,18 @@ _TABLE = (
     ),
     Variable("nccl_tests_version", "all", ("nccl_tests",), "software.nccl_tests"),
     Variable("rdma_doca_version", "all", ("rdma",), "software.doca"),
+    # monitoring
+    Variable(
+        "provision_monitoring", "all", ("playbooks/site",),
+        "monitoring is set: node exporters on every node, Prometheus on the monitoring node",
+    ),
+    Variable("node_exporter_port", "all", ("node_exporter",), "monitoring.node_exporter_port"),
+    Variable("monitoring_prometheus_port", "all", ("monitoring",), "monitoring.prometheus_port"),
+    Variable(
+        "monitoring_alertmanager_port", "all", ("monitoring",), "monitoring.alertmanager_port"
+    ),
+    Variable("monitoring_retention", "all", ("monitoring",), "monitoring.retention"),
+    Variable("monitoring_storage_path", "all", ("monitoring",), "monitoring.storage_path"),
 )  # fmt: skip
 
 VARIABLES: dict[str, Variable] = {v.name: v for v in _TABLE}
@@ -172,6 +184,13 @@ FABRIC = {
     "doca_key_fingerprint": "rdma_doca_key_fingerprint",
     "ipoib_mode": "ipoib_mode",
     "mtu": "ipoib_mtu",
+}
+MONITORING = {
+    "node_exporter_port": "node_exporter_port",
+    "prometheus_port": "monitoring_prometheus_port",
+    "alertmanager_port": "monitoring_alertmanager_port",
+    "retention": "monitoring_retention",
+    "storage_path": "monitoring_storage_path",
 }
 ROCE = {
     "trust": "rdma_roce_trust",

@@ -20,6 +20,7 @@ ADMIN = "admin"
 CLUSTER = "cluster_nodes"
 HEADS = "head_nodes"
 COMPUTE = "compute_nodes"
+MONITOR = "monitoring_nodes"  # only with monitoring: the node Prometheus scrapes from
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,16 @@ def address_sets(cluster: Cluster) -> dict[str, list[str]]:
         }
         return sorted(found, key=_addr_key)
 
-    return {
+    sets = {
         ADMIN: admin,
         CLUSTER: addresses(None),
         HEADS: addresses("head"),
         COMPUTE: addresses("compute"),
     }
+    watcher = cluster.monitoring_node
+    if watcher is not None:
+        sets[MONITOR] = [str(watcher.address)] if watcher.address is not None else []
+    return sets
 
 
 def _addr_key(text: str) -> tuple[int, ...]:
@@ -92,9 +97,20 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
             rules.append(Rule("pod network (VXLAN)", "udp", "4789", (CLUSTER,)))
             if role == "compute":
                 rules.append(Rule("NodePort services", "tcp", "30000-32767", (CLUSTER,)))
+        # the exporters answer the monitoring node only, where there is one
+        scrapers = (MONITOR,) if spec.monitoring is not None else (ADMIN, CLUSTER)
+        if spec.monitoring is not None:
+            port = str(spec.monitoring.node_exporter_port)
+            rules.append(Rule("node exporter (node metrics)", "tcp", port, scrapers))
+            if spec.monitoring_pool == view.name:
+                for name, number in (
+                    ("prometheus", spec.monitoring.prometheus_port),
+                    ("alertmanager", spec.monitoring.alertmanager_port),
+                ):
+                    rules.append(Rule(f"{name} web", "tcp", str(number), (ADMIN,)))
         if view.profile.gpu is not None and spec.nvidia.dcgm and spec.nvidia.dcgm_exporter_url:
             port = str(spec.nvidia.dcgm_exporter_port)
-            rules.append(Rule("dcgm-exporter (GPU metrics)", "tcp", port, (ADMIN, CLUSTER)))
+            rules.append(Rule("dcgm-exporter (GPU metrics)", "tcp", port, scrapers))
         fabric = spec.network.fabric
         if fabric.subnet is not None and rails(view.profile, fabric.kind):
             # RDMA itself bypasses the kernel; IPoIB and RoCE interfaces carry IP like any other

@@ -42,6 +42,10 @@ def render_inventory(cluster: Cluster) -> str:
     # opensm: the higher priority is master; the first named gets 15, the next 14, ...
     hosts = [_host(name, opensm_priority=15 - i) for i, name in enumerate(fabric.subnet_managers)]
     groups.append({"name": "subnet_manager", "vars": [], "hosts": hosts})
+    # Prometheus and Alertmanager (the monitoring role)
+    watcher = cluster.monitoring_node
+    hosts = [_host(watcher.name)] if watcher is not None else []
+    groups.append({"name": "monitoring", "vars": [], "hosts": hosts})
     for view in cluster.pools:
         gpu = view.profile.gpu
         gvars: dict[str, object] = {"provision_pool": view.name}
@@ -150,6 +154,10 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
         out["provision_burst"] = True
     if spec.scheduler == "slurm" and "accounting" in spec.slurm.model_fields_set:
         out["slurm_accounting"] = spec.slurm.accounting
+    if spec.monitoring is not None:
+        out["provision_monitoring"] = True
+        for field in sorted(spec.monitoring.model_fields_set & set(contract.MONITORING)):
+            out[contract.MONITORING[field]] = getattr(spec.monitoring, field)
     fabric = spec.network.fabric
     if "fabric" in spec.network.model_fields_set:
         out["provision_fabric"] = fabric.kind

@@ -524,6 +524,56 @@ def _check_security(spec: Spec) -> list[Problem]:
     return problems
 
 
+def _check_monitoring(spec: Spec) -> list[Problem]:
+    monitoring = spec.monitoring
+    if monitoring is None:
+        return []
+    problems: list[Problem] = []
+    pools = {p.name: p for p in spec.pools}
+    if monitoring.pool is not None:
+        at: Loc = ("monitoring", "pool")
+        pool = pools.get(monitoring.pool)
+        if pool is None:
+            problems.append((at, f"no pool named '{monitoring.pool}'"))
+        elif pool.elastic:
+            problems.append(
+                (at, f"'{pool.name}' is elastic: its nodes come and go; name a lasting pool")
+            )
+    ports = service_ports(spec)
+    taken = {
+        ports.ssh: "SSH",
+        ports.slurmd: "slurmd",
+        ports.slurmdbd: "slurmdbd",
+        ports.mariadb: "MariaDB",
+        ports.nfs: "NFS",
+        str(spec.nvidia.dcgm_exporter_port): "the DCGM exporter",
+    }
+    low, _, high = ports.slurmctld.partition("-")
+    for number in range(int(low), int(high or low) + 1):
+        taken[str(number)] = "slurmctld"
+    for field in ("prometheus_port", "alertmanager_port", "node_exporter_port"):
+        port = str(getattr(monitoring, field))
+        if port in taken:
+            problems.append((("monitoring", field), f"port {port} is also {taken[port]}'s port"))
+        taken[port] = field.removesuffix("_port").replace("_", " ")
+    if system_directory(monitoring.storage_path):
+        problems.append(
+            (
+                ("monitoring", "storage_path"),
+                f"{monitoring.storage_path} is a system directory Prometheus would own: use one "
+                "of its own, like /var/lib/prometheus/metrics2",
+            )
+        )
+    seen: set[str] = set()
+    for i, receiver in enumerate(monitoring.receivers):
+        if receiver.name in seen:
+            problems.append(
+                (("monitoring", "receivers", i, "name"), f"a second receiver '{receiver.name}'")
+            )
+        seen.add(receiver.name)
+    return problems
+
+
 def _check_storage(spec: Spec) -> list[Problem]:
     problems: list[Problem] = []
     roles = {p.name: p.role for p in spec.pools}
@@ -816,6 +866,7 @@ CHECKS: list[Callable[[Spec], list[Problem]]] = [
     _check_controllers,
     _check_security,
     _check_storage,
+    _check_monitoring,
     _check_gpu,
     _check_fabric,
 ]

@@ -249,6 +249,14 @@ NfsOptions = Annotated[
         "{!r} is not a list of options: letters, digits and _ = . , : / @ - only, like rw,sync",
     ),
 ]
+# Prometheus' durations: a number and a unit, like 15s, 5m or 30d
+Duration = Annotated[
+    str,
+    _matching(
+        r"[1-9][0-9]{0,5}(ms|s|m|h|d|w|y)",
+        "{!r} is not a duration: a number and one of ms s m h d w y, like 15s or 30d",
+    ),
+]
 MountSource = Annotated[
     str,
     _matching(
@@ -755,6 +763,42 @@ class Storage(Model):
     mounts: list[Mount] = Field(default=[], description="what nodes mount")
 
 
+class Receiver(Model):
+    """Where Alertmanager sends the cluster's alerts."""
+
+    name: PoolName = Field(description="short name of the receiver")
+    webhook: Url = Field(
+        description="URL Alertmanager POSTs each group of alerts to, as JSON (its webhook format)"
+    )
+
+
+class Monitoring(Model):
+    """Prometheus and Alertmanager on one node, a node exporter on every node."""
+
+    pool: PoolName | None = Field(
+        default=None,
+        description="pool whose first node runs Prometheus and Alertmanager; unset: the head pool",
+    )
+    prometheus_port: int = Field(default=9090, ge=1, le=65535, description="Prometheus' web port")
+    alertmanager_port: int = Field(
+        default=9093, ge=1, le=65535, description="Alertmanager's web port"
+    )
+    node_exporter_port: int = Field(
+        default=9100, ge=1, le=65535, description="node exporter's port on every node"
+    )
+    scrape_interval: Duration = Field(
+        default="15s", description="how often Prometheus reads every target"
+    )
+    retention: Duration = Field(default="15d", description="how long Prometheus keeps samples")
+    storage_path: AbsPath = Field(
+        default="/var/lib/prometheus/metrics2",
+        description="directory of Prometheus' database on the monitoring node",
+    )
+    receivers: list[Receiver] = Field(
+        default=[], description="who gets the alerts; none: they show in Alertmanager only"
+    )
+
+
 class Spec(Model):
     """A GPU cluster: where its nodes come from and what runs on them."""
 
@@ -778,6 +822,18 @@ class Spec(Model):
     storage: Storage = Field(
         default=Storage(), description="NFS exports the cluster serves, and what nodes mount"
     )
+    monitoring: Monitoring | None = Field(
+        default=None,
+        description="Prometheus, Alertmanager and node exporters, with the cluster's alert rules",
+    )
     profiles: dict[ProfileName, Profile] = Field(
         default={}, description="extra hardware profiles, by name, beside the built-in ones"
     )
+
+    @property
+    def monitoring_pool(self) -> str | None:
+        """The pool whose first node runs Prometheus and Alertmanager, if any."""
+        if self.monitoring is None:
+            return None
+        heads = [p.name for p in self.pools if p.role == "head"]
+        return self.monitoring.pool or (heads[0] if heads else None)

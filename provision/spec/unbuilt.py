@@ -24,6 +24,14 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                 "use scheduler: slurm",
             )
         )
+    if spec.monitoring is not None and spec.os == "rocky9":
+        problems.append(
+            (
+                ("monitoring",),
+                "not supported yet: monitoring on rocky9 (Prometheus comes from Debian's and "
+                "Ubuntu's packages; Rocky has none); leave monitoring out",
+            )
+        )
     for i, pool in enumerate(spec.pools):
         if pool.elastic and pool.provider != "lab":
             problems.append(

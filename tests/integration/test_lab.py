@@ -8,10 +8,14 @@ own lab is never touched.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -31,16 +35,63 @@ def _leftovers() -> tuple[str, bool]:
     return containers, podman.network_exists(f"provision-{NAME}")
 
 
+class _Receiver(ThreadingHTTPServer):
+    """Alertmanager's webhook receiver: every notification it POSTs, with when it came."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[float, dict]] = []  # type: ignore[type-arg]
+        super().__init__(("0.0.0.0", 0), _Hook)  # the lab reaches this machine at 10.76.0.1
+
+    def alerts(self, name: str, node: str, status: str = "firing") -> list[float]:
+        """When each notification carrying that alert for that node came."""
+        return [
+            at
+            for at, body in self.received
+            for alert in body.get("alerts", [])
+            if alert["labels"].get("alertname") == name
+            and alert["labels"].get("node") == node
+            and alert["status"] == status
+        ]
+
+
+class _Hook(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # the standard library's name for it
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        assert isinstance(self.server, _Receiver)
+        self.server.received.append((time.monotonic(), json.loads(body)))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
-def lab(lab_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+def receiver() -> Iterator[_Receiver]:
+    server = _Receiver()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def lab(
+    lab_image: str, receiver: _Receiver, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Path, Path]]:
     work = tmp_path_factory.mktemp("lab")
     spec = work / "lab.yaml"
-    spec.write_text(
+    hook = f"http://10.76.0.1:{receiver.server_address[1]}/alerts"
+    text = (
         (ROOT / "examples" / "lab.yaml")
         .read_text()
         .replace("name: lab", f"name: {NAME}")
         .replace("10.77.0.", "10.76.0.")
     )
+    monitoring = "\nmonitoring: {}"
+    assert monitoring in text
+    receivers = f"\nmonitoring: {{receivers: [{{name: test, webhook: '{hook}'}}]}}"
+    spec.write_text(text.replace(monitoring, receivers))
     provision("destroy", str(spec), "--yes", cwd=work)  # a crashed earlier run's leftovers
     yield spec, work
     provision("destroy", str(spec), "--yes", cwd=work)
@@ -82,6 +133,40 @@ def test_verify_on_demand(lab: tuple[Path, Path]) -> None:
     r = provision("verify", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("PASS") == 33
+
+
+def _prometheus(path: str) -> dict:  # type: ignore[type-arg]
+    """Prometheus' HTTP API on head001, from this machine (an admin address)."""
+    with urllib.request.urlopen(f"http://10.76.0.11:9090{path}", timeout=10) as answer:
+        data: dict = json.load(answer)  # type: ignore[type-arg]
+    return data["data"]  # type: ignore[no-any-return]
+
+
+def test_prometheus_scrapes_every_node_and_loads_the_rules(lab: tuple[Path, Path]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        targets = _prometheus("/api/v1/targets")["activeTargets"]
+        health = {(t["labels"]["job"], t["labels"]["node"]): t["health"] for t in targets}
+        if set(health.values()) == {"up"} or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    assert health == {
+        ("prometheus", "head001"): "up",
+        ("alertmanager", "head001"): "up",
+        ("node", "head001"): "up",
+        ("node", "compute001"): "up",
+        ("node", "compute002"): "up",
+    }
+    groups = {g["name"]: len(g["rules"]) for g in _prometheus("/api/v1/rules")["groups"]}
+    assert groups == {
+        "provision-node": 6,
+        "provision-gpu": 7,
+        "provision-fabric": 3,
+        "provision-cluster": 2,
+    }
+    # the exporters answer the monitoring node only: from this machine, nothing
+    with pytest.raises(TimeoutError):  # dropped by the firewall, not refused
+        socket.create_connection(("10.76.0.12", 9100), timeout=3).close()
 
 
 def test_ssh_reaches_the_head_as_a_user_would(lab: tuple[Path, Path]) -> None:
@@ -287,8 +372,9 @@ def test_an_elastic_pool_added_to_a_running_lab_needs_a_new_head(lab: tuple[Path
     assert "ansible:" not in r.stdout
 
 
-def test_node_stopped_mid_apply(lab: tuple[Path, Path]) -> None:
-    """Apply finishes the other nodes, names the lost one, exits 1; a rerun converges."""
+def test_node_stopped_mid_apply(lab: tuple[Path, Path], receiver: _Receiver) -> None:
+    """Apply finishes the other nodes, names the lost one, exits 1; Alertmanager tells the
+    webhook receiver the node is down; a rerun converges."""
     spec, work = lab
     logs = work / ".provision" / NAME / "logs"
     before = set(logs.iterdir())
@@ -302,6 +388,7 @@ def test_node_stopped_mid_apply(lab: tuple[Path, Path]) -> None:
     victim = f"provision-{NAME}-compute002"
     deadline = time.monotonic() + 300
     stopped = False
+    stopped_at = 0.0
     while time.monotonic() < deadline and proc.poll() is None and not stopped:
         for run in set(logs.iterdir()) - before:
             events = run / "job_events"
@@ -310,6 +397,7 @@ def test_node_stopped_mid_apply(lab: tuple[Path, Path]) -> None:
             ):
                 podman.podman("stop", "-t", "0", victim)
                 stopped = True
+                stopped_at = time.monotonic()
         time.sleep(0.2)
     out, err = proc.communicate(timeout=600)
     assert stopped, "the apply ended before the node could be stopped"
@@ -320,6 +408,13 @@ def test_node_stopped_mid_apply(lab: tuple[Path, Path]) -> None:
     for done in ("head001", "compute001"):
         assert hosts[done]["failed"] == 0 and hosts[done]["unreachable"] == 0, hosts[done]
         assert hosts[done]["ok"] >= 29  # they ran to the end of the play
+    # NodeDown fires after a minute without a scrape; Alertmanager posts it to the receiver
+    while not receiver.alerts("NodeDown", "compute002") and time.monotonic() < stopped_at + 180:
+        time.sleep(1)
+    fired = receiver.alerts("NodeDown", "compute002")
+    assert fired, [body for _, body in receiver.received]
+    print(f"NodeDown reached the webhook {fired[0] - stopped_at:.0f} s after the node stopped")
+    assert not receiver.alerts("NodeDown", "compute001")
 
     rerun = provision("apply", str(spec), cwd=work)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from provision.burst.config import TAG_CLUSTER, TAG_POOL
 from provision.cluster import Cluster
-from provision.render.firewall import ADMIN, CLUSTER, COMPUTE, HEADS, pool_rules
+from provision.render.firewall import ADMIN, CLUSTER, COMPUTE, HEADS, MONITOR, pool_rules
 
 # Each OS's official image on each cloud: AWS (owner account, name pattern), GCP (family),
 # Azure (publisher, offer, SKU)
@@ -91,6 +91,11 @@ def layout(cluster: Cluster, provider: str, ssh_public_key: str) -> CloudLayout:
     admin = tuple(str(c) for c in spec.security.admin_cidrs)
     # the cloud network holds the cluster's own addresses; admin networks stay as given
     by_set = {ADMIN: admin, CLUSTER: (cidr,), COMPUTE: (cidr,), HEADS: (cidr,)}
+    watcher = cluster.monitoring_node
+    # the monitoring node's own address where it is known (on premises); the network otherwise
+    by_set[MONITOR] = (cidr,)
+    if watcher is not None and watcher.address is not None and watcher.provider != provider:
+        by_set[MONITOR] = (f"{watcher.address}/32",)
     rules = pool_rules(cluster)
     pools = []
     for view in cluster.pools:

@@ -1,0 +1,151 @@
+"""Prometheus' and Alertmanager's configuration (files/monitoring/), from the spec.
+
+Every target carries the node's name and pool as labels, so an alert names the node, not only
+its address. The alert rules themselves are the monitoring role's own files, the same on every
+cluster; what differs per cluster (how many GPUs each pool's nodes have) is a rendered rule file
+of recorded constants here. The files are YAML that Prometheus and Alertmanager read; Ansible
+copies them and never templates them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from provision.cluster import Cluster
+from provision.spec.nodes import Node
+
+RULES_DIR = "/etc/prometheus/rules"  # the monitoring role installs every rule file here
+# seconds Alertmanager waits to batch a new group's alerts before the first notification
+GROUP_WAIT = "10s"
+
+
+def monitoring_files(cluster: Cluster) -> dict[str, str]:
+    """Relative path -> content; empty when the spec has no monitoring."""
+    monitoring = cluster.spec.monitoring
+    watcher = cluster.monitoring_node
+    if monitoring is None or watcher is None:
+        return {}
+    header = f"# {cluster.header}\n"
+    return {
+        "files/monitoring/prometheus.yml": header + _dump(_prometheus(cluster)),
+        "files/monitoring/alertmanager.yml": header + _dump(_alertmanager(cluster)),
+        "files/monitoring/cluster-rules.yml": header + _dump(_cluster_rules(cluster)),
+    }
+
+
+def _dump(data: dict[str, Any]) -> str:
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=1000)
+
+
+def _target(node: Node, port: int) -> str:
+    # an address when the node has one; a cloud node before it exists has only its name
+    return f"{node.address if node.address is not None else node.name}:{port}"
+
+
+def _static(nodes: list[tuple[Node, str]], port: int) -> list[dict[str, Any]]:
+    return [
+        {"targets": [_target(node, port)], "labels": {"node": node.name, "pool": pool}}
+        for node, pool in nodes
+    ]
+
+
+def _own(node: Node) -> dict[str, str]:
+    return {"node": node.name, "pool": node.pool}
+
+
+def _prometheus(cluster: Cluster) -> dict[str, Any]:
+    spec = cluster.spec
+    monitoring = spec.monitoring
+    watcher = cluster.monitoring_node
+    assert monitoring is not None and watcher is not None
+    lasting = [(n, v.name) for v in cluster.pools for n in v.nodes if not n.elastic]
+    scrape = [
+        {
+            "job_name": "prometheus",
+            "static_configs": [
+                {"targets": [f"localhost:{monitoring.prometheus_port}"], "labels": _own(watcher)}
+            ],
+        },
+        {
+            "job_name": "alertmanager",
+            "static_configs": [
+                {"targets": [f"localhost:{monitoring.alertmanager_port}"], "labels": _own(watcher)}
+            ],
+        },
+        {"job_name": "node", "static_configs": _static(lasting, monitoring.node_exporter_port)},
+    ]
+    nvidia = spec.nvidia
+    if nvidia.dcgm and nvidia.dcgm_exporter_url is not None:  # the dcgm role runs the exporter
+        gpu = [
+            (n, v.name) for v in cluster.pools if v.profile.gpu for n in v.nodes if not n.elastic
+        ]
+        if gpu:
+            scrape.append(
+                {"job_name": "dcgm", "static_configs": _static(gpu, nvidia.dcgm_exporter_port)}
+            )
+    return {
+        "global": {
+            "scrape_interval": monitoring.scrape_interval,
+            "evaluation_interval": monitoring.scrape_interval,
+            "external_labels": {"cluster": spec.name},
+        },
+        "rule_files": [f"{RULES_DIR}/*.yml"],
+        "alerting": {
+            "alertmanagers": [
+                {"static_configs": [{"targets": [f"localhost:{monitoring.alertmanager_port}"]}]}
+            ]
+        },
+        "scrape_configs": scrape,
+    }
+
+
+def _alertmanager(cluster: Cluster) -> dict[str, Any]:
+    monitoring = cluster.spec.monitoring
+    assert monitoring is not None
+    receivers: list[dict[str, Any]] = [{"name": "none"}]  # alerts show in Alertmanager only
+    routes = []
+    for receiver in monitoring.receivers:
+        receivers.append(
+            {
+                "name": receiver.name,
+                "webhook_configs": [{"url": receiver.webhook, "send_resolved": True}],
+            }
+        )
+        routes.append({"receiver": receiver.name, "continue": True})  # each gets every alert
+    route: dict[str, Any] = {
+        "receiver": "none",
+        "group_by": ["alertname", "node"],
+        "group_wait": GROUP_WAIT,
+        "group_interval": "1m",
+        "repeat_interval": "4h",
+    }
+    if routes:
+        route["routes"] = routes
+    return {"route": route, "receivers": receivers}
+
+
+def _cluster_rules(cluster: Cluster) -> dict[str, Any]:
+    """Constants the role's rules and dashboards compare with: each pool's lasting nodes, and
+    the GPUs each node of a GPU pool has."""
+    rules: list[dict[str, Any]] = []
+    for view in cluster.pools:
+        lasting = sum(1 for n in view.nodes if not n.elastic)
+        labels = {"pool": view.name}
+        rules.append(
+            {
+                "record": "provision:pool_nodes_expected",
+                "expr": f"vector({lasting})",
+                "labels": labels,
+            }
+        )
+        if view.profile.gpu is not None:
+            rules.append(
+                {
+                    "record": "provision:pool_gpus_expected",
+                    "expr": f"vector({view.profile.gpu.count})",
+                    "labels": labels,
+                }
+            )
+    return {"groups": [{"name": "provision-cluster", "rules": rules}]}
