@@ -290,8 +290,8 @@ def _apply(
     known = inventory_nodes(applied.get(INVENTORY, ""))
     new_nodes = [h for h in run.hosts if h not in known]
     extra_vars["provision_drained"] = new_nodes
-    if any(n.elastic for n in cluster.nodes):
-        extra_vars["provision_burst_wheel"] = str(build_wheel(state.dir / "wheel").resolve())
+    if any(n.elastic for n in cluster.nodes) or cluster.spec.health is not None:
+        extra_vars["provision_wheel"] = str(build_wheel(state.dir / "wheel").resolve())
     rolling = scope.batch is not None and bool(known)
     if scope.batch is not None and not known:
         console.print("rolling: first apply, no job runs yet: all nodes at once")

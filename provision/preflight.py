@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from provision.cluster import Cluster
+from provision.parsers.node import os_matches, parse_os_release
 from provision.spec.nodes import Node
 from provision.state import State
 from provision.verify import CheckResult, connect_all
-from provision.verify.node_parsers import os_matches, parse_os_release
 from provision.verify.remote import Remote
 
 PROBE = (

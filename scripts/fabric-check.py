@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from parsers_by_path import load
 
-fp = load("fabric_parsers")
+fp = load("fabric")
 
 
 def run(argv: list[str], record: Path | None, name: str) -> str:

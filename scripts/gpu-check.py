@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from parsers_by_path import ROOT, load
 
-gp = load("gpu_parsers")
+gp = load("gpu")
 
 
 def profile_gpu(name: str) -> dict[str, object]:

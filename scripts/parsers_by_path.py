@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load(name: str) -> ModuleType:
-    """provision/verify/<name>.py as the module `name`."""
-    path = ROOT / "provision" / "verify" / f"{name}.py"
+    """provision/parsers/<name>.py as the module `name`."""
+    path = ROOT / "provision" / "parsers" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

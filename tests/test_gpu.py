@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.verify.gpu_parsers import (
+from provision.parsers.gpu import (
     GpuExpect,
     all_reduce_finding,
     gpu_findings,
@@ -323,7 +323,7 @@ _OUTPUTS = {
 
 
 def test_commands_follow_the_profile() -> None:
-    from provision.verify.gpu_parsers import gpu_commands
+    from provision.parsers.gpu import gpu_commands
 
     commands = gpu_commands(H100)
     assert list(commands) == [
@@ -339,7 +339,7 @@ def test_commands_follow_the_profile() -> None:
 
 
 def test_findings_from_command_outputs() -> None:
-    from provision.verify.gpu_parsers import findings_from
+    from provision.parsers.gpu import findings_from
 
     outputs = {name: (0, _read(file)) for name, file in _OUTPUTS.items()}
     outputs["fabricmanager.txt"] = (3, "inactive\n")
@@ -363,11 +363,11 @@ def test_findings_from_command_outputs() -> None:
 
 def test_verify_runs_the_gpu_checks_over_a_session() -> None:
     from provision.cluster import Cluster
+    from provision.parsers.gpu import gpu_commands
     from provision.spec import load_spec
     from provision.state import State
     from provision.verify import VerifyContext
     from provision.verify.gpu import check_gpus
-    from provision.verify.gpu_parsers import gpu_commands
     from provision.verify.remote import Output
 
     cluster = Cluster(load_spec(ROOT / "examples" / "dgx-superpod.yaml"))

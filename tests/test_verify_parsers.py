@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from provision.verify.node_parsers import (
+from provision.parsers.node import (
     host_entries,
     missing_host_lines,
     missing_keys,
@@ -12,7 +12,7 @@ from provision.verify.node_parsers import (
     parse_os_release,
     parse_stat,
 )
-from provision.verify.slurm_parsers import parse_sacct_states, parse_sinfo_nodes, parse_srun_hosts
+from provision.parsers.slurm import parse_sacct_states, parse_sinfo_nodes, parse_srun_hosts
 
 DATA = Path(__file__).parent / "data"
 KEY_A = (

@@ -11,6 +11,7 @@ from provision.cluster import Cluster
 from provision.render.burst import burst_config
 from provision.render.firewall import address_sets, pool_rules, rule_lines
 from provision.render.gpu import nccl_conf
+from provision.render.health import health_files
 from provision.render.inventory import NFT_SETS_PATH, render_group_vars, render_inventory
 from provision.render.jinja import template
 from provision.render.monitoring import monitoring_files
@@ -62,4 +63,5 @@ def render(cluster: Cluster) -> dict[str, str]:
         if burst is not None:
             files["files/burst/burst.json"] = burst.to_json()
     files.update(monitoring_files(cluster))
+    files.update(health_files(cluster))
     return dict(sorted(files.items()))

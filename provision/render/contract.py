@@ -60,8 +60,9 @@ _TABLE = (
         "the nodes new to the cluster (provision/lifecycle.py)",
     ),
     Variable(
-        "provision_burst_wheel", "extra", ("burst",),
-        "this project's wheel, made by apply on the workstation, for the heads' burst programs",
+        "provision_wheel", "extra", ("burst", "health"),
+        "this project's wheel, made by apply on the workstation: the heads' burst programs and "
+        "the compute nodes' health checks run from it",
     ),
     Variable("common_time_servers", "all", ("common",), "network.time_servers"),
     Variable("common_time_allow", "all", ("common",), "the management network, chrony's clients"),
@@ -137,6 +138,10 @@ _TABLE = (
     ),
     Variable("nccl_tests_version", "all", ("nccl_tests",), "software.nccl_tests"),
     Variable("rdma_doca_version", "all", ("rdma",), "software.doca"),
+    Variable(
+        "provision_health", "all", ("playbooks/site",),
+        "health is set: the health checks go on the compute nodes",
+    ),
     # monitoring
     Variable(
         "provision_monitoring", "all", ("playbooks/site",),

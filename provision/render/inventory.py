@@ -154,6 +154,8 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
         out["provision_burst"] = True
     if spec.scheduler == "slurm" and "accounting" in spec.slurm.model_fields_set:
         out["slurm_accounting"] = spec.slurm.accounting
+    if spec.health is not None and spec.scheduler == "slurm":
+        out["provision_health"] = True
     if spec.monitoring is not None:
         out["provision_monitoring"] = True
         for field in sorted(spec.monitoring.model_fields_set & set(contract.MONITORING)):

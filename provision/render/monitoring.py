@@ -127,8 +127,8 @@ def _alertmanager(cluster: Cluster) -> dict[str, Any]:
 
 
 def _cluster_rules(cluster: Cluster) -> dict[str, Any]:
-    """Constants the role's rules and dashboards compare with: each pool's lasting nodes, and
-    the GPUs each node of a GPU pool has."""
+    """Constants the role's rules and dashboards compare with: each pool's lasting nodes, the
+    GPUs each node of a GPU pool has, and how often the health checks run."""
     rules: list[dict[str, Any]] = []
     for view in cluster.pools:
         lasting = sum(1 for n in view.nodes if not n.elastic)
@@ -148,4 +148,9 @@ def _cluster_rules(cluster: Cluster) -> dict[str, Any]:
                     "labels": labels,
                 }
             )
+    health = cluster.spec.health
+    if health is not None:  # how often the health checks run (NodeHealthChecksStale)
+        rules.append(
+            {"record": "provision:health_interval_seconds", "expr": f"vector({health.interval})"}
+        )
     return {"groups": [{"name": "provision-cluster", "rules": rules}]}

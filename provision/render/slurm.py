@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from provision.cluster import Cluster, PoolView, compress
-from provision.spec.ports import SLURM_DIRECTORIES, service_ports
+from provision.spec.ports import HEALTH_PROGRAM, SLURM_DIRECTORIES, service_ports
 
 # Memory Slurm may hand to jobs: what the profile lists, less what the OS and daemons keep.
 # A node whose RealMemory is above what slurmd finds is drained, so stay under.
@@ -73,6 +73,11 @@ def slurm_settings(cluster: Cluster) -> list[tuple[str, str]]:
         settings["AccountingStorageTRES"] = "gres/gpu"
     if any(n.elastic for n in cluster.nodes):
         settings.update(power_saving(cluster))
+    if spec.health is not None:
+        # every node in any state: a drained node is checked too, so it can come back
+        settings["HealthCheckProgram"] = HEALTH_PROGRAM
+        settings["HealthCheckInterval"] = spec.health.interval
+        settings["HealthCheckNodeState"] = "ANY"
     settings.update(spec.slurm.config)
     pairs = [("SlurmctldHost", h.name) for h in heads]
     return pairs + [(k, _fmt(v)) for k, v in settings.items()]

@@ -14,6 +14,7 @@ from provision.spec.loader import load_profiles
 from provision.spec.models import BURST_PROVIDERS, CLOUD_PROVIDERS, Spec, port_range
 from provision.spec.nodes import Loc, Node, expand_nodes_checked
 from provision.spec.ports import (
+    HEALTH_KEYS,
     SLURM_DIRECTORIES,
     daemon_directory,
     service_ports,
@@ -574,6 +575,29 @@ def _check_monitoring(spec: Spec) -> list[Problem]:
     return problems
 
 
+def _check_health(spec: Spec) -> list[Problem]:
+    health = spec.health
+    if health is None:
+        return []
+    problems: list[Problem] = []
+    if spec.scheduler != "slurm":
+        problems.append((("health",), "health checks run under Slurm: use scheduler: slurm"))
+    for key in HEALTH_KEYS:
+        if key in spec.slurm.config:
+            problems.append(
+                (
+                    ("slurm", "config", key),
+                    f"{key} is set by health: leave it out, or leave health out to run your own",
+                )
+            )
+    seen: set[str] = set()
+    for i, disk in enumerate(health.disks):
+        if disk.path in seen:
+            problems.append((("health", "disks", i, "path"), f"{disk.path} is given twice"))
+        seen.add(disk.path)
+    return problems
+
+
 def _check_storage(spec: Spec) -> list[Problem]:
     problems: list[Problem] = []
     roles = {p.name: p.role for p in spec.pools}
@@ -867,6 +891,7 @@ CHECKS: list[Callable[[Spec], list[Problem]]] = [
     _check_security,
     _check_storage,
     _check_monitoring,
+    _check_health,
     _check_gpu,
     _check_fabric,
 ]

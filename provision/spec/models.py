@@ -123,6 +123,11 @@ def _abs_path(value: str) -> str:
     return value
 
 
+def _directory(value: str) -> str:
+    """An absolute path, / included."""
+    return value if value == "/" else _abs_path(value)
+
+
 def port_range(value: int | str) -> str:
     text = str(value)
     m = re.fullmatch(r"([0-9]{1,5})(?:-([0-9]{1,5}))?", text)
@@ -171,6 +176,7 @@ UserName = Annotated[str, AfterValidator(_user_name)]
 Version = Annotated[str, AfterValidator(_version)]
 SshPublicKey = Annotated[str, AfterValidator(_ssh_public_key)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
+Directory = Annotated[str, AfterValidator(_directory)]
 PortRange = Annotated[int | str, AfterValidator(port_range)]
 MigProfile = Annotated[
     str,
@@ -799,6 +805,29 @@ class Monitoring(Model):
     )
 
 
+class DiskThreshold(Model):
+    path: Directory = Field(description="a directory on the file system to watch, like /")
+    min_free_percent: int = Field(
+        ge=1, le=99, description="the node is drained when less than this much stays free"
+    )
+
+
+class Health(Model):
+    """Checks slurmd runs on every compute node: a failing one drains the node, naming it."""
+
+    interval: int = Field(
+        default=300,
+        ge=10,
+        le=86400,
+        description="seconds between runs on each node (Slurm's HealthCheckInterval)",
+    )
+    disks: list[DiskThreshold] = Field(
+        default=[DiskThreshold(path="/", min_free_percent=5)],
+        description="file systems that must keep free space; the spec's mounts, GPUs and "
+        "fabric ports are checked as the profile and storage.mounts say",
+    )
+
+
 class Spec(Model):
     """A GPU cluster: where its nodes come from and what runs on them."""
 
@@ -821,6 +850,11 @@ class Spec(Model):
     ssh: SshAccess = Field(default=SshAccess(), description="how Ansible logs in to the nodes")
     storage: Storage = Field(
         default=Storage(), description="NFS exports the cluster serves, and what nodes mount"
+    )
+    health: Health | None = Field(
+        default=None,
+        description="node health checks that drain a sick compute node and resume it once well "
+        "(Slurm)",
     )
     monitoring: Monitoring | None = Field(
         default=None,

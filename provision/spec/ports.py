@@ -18,6 +18,10 @@ SLURMDBD_PORT = "6819"
 MARIADB_PORT = "3306"
 NFS_PORT = "2049"
 
+# The health checks: where the role installs the program, and the slurm.conf keys health sets
+HEALTH_PROGRAM = "/usr/local/sbin/provision-health"
+HEALTH_KEYS = ("HealthCheckProgram", "HealthCheckInterval", "HealthCheckNodeState")
+
 # slurm.conf keys that hold a directory the slurm role creates and gives to the slurm user
 # (the log files' directories), with the directory Slurm uses when the spec says nothing.
 SLURM_DIRECTORIES: dict[str, str] = {

@@ -1,5 +1,5 @@
 """Live acceptance checks, run after apply and on demand: one result per check and node, with
-the evidence. Parsers of command output are pure functions in the `*_parsers.py` beside it."""
+the evidence. Parsers of command output are pure functions in provision/parsers/"""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import TypeVar
 from rich.console import Console
 
 from provision.cluster import Cluster
+from provision.parsers import node as parsers
 from provision.spec.fabric import rails
 from provision.spec.nodes import Node
 from provision.state import State
-from provision.verify import node_parsers as parsers
 from provision.verify.remote import Remote
 
 

@@ -9,10 +9,10 @@ import threading
 import time
 
 from provision.cluster import PoolView
+from provision.parsers import fabric as fp
 from provision.spec.fabric import Rail, rails
 from provision.spec.nodes import Node
 from provision.verify import CheckResult, VerifyContext, in_parallel
-from provision.verify import fabric_parsers as fp
 from provision.verify.remote import Remote
 
 WRITE_BW_SECONDS = 5

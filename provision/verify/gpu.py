@@ -4,9 +4,7 @@ an NCCL all_reduce on all of a node's GPUs at the profile's bus bandwidth."""
 from __future__ import annotations
 
 from provision.cluster import PoolView
-from provision.spec.nodes import Node
-from provision.verify import CheckResult, VerifyContext
-from provision.verify.gpu_parsers import (
+from provision.parsers.gpu import (
     ALL_REDUCE,
     ALL_REDUCE_OUT,
     QUERY_GPU,
@@ -14,26 +12,16 @@ from provision.verify.gpu_parsers import (
     findings_from,
     gpu_commands,
 )
+from provision.render.health import gpu_expect
+from provision.spec.nodes import Node
+from provision.verify import CheckResult, VerifyContext
 from provision.verify.remote import Remote
 
 ALL_REDUCE_TIMEOUT_S = 600.0
 
 
 def expectation(ctx: VerifyContext, view: PoolView) -> GpuExpect | None:
-    gpu = view.profile.gpu
-    if gpu is None:
-        return None
-    return GpuExpect(
-        count=gpu.count,
-        family=gpu.slurm_type,
-        memory_gib=gpu.memory_gib,
-        driver=ctx.cluster.spec.software.nvidia_driver,
-        nvlink_links=gpu.nvlink_links,
-        pcie_gen=gpu.pcie_gen,
-        pcie_width=gpu.pcie_width,
-        nvswitch=gpu.nvswitch,
-        busbw_gbs=gpu.nccl_busbw_gbs,
-    )
+    return gpu_expect(view, ctx.cluster.spec.software.nvidia_driver)
 
 
 def check_gpus(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:

@@ -9,12 +9,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from provision.cluster import compress
+from provision.parsers.node import parse_stat
+from provision.parsers.slurm import parse_sacct_states, parse_sinfo_nodes, parse_srun_hosts
 from provision.spec.nodes import Node
 from provision.spec.ports import service_ports
 from provision.verify import CheckResult, VerifyContext
-from provision.verify.node_parsers import parse_stat
 from provision.verify.remote import Remote
-from provision.verify.slurm_parsers import parse_sacct_states, parse_sinfo_nodes, parse_srun_hosts
 
 IDLE_WAIT_S = 90  # nodes register with slurmctld on their own schedule after a restart
 

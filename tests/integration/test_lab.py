@@ -13,8 +13,9 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -91,7 +92,10 @@ def lab(
     monitoring = "\nmonitoring: {}"
     assert monitoring in text
     receivers = f"\nmonitoring: {{receivers: [{{name: test, webhook: '{hook}'}}]}}"
-    spec.write_text(text.replace(monitoring, receivers))
+    assert "\n  interval: 60\n" in text  # health: a shorter interval, for the health test
+    spec.write_text(
+        text.replace(monitoring, receivers).replace("\n  interval: 60\n", "\n  interval: 15\n")
+    )
     provision("destroy", str(spec), "--yes", cwd=work)  # a crashed earlier run's leftovers
     yield spec, work
     provision("destroy", str(spec), "--yes", cwd=work)
@@ -162,11 +166,45 @@ def test_prometheus_scrapes_every_node_and_loads_the_rules(lab: tuple[Path, Path
         "provision-node": 6,
         "provision-gpu": 7,
         "provision-fabric": 3,
-        "provision-cluster": 2,
+        "provision-health": 2,
+        "provision-cluster": 3,
     }
     # the exporters answer the monitoring node only: from this machine, nothing
     with pytest.raises(TimeoutError):  # dropped by the firewall, not refused
         socket.create_connection(("10.76.0.12", 9100), timeout=3).close()
+
+
+def test_a_full_dev_shm_drains_the_node_naming_the_check_and_freeing_it_resumes(
+    lab: tuple[Path, Path],
+) -> None:
+    """slurmd runs the health checks every 15 s here: /dev/shm (64 MB in a lab container)
+    filled past its 20% floor drains compute002 with the check in the reason; freed, the node
+    comes back; compute001 is never touched."""
+    spec, work = lab
+    state = "sinfo -h -n compute002 -o '%T|%E'"
+    assert _until(spec, work, state, "idle|none") == "idle|none"
+    _on(spec, work, "compute002", "head -c 56M /dev/zero > /dev/shm/provision-test")
+    broke = time.monotonic()
+    try:
+        drained = _until(spec, work, state, "", seconds=60, until=lambda s: "drain" in s)
+        took = time.monotonic() - broke
+        assert drained.startswith("drained|health: disk /dev/shm: "), drained
+        assert drained.endswith("% free (at least 20%)"), drained
+        print(f"health: compute002 drained {took:.0f} s after /dev/shm filled")
+    finally:
+        _on(spec, work, "compute002", "rm -f /dev/shm/provision-test")
+    freed = time.monotonic()
+    assert _until(spec, work, state, "idle|none", seconds=60) == "idle|none"
+    print(f"health: compute002 resumed {time.monotonic() - freed:.0f} s after /dev/shm freed")
+    assert _on(spec, work, "head001", "sinfo -h -n compute001 -o %T") == "idle"
+    query = urllib.parse.urlencode({"query": 'provision_health_check_ok{node="compute002"}'})
+    metrics = _prometheus(f"/api/v1/query?{query}")
+    assert {m["metric"]["check"] for m in metrics["result"]} == {
+        "munge",
+        "time",
+        "disk /",
+        "disk /dev/shm",
+    }
 
 
 def test_ssh_reaches_the_head_as_a_user_would(lab: tuple[Path, Path]) -> None:
@@ -196,13 +234,22 @@ def _on(spec: Path, work: Path, node: str, command: str) -> str:
     return r.stdout.strip()
 
 
-def _until(spec: Path, work: Path, command: str, expected: str, seconds: float = 60) -> str:
-    """The head's answer to command once it is `expected`, or the last one after `seconds`
-    (a node slurmctld has not pinged since a change shows `*` for a while)."""
+def _until(
+    spec: Path,
+    work: Path,
+    command: str,
+    expected: str,
+    seconds: float = 60,
+    until: Callable[[str], bool] | None = None,
+) -> str:
+    """The head's answer to command once it is `expected` (or `until` holds for it), or the
+    last one after `seconds` (a node slurmctld has not pinged since a change shows `*` for a
+    while)."""
     deadline = time.monotonic() + seconds
     while True:
         got = _on(spec, work, "head001", command)
-        if got == expected or time.monotonic() > deadline:
+        done = until(got) if until is not None else got == expected
+        if done or time.monotonic() > deadline:
             return got
         time.sleep(2)
 

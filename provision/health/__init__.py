@@ -1,0 +1,233 @@
+"""Node health checks that act: Slurm's HealthCheckProgram on every compute node.
+
+slurmd runs `provision-health` every HealthCheckInterval seconds. It checks what a job on the
+node needs (munge, the clock, free disk, the spec's mounts, the GPUs and fabric ports the
+profile promises), drains the node with a reason naming the failed check, and resumes a node
+that it drained itself (reason `health: ...`) once every check passes again. A node drained by
+someone else stays drained. Each run writes its results for the node exporter's textfile
+collector, so Prometheus sees them too.
+
+Standard library only: it runs from this project's wheel on the node (see run/wheel.py), with
+the parsers of provision/parsers/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision.parsers import fabric as fp
+from provision.parsers.gpu import GpuExpect, findings_from, gpu_commands
+
+CONFIG = Path("/etc/provision/health.json")
+PREFIX = "health: "  # the reason of a drain this program made, and so may undo
+REASON_MAX = 200  # characters of a Slurm reason kept; the rest of a long finding is cut
+
+
+@dataclass(frozen=True)
+class Result:
+    check: str
+    ok: bool
+    detail: str
+
+
+Run = Callable[[str], tuple[int, str]]  # shell command -> (exit code, stdout and stderr)
+
+
+def shell(command: str, timeout: float = 60) -> tuple[int, str]:
+    try:
+        done = subprocess.run(
+            command,
+            shell=True,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return 124, f"timed out after {timeout:.0f} s"
+    return done.returncode, done.stdout + done.stderr
+
+
+def check_munge(run: Run) -> Result:
+    code, out = run("munge -n | unmunge")
+    status = next((ln for ln in out.splitlines() if ln.startswith("STATUS:")), "")
+    ok = code == 0 and "Success" in status
+    first = out.strip().splitlines()[:1]
+    return Result("munge", ok, "a credential decodes" if ok else (first[0] if first else "failed"))
+
+
+def check_time(run: Run) -> Result:
+    code, out = run("chronyc -n tracking")
+    if code != 0:
+        first = out.strip().splitlines()[:1]
+        return Result("time", False, f"chronyd does not answer: {first[0] if first else code}")
+    fields = dict(
+        (k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in out.splitlines()) if v
+    )
+    leap = fields.get("Leap status", "")
+    ok = leap != "" and leap != "Not synchronised"
+    return Result("time", ok, f"chrony: {leap or 'no leap status'}")
+
+
+def check_disk(path: str, min_free_percent: float) -> Result:
+    try:
+        st = os.statvfs(path)
+    except OSError as exc:
+        return Result(f"disk {path}", False, f"cannot read: {exc.strerror}")
+    free = 100.0 * st.f_bavail / st.f_blocks if st.f_blocks else 0.0
+    return Result(
+        f"disk {path}",
+        free >= min_free_percent,
+        f"{free:.1f}% free (at least {min_free_percent:g}%)",
+    )
+
+
+def mount_points(mounts_text: str) -> set[str]:
+    """Mount points of /proc/self/mounts (octal escapes undone)."""
+    points = set()
+    for line in mounts_text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            points.add(parts[1].encode().decode("unicode_escape"))
+    return points
+
+
+def check_mounts(paths: list[str], mounts_text: str) -> list[Result]:
+    points = mount_points(mounts_text)
+    return [
+        Result(f"mount {p}", p in points, "mounted" if p in points else "not mounted")
+        for p in paths
+    ]
+
+
+def check_gpus(want: GpuExpect, run: Run) -> list[Result]:
+    """The GPU checks of verify, without the NCCL test: count, model and memory, driver pin,
+    persistence, memory errors (ECC, pending retirement, row remapping), PCIe, NVLink."""
+    outputs = {name: run(cmd) for name, cmd in gpu_commands(want, all_reduce=None).items()}
+    return [Result(c, ok, d) for c, ok, d in findings_from(want, outputs)]
+
+
+def check_fabric(fabric: dict[str, object], run: Run) -> list[Result]:
+    code, out = run("ibstat")
+    if code != 0:
+        first = out.strip().splitlines()[:1]
+        return [Result("hca count", False, f"ibstat failed: {first[0] if first else code}")]
+    devices = [str(d) for d in fabric.get("devices", [])]  # type: ignore[attr-defined]
+    found = fp.hca_findings(
+        fp.parse_ibstat(out),
+        devices,
+        int(fabric["count"]),  # type: ignore[call-overload]
+        int(fabric["rate_gbps"]),  # type: ignore[call-overload]
+        str(fabric["link_layer"]),
+    )
+    return [Result(c, ok, d) for c, ok, d in found]
+
+
+def run_checks(
+    config: dict[str, object], run: Run = shell, mounts_text: str | None = None
+) -> list[Result]:
+    results = [check_munge(run), check_time(run)]
+    for disk in config.get("disks", []):  # type: ignore[attr-defined]
+        results.append(check_disk(str(disk["path"]), float(disk["min_free_percent"])))
+    mounts = [str(p) for p in config.get("mounts", [])]  # type: ignore[attr-defined]
+    if mounts:
+        text = mounts_text if mounts_text is not None else Path("/proc/self/mounts").read_text()
+        results += check_mounts(mounts, text)
+    gpu = config.get("gpu")
+    if isinstance(gpu, dict):
+        results += check_gpus(GpuExpect(**gpu), run)
+    fabric = config.get("fabric")
+    if isinstance(fabric, dict):
+        results += check_fabric(fabric, run)
+    return results
+
+
+# --- what slurmctld knows of the node, and what to do about it --------------------------------
+
+
+def parse_node(text: str) -> tuple[set[str], str]:
+    """State flags and reason from `scontrol -o show node NAME` (one line of Key=Value)."""
+    state = ""
+    reason = ""
+    # Reason= runs to the next known key (its value may hold spaces)
+    if " Reason=" in text:
+        tail = text.split(" Reason=", 1)[1]
+        reason = tail.split(" Comment=")[0].split(" ExtSensors")[0].split(" CapWatts")[0]
+        reason = reason.strip()
+        if reason.endswith("]") and " [" in reason:  # "why [user@time]"
+            reason = reason[: reason.rindex(" [")]
+    for word in text.split():
+        if word.startswith("State="):
+            state = word.removeprefix("State=")
+    return set(state.replace("+", " ").split()), reason
+
+
+def reason_for(failed: list[Result]) -> str:
+    text = PREFIX + "; ".join(f"{r.check}: {r.detail}" for r in failed)
+    # a reason is one line of plain text on the scontrol command line
+    text = " ".join(text.replace('"', "'").split())
+    return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
+
+
+def decide(results: list[Result], flags: set[str], reason: str) -> tuple[str, str] | None:
+    """(action, reason) for scontrol: ("drain", why) or ("resume", ""), or None to leave the
+    node as it is."""
+    failed = [r for r in results if not r.ok]
+    drained = bool(flags & {"DRAIN", "DRAINED", "DRAINING"})
+    ours = reason.startswith(PREFIX)
+    if failed:
+        why = reason_for(failed)
+        if drained and not ours:
+            return None  # an operator's or a rolling change's drain: theirs to undo
+        if drained and reason == why:
+            return None
+        return ("drain", why)
+    if drained and ours:
+        return ("resume", "")
+    return None
+
+
+def act(node: str, action: tuple[str, str], scontrol: str) -> tuple[int, str]:
+    verb, why = action
+    argv = [scontrol, "update", f"NodeName={node}"]
+    argv += ["State=DRAIN", f"Reason={why}"] if verb == "drain" else ["State=RESUME"]
+    return shell(shlex.join(argv))
+
+
+def prometheus_text(results: list[Result], now: float) -> str:
+    lines = [
+        "# HELP provision_health_check_ok 1 when the health check passed on its last run",
+        "# TYPE provision_health_check_ok gauge",
+    ]
+    for r in results:
+        label = r.check.replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'provision_health_check_ok{{check="{label}"}} {int(r.ok)}')
+    lines += [
+        "# HELP provision_health_last_run_timestamp_seconds when the health checks last ran",
+        "# TYPE provision_health_last_run_timestamp_seconds gauge",
+        f"provision_health_last_run_timestamp_seconds {now:.0f}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_metrics(directory: Path, results: list[Result]) -> None:
+    """Atomically: the collector never reads half a file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / ".provision-health.prom.tmp"
+    tmp.write_text(prometheus_text(results, time.time()))
+    tmp.chmod(0o644)
+    tmp.replace(directory / "provision-health.prom")
+
+
+def load_config(path: Path) -> dict[str, object]:
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return data

@@ -1,0 +1,74 @@
+"""provision-health: run the node's health checks, drain or resume it, record the results.
+
+    provision-health [--config /etc/provision/health.json] [--report-only] [--node NAME]
+
+One line per check (PASS/FAIL name: detail), then what it did to the node. Exit 0 when every
+check passes, 1 when one fails, 2 on a usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from pathlib import Path
+
+from provision.health import (
+    CONFIG,
+    act,
+    decide,
+    load_config,
+    parse_node,
+    run_checks,
+    shell,
+    write_metrics,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="provision-health", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=CONFIG)
+    parser.add_argument(
+        "--report-only", action="store_true", help="check and print; drain and resume nothing"
+    )
+    parser.add_argument("--node", help="the node's Slurm name (default: the short host name)")
+    parser.add_argument("--scontrol", default="scontrol", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except (OSError, ValueError) as exc:
+        print(f"provision-health: {exc}", file=sys.stderr)
+        return 2
+    results = run_checks(config)
+    for r in results:
+        print(f"{'PASS' if r.ok else 'FAIL'} {r.check}: {r.detail}")
+    textfile = config.get("textfile_dir")
+    if isinstance(textfile, str):
+        try:
+            write_metrics(Path(textfile), results)
+        except OSError as exc:
+            print(f"provision-health: metrics not written: {exc}", file=sys.stderr)
+    failed = any(not r.ok for r in results)
+    if args.report_only:
+        return 1 if failed else 0
+    node = args.node or socket.gethostname().split(".")[0]
+    code, out = shell(f"{args.scontrol} -o show node {node}")
+    if code != 0:
+        print(f"provision-health: slurmctld does not answer for {node}: {out.strip()[:200]}")
+        return 1 if failed else 0
+    flags, reason = parse_node(out)
+    action = decide(results, flags, reason)
+    if action is None:
+        print(f"health: {node}: left as it is ({'+'.join(sorted(flags)) or 'no state'})")
+    else:
+        code, out = act(node, action, args.scontrol)
+        done = "drained" if action[0] == "drain" else "resumed"
+        if code == 0:
+            print(f"health: {node}: {done}" + (f" ({action[1]})" if action[1] else ""))
+        else:
+            print(f"provision-health: {node} not {done}: {out.strip()[:200]}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""What the health checks on each compute pool's nodes expect (files/health/<pool>.json): free
+space, the spec's mounts, and the GPUs and fabric ports the pool's profile promises. The
+program that reads it is provision/health/; verify checks the GPUs against the same promise."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from provision.cluster import Cluster, PoolView
+from provision.parsers.gpu import GpuExpect
+from provision.spec.fabric import rails
+
+# where the node exporter's textfile collector reads (the node_exporter role's default)
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+
+
+def gpu_expect(view: PoolView, driver: str | None) -> GpuExpect | None:
+    gpu = view.profile.gpu
+    if gpu is None:
+        return None
+    return GpuExpect(
+        count=gpu.count,
+        family=gpu.slurm_type,
+        memory_gib=gpu.memory_gib,
+        driver=driver,
+        nvlink_links=gpu.nvlink_links,
+        pcie_gen=gpu.pcie_gen,
+        pcie_width=gpu.pcie_width,
+        nvswitch=gpu.nvswitch,
+        busbw_gbs=gpu.nccl_busbw_gbs,
+    )
+
+
+def health_files(cluster: Cluster) -> dict[str, str]:
+    spec = cluster.spec
+    if spec.health is None or spec.scheduler != "slurm":
+        return {}
+    out = {}
+    for view in cluster.pools_with_role("compute"):
+        out[f"files/health/{view.name}.json"] = (
+            json.dumps(health_config(cluster, view), indent=2, sort_keys=True) + "\n"
+        )
+    return out
+
+
+def health_config(cluster: Cluster, view: PoolView) -> dict[str, object]:
+    spec = cluster.spec
+    assert spec.health is not None
+    mounts = [m.path for m in spec.storage.mounts if m.pools is None or view.name in m.pools]
+    config: dict[str, object] = {
+        "disks": [d.model_dump() for d in spec.health.disks],
+        "mounts": mounts,
+        "textfile_dir": TEXTFILE_DIR if spec.monitoring is not None else None,
+    }
+    want = gpu_expect(view, spec.software.nvidia_driver)
+    if want is not None and view.pool.provider != "lab":
+        config["gpu"] = dataclasses.asdict(want)
+    pool_rails = rails(view.profile, spec.network.fabric.kind)
+    if pool_rails and view.pool.provider != "lab":  # a lab container has no adapter
+        config["fabric"] = {
+            "devices": [r.device for r in pool_rails if r.device],
+            "count": len(pool_rails),
+            "rate_gbps": pool_rails[0].rate_gbps,
+            "link_layer": "InfiniBand" if spec.network.fabric.kind == "infiniband" else "Ethernet",
+        }
+    return config

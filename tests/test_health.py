@@ -1,0 +1,277 @@
+"""The health checks (provision/health/) on recorded GPU and InfiniBand outputs, and their drain
+and resume through a fake scontrol. Live in the lab: tests/integration/test_lab.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from provision.cluster import Cluster
+from provision.health import (
+    PREFIX,
+    Result,
+    decide,
+    mount_points,
+    parse_node,
+    prometheus_text,
+    reason_for,
+    run_checks,
+)
+from provision.render import render
+from provision.render.health import health_config
+from provision.run.wheel import build_wheel
+from provision.spec import load_spec
+
+from .conftest import ROOT
+
+NVIDIA = ROOT / "tests" / "data" / "nvidia"
+FABRIC = ROOT / "tests" / "data" / "fabric"
+CHRONY_OK = (
+    "Reference ID    : 0A4D000B (10.77.0.11)\nStratum         : 11\nLeap status     : Normal\n"
+)
+MUNGE_OK = "STATUS:          Success (0)\nENCODE_HOST:     gpu001\n"
+# recorded on a lab node (Slurm 22.05): the reason comes last, with who set it and when
+SHOW_NODE = (
+    "NodeName=compute001 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=1 CPUTot=1 "
+    "Partitions=compute  BootTime=2026-11-30T10:27:52 State={state} ThreadsPerCore=1 "
+    "CapWatts=n/a CurrentWatts=0 AveWatts=0 ExtSensorsJoules=n/s ExtSensorsWatts=0 "
+    "ExtSensorsTemp=n/s{reason}"
+)
+
+
+def _node(state: str, reason: str = "") -> str:
+    return SHOW_NODE.format(
+        state=state, reason=f" Reason={reason} [root@2026-12-01T06:53:48]" if reason else ""
+    )
+
+
+def _dgx_config() -> dict[str, object]:
+    cluster = Cluster(load_spec(ROOT / "examples" / "dgx-superpod.yaml"))
+    spec = cluster.spec.model_copy(update={"health": {"interval": 300}})
+    spec = type(spec).model_validate(spec.model_dump())
+    cluster = Cluster(spec)
+    view = next(v for v in cluster.pools if v.name == "gpu")
+    return health_config(cluster, view)
+
+
+def _fake_run(files: dict[str, str | tuple[int, str]]):  # type: ignore[no-untyped-def]
+    """A shell: each command answered from recorded output, by the command's first words."""
+
+    def run(command: str) -> tuple[int, str]:
+        for prefix, answer in files.items():
+            if command.startswith(prefix):
+                return answer if isinstance(answer, tuple) else (0, answer)
+        raise AssertionError(f"unexpected command: {command}")
+
+    return run
+
+
+def _healthy_outputs() -> dict[str, str | tuple[int, str]]:
+    return {
+        "munge -n": MUNGE_OK,
+        "chronyc": CHRONY_OK,
+        "nvidia-smi --query-gpu": (NVIDIA / "query-gpu-h100-healthy.csv").read_text(),
+        "nvidia-smi --query-remapped-rows": (NVIDIA / "remapped-rows-healthy.csv").read_text(),
+        "nvidia-smi nvlink": (NVIDIA / "nvlink-status-h100.txt").read_text(),
+        "systemctl is-active nvidia-fabricmanager": "active\n",
+        "ibstat": (FABRIC / "ibstat-dgx-healthy.txt").read_text(),
+    }
+
+
+def test_a_healthy_dgx_node_passes_every_check() -> None:
+    config = _dgx_config()
+    assert config["gpu"] and config["fabric"]
+    config["disks"] = []
+    results = run_checks(config, _fake_run(_healthy_outputs()), mounts_text="")
+    failed = [r for r in results if not r.ok]
+    assert not failed, failed
+    names = [r.check for r in results]
+    assert names[:2] == ["munge", "time"]
+    assert {"gpu.count", "gpu.memory-errors", "gpu.nvlink", "hca count"} <= set(names)
+
+
+@pytest.mark.parametrize(
+    ("command", "recording", "check", "detail"),
+    [
+        ("nvidia-smi --query-gpu", "query-gpu-h100-degraded.csv", "gpu.", "7 of 8"),
+        ("nvidia-smi --query-remapped-rows", "remapped-rows-pending.csv", "gpu.memory-errors",
+         "row remap pending"),
+        ("nvidia-smi nvlink", "nvlink-status-h100-two-down.txt", "gpu.nvlink", "of 18 up"),
+        ("ibstat", "ibstat-dgx-degraded.txt", "hca", ""),
+    ],
+)  # fmt: skip
+def test_each_recorded_failure_fails_its_check(
+    command: str, recording: str, check: str, detail: str
+) -> None:
+    config = _dgx_config()
+    config["disks"] = []
+    outputs = _healthy_outputs()
+    folder = FABRIC if command == "ibstat" else NVIDIA
+    outputs[command] = (folder / recording).read_text()
+    failed = [r for r in run_checks(config, _fake_run(outputs), "") if not r.ok]
+    assert failed and all(r.check.startswith(check) for r in failed), failed
+    assert detail in failed[0].detail, failed
+
+
+def test_munge_time_disk_and_mount_failures() -> None:
+    outputs = {
+        "munge -n": (1, 'munge: Error: Failed to access "/run/munge/munge.socket.2"\n'),
+        "chronyc": (1, "506 Cannot talk to daemon\n"),
+    }
+    config = {"disks": [{"path": "/", "min_free_percent": 99}], "mounts": ["/home", "/"]}
+    results = {r.check: r for r in run_checks(config, _fake_run(outputs), "rootfs / ext4 rw 0 0\n")}
+    assert not results["munge"].ok and "munge.socket" in results["munge"].detail
+    assert not results["time"].ok and "chronyd does not answer" in results["time"].detail
+    assert not results["disk /"].ok and "(at least 99%)" in results["disk /"].detail
+    assert not results["mount /home"].ok and results["mount /"].ok
+    unsynced = {"munge -n": MUNGE_OK, "chronyc": "Leap status     : Not synchronised\n"}
+    time = next(r for r in run_checks({}, _fake_run(unsynced), "") if r.check == "time")
+    assert not time.ok and time.detail == "chrony: Not synchronised"
+
+
+def test_mount_points_undo_the_kernels_escapes() -> None:
+    text = "server:/a\\040b /mnt/a\\040b nfs4 rw 0 0\n/dev/sda1 / ext4 rw 0 0\n"
+    assert mount_points(text) == {"/mnt/a b", "/"}
+
+
+def test_parse_node_reads_state_flags_and_reason_without_its_stamp() -> None:
+    assert parse_node(_node("IDLE")) == ({"IDLE"}, "")
+    flags, reason = parse_node(_node("IDLE+DRAIN", "health: disk /: 3.0% free"))
+    assert flags == {"IDLE", "DRAIN"} and reason == "health: disk /: 3.0% free"
+    text = "NodeName=a State=MIXED+DRAIN Reason=maintenance window [alice@2026-12-01T00:00:00]"
+    assert parse_node(text) == ({"MIXED", "DRAIN"}, "maintenance window")
+
+
+BAD = [Result("disk /dev/shm", False, "3.1% free (at least 20%)")]
+GOOD = [Result("munge", True, "a credential decodes")]
+
+
+def test_decide_drains_a_failing_node_and_resumes_only_its_own_drains() -> None:
+    why = reason_for(BAD)
+    assert why == "health: disk /dev/shm: 3.1% free (at least 20%)"
+    assert decide(BAD, {"IDLE"}, "") == ("drain", why)
+    assert decide(BAD, {"IDLE", "DRAIN"}, why) is None  # already drained for that
+    assert decide(BAD, {"IDLE", "DRAIN"}, PREFIX + "time: x") == ("drain", why)  # new reason
+    assert decide(BAD, {"IDLE", "DRAIN"}, "maintenance") is None  # not ours to touch
+    assert decide(GOOD, {"IDLE", "DRAIN"}, why) == ("resume", "")
+    assert decide(GOOD, {"IDLE", "DRAIN"}, "maintenance") is None
+    assert decide(GOOD, {"ALLOCATED"}, "") is None
+    long = [Result(f"check{i}", False, "x" * 50) for i in range(10)]
+    assert len(reason_for(long)) == 200 and reason_for(long).endswith("...")
+    assert '"' not in reason_for([Result("a", False, 'say "no"\nnow')])
+
+
+def test_metrics_for_the_textfile_collector() -> None:
+    text = prometheus_text([*BAD, *GOOD], 1796108028.0)
+    assert 'provision_health_check_ok{check="disk /dev/shm"} 0' in text
+    assert 'provision_health_check_ok{check="munge"} 1' in text
+    assert "provision_health_last_run_timestamp_seconds 1796108028" in text
+
+
+def _fake_scontrol(tmp_path: Path, node_text: str) -> tuple[Path, Path]:
+    log = tmp_path / "scontrol.log"
+    program = tmp_path / "scontrol"
+    program.write_text(
+        f'#!/bin/sh\necho "$*" >> {log}\nif [ "$1" = "-o" ]; then cat {tmp_path / "node.txt"}; fi\n'
+    )
+    (tmp_path / "node.txt").write_text(node_text + "\n")
+    program.chmod(program.stat().st_mode | stat.S_IEXEC)
+    return program, log
+
+
+def _program(tmp_path: Path, config: dict[str, object], node_text: str) -> tuple[str, str]:
+    """The program from this project's wheel, as the role installs it, with a fake scontrol;
+    munge and chronyc answer from stand-ins on PATH."""
+    wheel = build_wheel(tmp_path / "wheel")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in {
+        "munge": "cat /dev/null",
+        "unmunge": f"printf '{MUNGE_OK}'",
+        "chronyc": f"printf '{CHRONY_OK}'",
+    }.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    scontrol, log = _fake_scontrol(tmp_path, node_text)
+    (tmp_path / "health.json").write_text(json.dumps(config))
+    done = subprocess.run(
+        [sys.executable, "-I", "-c",
+         "import sys; sys.path.insert(0, sys.argv[1]); "
+         "from provision.health.__main__ import main; sys.exit(main(sys.argv[2:]))",
+         str(wheel), "--config", str(tmp_path / "health.json"), "--node", "compute001",
+         "--scontrol", str(scontrol)],
+        capture_output=True, text=True, check=False,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )  # fmt: skip
+    calls = log.read_text() if log.exists() else ""
+    return done.stdout + done.stderr + f"rc={done.returncode}", calls
+
+
+def test_the_program_drains_through_scontrol_and_writes_metrics(tmp_path: Path) -> None:
+    config = {
+        "disks": [{"path": "/", "min_free_percent": 100}],  # never met: / is never empty
+        "mounts": [],
+        "textfile_dir": str(tmp_path / "textfile"),
+    }
+    out, calls = _program(tmp_path, config, _node("IDLE"))
+    assert "PASS munge: a credential decodes" in out and "FAIL disk /:" in out, out
+    assert out.endswith("rc=1")
+    assert calls.splitlines()[0] == "-o show node compute001"
+    drain = calls.splitlines()[1]
+    assert drain.startswith("update NodeName=compute001 State=DRAIN Reason=health: disk /: ")
+    metrics = (tmp_path / "textfile" / "provision-health.prom").read_text()
+    assert 'provision_health_check_ok{check="disk /"} 0' in metrics
+
+
+def test_the_program_resumes_its_own_drain_once_well(tmp_path: Path) -> None:
+    config = {"disks": [{"path": "/", "min_free_percent": 1}], "mounts": []}
+    out, calls = _program(tmp_path, config, _node("IDLE+DRAIN", "health: disk /: 0.5% free"))
+    assert out.endswith("rc=0") and "health: compute001: resumed" in out, out
+    assert calls.splitlines()[1] == "update NodeName=compute001 State=RESUME"
+
+
+def test_the_program_leaves_an_operators_drain(tmp_path: Path) -> None:
+    config = {"disks": [], "mounts": []}
+    out, calls = _program(tmp_path, config, _node("IDLE+DRAIN", "bad fan"))
+    assert "left as it is (DRAIN+IDLE)" in out and len(calls.splitlines()) == 1, (out, calls)
+
+
+def test_rendered_for_every_compute_pool_and_named_in_slurm_conf() -> None:
+    files = render(Cluster(load_spec(ROOT / "examples" / "lab.yaml")))
+    config = json.loads(files["files/health/compute.json"])
+    assert config == {
+        "disks": [
+            {"path": "/", "min_free_percent": 5},
+            {"path": "/dev/shm", "min_free_percent": 20},
+        ],
+        "mounts": [],
+        "textfile_dir": "/var/lib/prometheus/node-exporter",
+    }
+    conf = files["files/slurm/slurm.conf"]
+    for line in (
+        "HealthCheckProgram=/usr/local/sbin/provision-health",
+        "HealthCheckInterval=60",
+        "HealthCheckNodeState=ANY",
+    ):
+        assert line in conf.splitlines()
+    assert "files/health/head.json" not in files  # slurmd runs on compute nodes only
+
+
+def test_the_program_imports_nothing_beyond_the_standard_library(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path)
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import provision.health.__main__; "
+        "print(sorted(m.split('.')[0] for m in sys.modules if m.split('.')[0] not in "
+        "sys.stdlib_module_names and m.split('.')[0] != 'provision' and not m.startswith('_')"
+        " and m != '__main__'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", probe, str(wheel)], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"
