@@ -164,7 +164,7 @@ def test_prometheus_scrapes_every_node_and_loads_the_rules(lab: tuple[Path, Path
     groups = {g["name"]: len(g["rules"]) for g in _prometheus("/api/v1/rules")["groups"]}
     assert groups == {
         "provision-node": 6,
-        "provision-gpu": 7,
+        "provision-gpu": 8,
         "provision-fabric": 3,
         "provision-health": 2,
         "provision-cluster": 3,
