@@ -290,7 +290,8 @@ def _apply(
     known = inventory_nodes(applied.get(INVENTORY, ""))
     new_nodes = [h for h in run.hosts if h not in known]
     extra_vars["provision_drained"] = new_nodes
-    if any(n.elastic for n in cluster.nodes) or cluster.spec.health is not None:
+    wanted = (cluster.spec.health, cluster.spec.monitoring)  # the nodes' programs run from it
+    if any(n.elastic for n in cluster.nodes) or any(w is not None for w in wanted):
         extra_vars["provision_wheel"] = str(build_wheel(state.dir / "wheel").resolve())
     rolling = scope.batch is not None and bool(known)
     if scope.batch is not None and not known:

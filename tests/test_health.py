@@ -275,3 +275,20 @@ def test_the_program_imports_nothing_beyond_the_standard_library(tmp_path: Path)
         [sys.executable, "-I", "-c", probe, str(wheel)], capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_slurm_metrics_from_sinfo_and_squeue() -> None:
+    from provision.health.slurm_metrics import metrics
+
+    sinfo = (0, "compute001 idle\ncompute002 drained*\nburst001 idle~\ncompute001 idle\n")
+    squeue = (0, "RUNNING|None\nPENDING|Resources\nPENDING|Dependency\nPENDING|Priority\n")
+    text = metrics(sinfo, squeue, 1796108028.0)
+    lines = set(text.splitlines())
+    assert "slurm_controller_up 1" in lines
+    assert 'slurm_node_state{node="compute002",state="drained"} 1' in lines
+    assert 'slurm_node_state{node="burst001",state="idle"} 1' in lines
+    assert 'slurm_nodes{state="idle"} 2' in lines and 'slurm_nodes{state="drained"} 1' in lines
+    assert 'slurm_jobs{state="pending"} 3' in lines and 'slurm_jobs{state="running"} 1' in lines
+    assert "slurm_jobs_pending_on_resources 2" in lines  # not the one waiting on a dependency
+    down = metrics((1, "slurm_load_partitions: Unable to contact slurm controller"), (1, ""), 0)
+    assert "slurm_controller_up 0" in down and "slurm_node_state" not in down

@@ -34,7 +34,10 @@ _TABLE = (
     Variable("ansible_host", "host", (), "the node's management address"),
     # the cluster
     Variable("provision_cluster", "all", ("common",), "name, in the marker of managed blocks"),
-    Variable("provision_scheduler", "all", ("playbooks/site",), "which scheduler's plays run"),
+    Variable(
+        "provision_scheduler", "all", ("playbooks/site", "node_exporter"),
+        "which scheduler's plays run (and whether the heads export Slurm's states)",
+    ),
     Variable(
         "provision_files_dir", "all", ("common", "firewall", "nccl", "slurm"),
         "where the rendered files are, beside the inventory",
@@ -60,9 +63,9 @@ _TABLE = (
         "the nodes new to the cluster (provision/lifecycle.py)",
     ),
     Variable(
-        "provision_wheel", "extra", ("burst", "health"),
+        "provision_wheel", "extra", ("burst", "health", "node_exporter"),
         "this project's wheel, made by apply on the workstation: the heads' burst programs and "
-        "the compute nodes' health checks run from it",
+        "the compute nodes' health checks and the heads' Slurm metrics run from it",
     ),
     Variable("common_time_servers", "all", ("common",), "network.time_servers"),
     Variable("common_time_allow", "all", ("common",), "the management network, chrony's clients"),

@@ -74,7 +74,21 @@ def _prometheus(cluster: Cluster) -> dict[str, Any]:
                 {"targets": [f"localhost:{monitoring.alertmanager_port}"], "labels": _own(watcher)}
             ],
         },
-        {"job_name": "node", "static_configs": _static(lasting, monitoring.node_exporter_port)},
+        {
+            "job_name": "node",
+            # the Slurm metrics of the heads name the node they are about (node="gpu001"):
+            # that label wins over the head's own, and the head's pool is not theirs
+            "honor_labels": True,
+            "metric_relabel_configs": [
+                {
+                    "source_labels": ["__name__"],
+                    "regex": "slurm_node_state",
+                    "target_label": "pool",
+                    "replacement": "",
+                }
+            ],
+            "static_configs": _static(lasting, monitoring.node_exporter_port),
+        },
     ]
     nvidia = spec.nvidia
     if nvidia.dcgm and nvidia.dcgm_exporter_url is not None:  # the dcgm role runs the exporter

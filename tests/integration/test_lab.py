@@ -167,8 +167,21 @@ def test_prometheus_scrapes_every_node_and_loads_the_rules(lab: tuple[Path, Path
         "provision-gpu": 8,
         "provision-fabric": 3,
         "provision-health": 2,
+        "provision-slurm": 5,
         "provision-cluster": 3,
     }
+    # the head's Slurm metrics name the compute nodes they are about
+    deadline = time.monotonic() + 60
+    while True:
+        query = urllib.parse.urlencode({"query": "slurm_node_state"})
+        found = {
+            m["metric"]["node"]: (m["metric"]["state"], m["metric"].get("pool"))
+            for m in _prometheus(f"/api/v1/query?{query}")["result"]
+        }
+        if found or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    assert found == {"compute001": ("idle", None), "compute002": ("idle", None)}
     # the exporters answer the monitoring node only: from this machine, nothing
     with pytest.raises(TimeoutError):  # dropped by the firewall, not refused
         socket.create_connection(("10.76.0.12", 9100), timeout=3).close()

@@ -1,0 +1,97 @@
+"""provision-slurm-metrics: what Slurm says of its nodes and jobs, for the node exporter's
+textfile collector on the head nodes (a systemd timer runs it; Debian has no Slurm exporter).
+
+    slurm_controller_up 1                       sinfo got an answer from slurmctld
+    slurm_node_state{node="gpu001", state="drained"} 1   one series per node: its state now
+    slurm_nodes{state="idle"} 6                 nodes per state
+    slurm_jobs{state="pending"} 3               jobs per state
+    slurm_jobs_pending_on_resources 1           pending for Resources or Priority (they wait for
+                                                nodes, not for a dependency, a hold or a limit)
+
+The node label is the Slurm node's own name; the monitoring role's scrape of node exporters
+keeps it (honor_labels), so an alert on a node's Slurm state names that node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from provision.health import shell
+from provision.parsers.slurm import parse_sinfo_nodes
+
+FILE = "provision-slurm.prom"
+# the states sinfo prints with %T, and the flags it appends (* not responding, ~ powered off...)
+_FLAGS = "*~#!%$@^-"
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def metrics(sinfo: tuple[int, str], squeue: tuple[int, str], now: float) -> str:
+    up = sinfo[0] == 0
+    lines = [
+        "# HELP slurm_controller_up 1 when slurmctld answered sinfo",
+        "# TYPE slurm_controller_up gauge",
+        f"slurm_controller_up {int(up)}",
+        "# HELP slurm_metrics_timestamp_seconds when these Slurm metrics were taken",
+        "# TYPE slurm_metrics_timestamp_seconds gauge",
+        f"slurm_metrics_timestamp_seconds {now:.0f}",
+    ]
+    if not up:
+        return "\n".join(lines) + "\n"
+    states = {n: s.rstrip(_FLAGS) for n, s in parse_sinfo_nodes(sinfo[1]).items()}
+    lines += ["# HELP slurm_node_state the node's state now", "# TYPE slurm_node_state gauge"]
+    counts: dict[str, int] = {}
+    for node, state in sorted(states.items()):
+        lines.append(f'slurm_node_state{{node="{_escape(node)}",state="{_escape(state)}"}} 1')
+        counts[state] = counts.get(state, 0) + 1
+    lines += ["# HELP slurm_nodes nodes per state", "# TYPE slurm_nodes gauge"]
+    lines += [f'slurm_nodes{{state="{_escape(s)}"}} {c}' for s, c in sorted(counts.items())]
+    jobs: dict[str, int] = {}
+    waiting = 0
+    if squeue[0] == 0:
+        for line in squeue[1].splitlines():
+            state, _, reason = line.strip().partition("|")
+            if not state:
+                continue
+            jobs[state.lower()] = jobs.get(state.lower(), 0) + 1
+            if state == "PENDING" and reason in ("Resources", "Priority"):
+                waiting += 1
+    lines += ["# HELP slurm_jobs jobs per state", "# TYPE slurm_jobs gauge"]
+    for state in ("pending", "running"):
+        jobs.setdefault(state, 0)
+    lines += [f'slurm_jobs{{state="{_escape(s)}"}} {c}' for s, c in sorted(jobs.items())]
+    lines += [
+        "# HELP slurm_jobs_pending_on_resources jobs pending for Resources or Priority",
+        "# TYPE slurm_jobs_pending_on_resources gauge",
+        f"slurm_jobs_pending_on_resources {waiting}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="provision-slurm-metrics", description=__doc__)
+    parser.add_argument(
+        "--textfile-dir", type=Path, default=Path("/var/lib/prometheus/node-exporter")
+    )
+    args = parser.parse_args(argv)
+    text = metrics(
+        shell("sinfo -h -N -o '%N %T'", timeout=30),
+        shell("squeue -h -o '%T|%r'", timeout=30),
+        time.time(),
+    )
+    directory: Path = args.textfile_dir
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{FILE}.tmp"
+    tmp.write_text(text)
+    tmp.chmod(0o644)
+    tmp.replace(directory / FILE)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
