@@ -264,12 +264,25 @@ def apply(
 
 @app.command()
 @guarded
-def verify(spec: SpecArg = DEFAULT_SPEC, state_dir: StateOpt = None) -> None:
-    """Run the live acceptance checks against the cluster."""
+def verify(
+    spec: SpecArg = DEFAULT_SPEC,
+    state_dir: StateOpt = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="one JSON object per check, a line each, for automation"),
+    ] = False,
+) -> None:
+    """Run the live acceptance checks against the cluster (jobs may be running: busy nodes
+    pass, the test job runs on the idle ones)."""
     from provision.lifecycle import verify as do_verify
-    from provision.verify import print_checks
+    from provision.verify import json_lines, print_checks
 
-    failed = print_checks(do_verify(spec, _state_root(state_dir)), out)
+    results = do_verify(spec, _state_root(state_dir))
+    if as_json:
+        sys.stdout.write(json_lines(results))
+        failed = sum(not r.passed for r in results)
+    else:
+        failed = print_checks(results, out)
     if failed:
         raise typer.Exit(1)
 

@@ -14,6 +14,8 @@ from provision.parsers.node import (
 )
 from provision.parsers.slurm import parse_sacct_states, parse_sinfo_nodes, parse_srun_hosts
 
+from .conftest import ROOT
+
 DATA = Path(__file__).parent / "data"
 KEY_A = (
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFxsWi/kWC/jwkJ3ZrWg1zvAFVA3skOEzrF8xvZk54Zh "
@@ -78,3 +80,51 @@ def test_os_release() -> None:
     assert not os_matches("ubuntu22.04", os_id, version)
     assert os_matches("rocky9", "rocky", "9.4")
     assert not os_matches("rocky9", "rocky", "90")
+
+
+def _scheduler_results(sinfo: str) -> tuple[list[tuple[str, str, bool, str]], list[str]]:
+    """check_scheduler against a head that answers sinfo with `sinfo` and runs srun."""
+    from provision.cluster import Cluster
+    from provision.spec import load_spec
+    from provision.state import State
+    from provision.verify import VerifyContext
+    from provision.verify.remote import Output
+    from provision.verify.slurm import check_scheduler
+
+    asked: list[str] = []
+
+    class Head:
+        def run(self, command: str, sudo: bool = False, timeout: float = 60.0) -> Output:
+            asked.append(command)
+            if command.startswith("sinfo"):
+                return Output(0, sinfo, "")
+            if "srun" in command:
+                return Output(0, "7 compute002\n", "")
+            return Output(0, "7|COMPLETED\n", "")
+
+    cluster = Cluster(load_spec(ROOT / "examples" / "lab.yaml"))
+    ctx = VerifyContext(cluster, State(Path("/nonexistent"), "lab"), "")
+    results = check_scheduler(ctx, {"head001": Head()})  # type: ignore[dict-item]
+    return [(r.check, r.target, r.passed, r.evidence) for r in results], asked
+
+
+def test_verify_on_a_busy_cluster_runs_its_job_on_the_idle_nodes_only() -> None:
+    results, asked = _scheduler_results("compute001 allocated\ncompute002 idle\n")
+    assert results == [
+        ("sinfo", "compute001", True, "state allocated (running jobs)"),
+        ("sinfo", "compute002", True, "state idle"),
+        ("srun", "compute002", True, "job 7 ran on compute002"),
+        ("sacct", "job 7", True, "state COMPLETED"),
+    ]
+    assert any("srun -N1 -w compute002 --time=2" in a for a in asked), asked
+
+
+def test_verify_with_every_node_busy_runs_no_job() -> None:
+    results, asked = _scheduler_results("compute001 mixed\ncompute002 allocated\n")
+    assert results[-1] == (
+        "srun",
+        "compute[001-002]",
+        True,
+        "not run: every compute node runs jobs",
+    )
+    assert not any("srun" in a for a in asked)

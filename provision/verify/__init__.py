@@ -3,6 +3,7 @@ the evidence. Parsers of command output are pure functions in provision/parsers/
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -207,6 +208,17 @@ def verify_cluster(cluster: Cluster, state: State, key_file: Path | None) -> lis
         for remote in remotes.values():
             remote.close()
     return results
+
+
+def json_lines(results: Sequence[CheckResult]) -> str:
+    """One JSON object per check, a line each: check, target, passed, evidence."""
+    return "".join(
+        json.dumps(
+            {"check": r.check, "target": r.target, "passed": r.passed, "evidence": r.evidence}
+        )
+        + "\n"
+        for r in results
+    )
 
 
 def print_checks(results: Sequence[CheckResult], console: Console) -> int:

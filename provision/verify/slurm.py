@@ -1,5 +1,6 @@
-"""Slurm acceptance: every node idle, a job on every compute node, the job in accounting,
-munge keys right, and the firewall admitting only what the spec allows."""
+"""Slurm acceptance: every compute node in service (idle, or running jobs), a job on every idle
+one, the job in accounting, munge keys right, and the firewall admitting only what the spec
+allows."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from provision.verify import CheckResult, VerifyContext
 from provision.verify.remote import Remote
 
 IDLE_WAIT_S = 90  # nodes register with slurmctld on their own schedule after a restart
+# node states (sinfo %T) of a node in service: idle, or running jobs
+BUSY = frozenset({"allocated", "mixed", "completing"})
+SERVING = BUSY | {"idle"}
 
 
 def check_munge_key(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
@@ -73,24 +77,32 @@ def check_scheduler(ctx: VerifyContext, remotes: dict[str, Remote]) -> list[Chec
     deadline = time.monotonic() + IDLE_WAIT_S
     while True:
         states = parse_sinfo_nodes(head.run("sinfo -h -N -o '%.64N %.32T'").stdout)
-        not_idle = {n: states.get(n, "absent") for n in compute if states.get(n) != "idle"}
-        if not not_idle or time.monotonic() > deadline:
+        out_of_service = [n for n in compute if states.get(n, "absent") not in SERVING]
+        if not out_of_service or time.monotonic() > deadline:
             break
         time.sleep(2)
     for name in compute:
         state = states.get(name, "absent")
-        results.append(CheckResult("sinfo", name, state == "idle", f"state {state}"))
-    if not_idle:
+        busy = " (running jobs)" if state in BUSY else ""
+        results.append(CheckResult("sinfo", name, state in SERVING, f"state {state}{busy}"))
+    if out_of_service:
+        return results
+    # the test job goes to the idle nodes only: jobs running elsewhere are left alone
+    idle = [n for n in compute if states[n] == "idle"]
+    if not idle:
+        results.append(
+            CheckResult("srun", compress(compute), True, "not run: every compute node runs jobs")
+        )
         return results
 
-    hostlist = compress(compute)
+    hostlist = compress(idle)
     out = head.run(
-        f"timeout 120 srun -N{len(compute)} -w {hostlist} --time=2 "
+        f"timeout 120 srun -N{len(idle)} -w {hostlist} --time=2 "
         "sh -c 'echo $SLURM_JOB_ID $(hostname)'",
         timeout=150,
     )
     job, hosts = parse_srun_hosts(out.stdout)
-    ran = out.rc == 0 and hosts == sorted(compute)
+    ran = out.rc == 0 and hosts == sorted(idle)
     results.append(
         CheckResult(
             "srun",

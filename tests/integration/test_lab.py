@@ -187,6 +187,25 @@ def test_prometheus_scrapes_every_node_and_loads_the_rules(lab: tuple[Path, Path
         socket.create_connection(("10.76.0.12", 9100), timeout=3).close()
 
 
+def test_verify_passes_while_a_job_occupies_a_node_and_speaks_json(lab: tuple[Path, Path]) -> None:
+    spec, work = lab
+    job = _on(spec, work, "head001", "sbatch --parsable -w compute001 --wrap 'sleep 300'")
+    try:
+        assert _until(spec, work, f"squeue -h -j {job} -o %T", "RUNNING") == "RUNNING"
+        r = provision("verify", str(spec), "--json", cwd=work)
+        assert r.returncode == 0, r.stdout + r.stderr
+        checks = [json.loads(line) for line in r.stdout.splitlines()]
+        assert len(checks) == 33 and all(c["passed"] for c in checks), r.stdout
+        found = {(c["check"], c["target"]): c["evidence"] for c in checks}
+        assert found[("sinfo", "compute001")] == "state allocated (running jobs)"
+        assert found[("srun", "compute002")].endswith("ran on compute002")
+        # the job it found running still runs
+        assert _on(spec, work, "head001", f"squeue -h -j {job} -o %T") == "RUNNING"
+    finally:
+        _on(spec, work, "head001", f"scancel {job}")
+    assert _until(spec, work, "sinfo -h -n compute001 -o %T", "idle") == "idle"
+
+
 def test_a_full_dev_shm_drains_the_node_naming_the_check_and_freeing_it_resumes(
     lab: tuple[Path, Path],
 ) -> None:
