@@ -185,7 +185,9 @@ def _fake_scontrol(tmp_path: Path, node_text: str) -> tuple[Path, Path]:
     return program, log
 
 
-def _program(tmp_path: Path, config: dict[str, object], node_text: str) -> tuple[str, str]:
+def _program(
+    tmp_path: Path, config: dict[str, object], node_text: str, *extra: str
+) -> tuple[str, str]:
     """The program from this project's wheel, as the role installs it, with a fake scontrol;
     munge and chronyc answer from stand-ins on PATH."""
     wheel = build_wheel(tmp_path / "wheel")
@@ -205,7 +207,7 @@ def _program(tmp_path: Path, config: dict[str, object], node_text: str) -> tuple
          "import sys; sys.path.insert(0, sys.argv[1]); "
          "from provision.health.__main__ import main; sys.exit(main(sys.argv[2:]))",
          str(wheel), "--config", str(tmp_path / "health.json"), "--node", "compute001",
-         "--scontrol", str(scontrol)],
+         "--scontrol", str(scontrol), *extra],
         capture_output=True, text=True, check=False,
         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
     )  # fmt: skip
@@ -251,6 +253,7 @@ def test_rendered_for_every_compute_pool_and_named_in_slurm_conf() -> None:
             {"path": "/dev/shm", "min_free_percent": 20},
         ],
         "mounts": [],
+        "prolog": False,  # no GPUs in the lab
         "textfile_dir": "/var/lib/prometheus/node-exporter",
     }
     conf = files["files/slurm/slurm.conf"]
@@ -261,6 +264,30 @@ def test_rendered_for_every_compute_pool_and_named_in_slurm_conf() -> None:
     ):
         assert line in conf.splitlines()
     assert "files/health/head.json" not in files  # slurmd runs on compute nodes only
+    assert "Prolog=" not in conf  # no GPU pool: no prolog
+
+
+def test_gpu_pools_run_the_checks_in_the_prolog_too() -> None:
+    spec = load_spec(ROOT / "examples" / "dgx-superpod.yaml")
+    spec = type(spec).model_validate({**spec.model_dump(), "health": {}})
+    cluster = Cluster(spec)
+    files = render(cluster)
+    assert (
+        "Prolog=/usr/local/sbin/provision-health-prolog"
+        in files["files/slurm/slurm.conf"].splitlines()
+    )
+    assert json.loads(files["files/health/gpu.json"])["prolog"] is True
+    off = type(spec).model_validate({**spec.model_dump(), "health": {"prolog": False}})
+    assert "Prolog=" not in render(Cluster(off))["files/slurm/slurm.conf"]
+
+
+def test_a_prolog_error_drain_is_the_prologs_own_when_the_prolog_is_ours() -> None:
+    assert decide(GOOD, {"IDLE", "DRAIN"}, "Prolog error", prolog=True) == ("resume", "")
+    assert decide(GOOD, {"IDLE", "DRAIN"}, "Prolog error") is None  # someone else's prolog
+    assert decide(BAD, {"IDLE", "DRAIN"}, "Prolog error", prolog=True) == (
+        "drain",
+        reason_for(BAD),
+    )
 
 
 def test_the_program_imports_nothing_beyond_the_standard_library(tmp_path: Path) -> None:
@@ -292,3 +319,15 @@ def test_slurm_metrics_from_sinfo_and_squeue() -> None:
     assert "slurm_jobs_pending_on_resources 2" in lines  # not the one waiting on a dependency
     down = metrics((1, "slurm_load_partitions: Unable to contact slurm controller"), (1, ""), 0)
     assert "slurm_controller_up 0" in down and "slurm_node_state" not in down
+
+
+def test_the_prolog_checks_gpu_nodes_only_and_fails_the_job_on_a_sick_one(tmp_path: Path) -> None:
+    sick = {"disks": [{"path": "/", "min_free_percent": 100}], "mounts": []}
+    out, calls = _program(tmp_path, {**sick, "prolog": False}, _node("IDLE"), "--prolog")
+    assert out == "rc=0" and calls == ""  # not a GPU pool's node: nothing checked
+    (tmp_path / "scontrol.log").unlink(missing_ok=True)
+    out, calls = _program(
+        tmp_path / "gpu", {**sick, "prolog": True}, _node("ALLOCATED"), "--prolog"
+    )
+    assert out.endswith("rc=1") and "FAIL disk /:" in out, out
+    assert "State=DRAIN Reason=health: disk /:" in calls.splitlines()[1]

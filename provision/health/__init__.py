@@ -27,6 +27,8 @@ from provision.parsers.gpu import GpuExpect, findings_from, gpu_commands
 
 CONFIG = Path("/etc/provision/health.json")
 PREFIX = "health: "  # the reason of a drain this program made, and so may undo
+# Slurm's own reason when a Prolog fails: with the health prolog, that prolog is this program
+PROLOG_ERROR = "Prolog error"
 REASON_MAX = 200  # characters of a Slurm reason kept; the rest of a long finding is cut
 
 
@@ -176,12 +178,15 @@ def reason_for(failed: list[Result]) -> str:
     return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
 
 
-def decide(results: list[Result], flags: set[str], reason: str) -> tuple[str, str] | None:
+def decide(
+    results: list[Result], flags: set[str], reason: str, prolog: bool = False
+) -> tuple[str, str] | None:
     """(action, reason) for scontrol: ("drain", why) or ("resume", ""), or None to leave the
-    node as it is."""
+    node as it is. `prolog`: this program is Slurm's Prolog too, so a "Prolog error" drain is
+    its own."""
     failed = [r for r in results if not r.ok]
     drained = bool(flags & {"DRAIN", "DRAINED", "DRAINING"})
-    ours = reason.startswith(PREFIX)
+    ours = reason.startswith(PREFIX) or (prolog and reason == PROLOG_ERROR)
     if failed:
         why = reason_for(failed)
         if drained and not ours:

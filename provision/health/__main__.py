@@ -1,9 +1,12 @@
 """provision-health: run the node's health checks, drain or resume it, record the results.
 
     provision-health [--config /etc/provision/health.json] [--report-only] [--node NAME]
+    provision-health --prolog     (Slurm's Prolog, through provision-health-prolog)
 
 One line per check (PASS/FAIL name: detail), then what it did to the node. Exit 0 when every
-check passes, 1 when one fails, 2 on a usage or configuration error.
+check passes, 1 when one fails, 2 on a usage or configuration error. As the Prolog, on a node
+whose pool has no GPUs it checks nothing; on a GPU node a failing check drains the node with
+its reason and exits 1, which sends the job back to the queue.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         "--report-only", action="store_true", help="check and print; drain and resume nothing"
     )
     parser.add_argument("--node", help="the node's Slurm name (default: the short host name)")
+    parser.add_argument("--prolog", action="store_true", help="run as Slurm's Prolog")
     parser.add_argument("--scontrol", default="scontrol", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
@@ -39,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"provision-health: {exc}", file=sys.stderr)
         return 2
+    if args.prolog and not config.get("prolog"):
+        return 0  # not a GPU pool's node: the periodic checks cover it
     results = run_checks(config)
     for r in results:
         print(f"{'PASS' if r.ok else 'FAIL'} {r.check}: {r.detail}")
@@ -57,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"provision-health: slurmctld does not answer for {node}: {out.strip()[:200]}")
         return 1 if failed else 0
     flags, reason = parse_node(out)
-    action = decide(results, flags, reason)
+    action = decide(results, flags, reason, prolog=bool(config.get("prolog")))
     if action is None:
         print(f"health: {node}: left as it is ({'+'.join(sorted(flags)) or 'no state'})")
     else:

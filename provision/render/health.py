@@ -56,6 +56,8 @@ def health_config(cluster: Cluster, view: PoolView) -> dict[str, object]:
     want = gpu_expect(view, spec.software.nvidia_driver)
     if want is not None and view.pool.provider != "lab":
         config["gpu"] = dataclasses.asdict(want)
+    # the prolog runs on every node of the cluster: it checks the GPU pools' nodes only
+    config["prolog"] = spec.health.prolog and view.profile.gpu is not None
     pool_rails = rails(view.profile, spec.network.fabric.kind)
     if pool_rails and view.pool.provider != "lab":  # a lab container has no adapter
         config["fabric"] = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from provision.cluster import Cluster, PoolView, compress
-from provision.spec.ports import HEALTH_PROGRAM, SLURM_DIRECTORIES, service_ports
+from provision.spec.ports import HEALTH_PROGRAM, HEALTH_PROLOG, SLURM_DIRECTORIES, service_ports
 
 # Memory Slurm may hand to jobs: what the profile lists, less what the OS and daemons keep.
 # A node whose RealMemory is above what slurmd finds is drained, so stay under.
@@ -78,6 +78,9 @@ def slurm_settings(cluster: Cluster) -> list[tuple[str, str]]:
         settings["HealthCheckProgram"] = HEALTH_PROGRAM
         settings["HealthCheckInterval"] = spec.health.interval
         settings["HealthCheckNodeState"] = "ANY"
+        gpu = any(v.profile.gpu is not None for v in cluster.pools_with_role("compute"))
+        if spec.health.prolog and gpu:  # the checks before every job (on GPU nodes only)
+            settings["Prolog"] = HEALTH_PROLOG
     settings.update(spec.slurm.config)
     pairs = [("SlurmctldHost", h.name) for h in heads]
     return pairs + [(k, _fmt(v)) for k, v in settings.items()]

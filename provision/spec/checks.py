@@ -575,6 +575,15 @@ def _check_monitoring(spec: Spec) -> list[Problem]:
     return problems
 
 
+def _gpu_pools(spec: Spec) -> list[str]:
+    profiles = load_profiles(spec.profiles)
+    return [
+        p.name
+        for p in spec.pools
+        if p.profile in profiles and profiles[p.profile].gpu is not None and p.role == "compute"
+    ]
+
+
 def _check_health(spec: Spec) -> list[Problem]:
     health = spec.health
     if health is None:
@@ -590,6 +599,14 @@ def _check_health(spec: Spec) -> list[Problem]:
                     f"{key} is set by health: leave it out, or leave health out to run your own",
                 )
             )
+    if health.prolog and "Prolog" in spec.slurm.config and _gpu_pools(spec):
+        problems.append(
+            (
+                ("slurm", "config", "Prolog"),
+                "Prolog is set by health (its checks before every job on GPU nodes): leave "
+                "it out, or set health.prolog: false",
+            )
+        )
     seen: set[str] = set()
     for i, disk in enumerate(health.disks):
         if disk.path in seen:

@@ -821,6 +821,11 @@ class Health(Model):
         le=86400,
         description="seconds between runs on each node (Slurm's HealthCheckInterval)",
     )
+    prolog: bool = Field(
+        default=True,
+        description="also run the checks before every job on GPU nodes (Slurm's Prolog): a "
+        "failing check drains the node and the job goes back to the queue",
+    )
     disks: list[DiskThreshold] = Field(
         default=[DiskThreshold(path="/", min_free_percent=5)],
         description="file systems that must keep free space; the spec's mounts, GPUs and "

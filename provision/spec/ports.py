@@ -20,6 +20,7 @@ NFS_PORT = "2049"
 
 # The health checks: where the role installs the program, and the slurm.conf keys health sets
 HEALTH_PROGRAM = "/usr/local/sbin/provision-health"
+HEALTH_PROLOG = "/usr/local/sbin/provision-health-prolog"  # Slurm's Prolog takes no arguments
 HEALTH_KEYS = ("HealthCheckProgram", "HealthCheckInterval", "HealthCheckNodeState")
 
 # slurm.conf keys that hold a directory the slurm role creates and gives to the slurm user
