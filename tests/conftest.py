@@ -102,3 +102,17 @@ def scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     script.chmod(0o755)
     monkeypatch.setattr(slurm, "SCONTROL", str(script))
     return calls
+
+
+def third_party_imports(wheel: Path, module: str) -> list[str]:
+    """The top-level modules outside the standard library that importing `module` from the
+    wheel loads (an isolated interpreter; the import machinery's own left out)."""
+    probe = (
+        f"import sys; sys.path.insert(0, sys.argv[1]); import {module}; "
+        "top = {m.split('.')[0] for m in sys.modules}; "
+        "print(' '.join(sorted(top - set(sys.stdlib_module_names) - {'provision', '__main__'})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", probe, str(wheel)], capture_output=True, text=True, check=True
+    )
+    return [m for m in done.stdout.split() if not m.startswith("_")]

@@ -30,7 +30,7 @@ from provision.render import render
 from provision.run.wheel import build_wheel
 from provision.spec import load_spec
 
-from .conftest import ROOT
+from .conftest import ROOT, third_party_imports
 
 DATA = ROOT / "tests" / "data" / "burst"
 LAB_BURST = ROOT / "examples" / "lab-burst.yaml"
@@ -400,15 +400,7 @@ def test_the_wheel_is_the_same_bytes_each_time_and_runs_with_the_standard_librar
     second = build_wheel(tmp_path / "b")
     assert first.name == "gpu_provision-0.1.0-py3-none-any.whl"
     assert first.read_bytes() == second.read_bytes()
-    probe = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import provision.burst.__main__; "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & "
-        "{'pydantic', 'yaml', 'ruamel', 'rich', 'typer', 'jinja2', 'hostlist'}))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", probe, str(first)], capture_output=True, text=True, check=True
-    )
-    assert done.stdout.strip() == "[]"
+    assert third_party_imports(first, "provision.burst.__main__") == []
     usage = subprocess.run(
         [sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
          "from provision.burst.__main__ import main; sys.exit(main(sys.argv[2:]))",

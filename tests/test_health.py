@@ -28,7 +28,7 @@ from provision.render.health import health_config
 from provision.run.wheel import build_wheel
 from provision.spec import load_spec
 
-from .conftest import ROOT
+from .conftest import ROOT, third_party_imports
 
 NVIDIA = ROOT / "tests" / "data" / "nvidia"
 FABRIC = ROOT / "tests" / "data" / "fabric"
@@ -290,18 +290,11 @@ def test_a_prolog_error_drain_is_the_prologs_own_when_the_prolog_is_ours() -> No
     )
 
 
-def test_the_program_imports_nothing_beyond_the_standard_library(tmp_path: Path) -> None:
-    wheel = build_wheel(tmp_path)
-    probe = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import provision.health.__main__; "
-        "print(sorted(m.split('.')[0] for m in sys.modules if m.split('.')[0] not in "
-        "sys.stdlib_module_names and m.split('.')[0] != 'provision' and not m.startswith('_')"
-        " and m != '__main__'))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", probe, str(wheel)], capture_output=True, text=True, check=True
-    )
-    assert done.stdout.strip() == "[]"
+@pytest.mark.parametrize("module", ["provision.health.__main__", "provision.health.slurm_metrics"])
+def test_the_programs_import_nothing_beyond_the_standard_library(
+    tmp_path: Path, module: str
+) -> None:
+    assert third_party_imports(build_wheel(tmp_path), module) == []
 
 
 def test_slurm_metrics_from_sinfo_and_squeue() -> None:
