@@ -439,9 +439,9 @@ def test_an_elastic_pool_added_to_a_running_lab_needs_a_new_head(lab: tuple[Path
     burst = spec.with_name("lab-plus-burst.yaml")
     burst.write_text(
         spec.read_text().replace(
-            "security:",
-            "  - {name: burst, role: compute, profile: lab-container, provider: lab, count: 2,"
-            " elastic: true}\nsecurity:",
+            "    count: 2\n",  # the compute pool, the last of the pools
+            "    count: 2\n  - {name: burst, role: compute, profile: lab-container, provider: lab,"
+            " count: 2, elastic: true}\n",
         )
     )
     r = provision("apply", str(burst), cwd=work)
