@@ -113,7 +113,9 @@ def test_every_lasting_node_is_a_target_named_by_its_node() -> None:
     assert config["global"]["external_labels"] == {"cluster": "dgx8"}
     # the GPU count each node of a pool should show (GpuMissing compares with it)
     groups = yaml.safe_load(files["files/monitoring/cluster-rules.yml"])["groups"]
-    recorded = {(r["record"], r["labels"]["pool"]): r["expr"] for r in groups[0]["rules"]}
+    rules = groups[0]["rules"]
+    recorded = {(r["record"], r["labels"]["pool"]): r["expr"] for r in rules if "labels" in r}
+    assert {"record": "provision:health_interval_seconds", "expr": "vector(300)"} in rules
     assert recorded[("provision:pool_gpus_expected", "dgx")] == "vector(8)"
     assert recorded[("provision:pool_nodes_expected", "dgx")] == "vector(8)"
     assert ("provision:pool_gpus_expected", "head") not in recorded
