@@ -16,10 +16,11 @@ The lab is up. Next:
   $P verify $spec      # the checks again
   ssh -i .provision/lab/keys/id_ed25519 -o UserKnownHostsFile=.provision/lab/known_hosts root@10.77.0.11 sinfo
   $P destroy $spec     # containers, network, keys and state: all gone
-Monitoring (from this machine, an admin address of the lab):
-  http://10.77.0.11:9090/targets   Prometheus: every node's exporter, each labelled with its name
-  http://10.77.0.11:9090/alerts    the alert rules, and which fire
-  http://10.77.0.11:9093           Alertmanager
+Monitoring (from this machine, an admin address of the lab; Debian's Prometheus has its classic
+web pages only):
+  http://10.77.0.11:9090/classic/targets   Prometheus: every node's exporter, named by its node
+  http://10.77.0.11:9090/classic/alerts    the alert rules, and which fire
+  http://10.77.0.11:9093                   Alertmanager
 Health: slurmd runs provision-health on the compute nodes every minute; a failing check drains
 the node, naming it (sinfo -R). Run the checks by hand:
   $P ssh -f $spec compute001 -- provision-health --report-only
