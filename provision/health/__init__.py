@@ -212,8 +212,7 @@ def prometheus_text(results: list[Result], now: float) -> str:
         "# TYPE provision_health_check_ok gauge",
     ]
     for r in results:
-        label = r.check.replace("\\", "\\\\").replace('"', '\\"')
-        lines.append(f'provision_health_check_ok{{check="{label}"}} {int(r.ok)}')
+        lines.append(f'provision_health_check_ok{{check="{label_value(r.check)}"}} {int(r.ok)}')
     lines += [
         "# HELP provision_health_last_run_timestamp_seconds when the health checks last ran",
         "# TYPE provision_health_last_run_timestamp_seconds gauge",
@@ -222,13 +221,23 @@ def prometheus_text(results: list[Result], now: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_metrics(directory: Path, results: list[Result]) -> None:
-    """Atomically: the collector never reads half a file."""
+def label_value(text: str) -> str:
+    """A label value in Prometheus' text format: backslash, quote and line break escaped."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def write_textfile(directory: Path, name: str, text: str) -> None:
+    """A file for the node exporter's textfile collector, atomically: the collector never
+    reads half a file."""
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / ".provision-health.prom.tmp"
-    tmp.write_text(prometheus_text(results, time.time()))
+    tmp = directory / f".{name}.tmp"
+    tmp.write_text(text)
     tmp.chmod(0o644)
-    tmp.replace(directory / "provision-health.prom")
+    tmp.replace(directory / name)
+
+
+def write_metrics(directory: Path, results: list[Result]) -> None:
+    write_textfile(directory, "provision-health.prom", prometheus_text(results, time.time()))
 
 
 def load_config(path: Path) -> dict[str, object]:

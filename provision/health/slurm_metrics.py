@@ -19,16 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from provision.health import shell
+from provision.health import label_value, shell, write_textfile
 from provision.parsers.slurm import parse_sinfo_nodes
 
 FILE = "provision-slurm.prom"
 # the states sinfo prints with %T, and the flags it appends (* not responding, ~ powered off...)
 _FLAGS = "*~#!%$@^-"
-
-
-def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def metrics(sinfo: tuple[int, str], squeue: tuple[int, str], now: float) -> str:
@@ -47,10 +43,12 @@ def metrics(sinfo: tuple[int, str], squeue: tuple[int, str], now: float) -> str:
     lines += ["# HELP slurm_node_state the node's state now", "# TYPE slurm_node_state gauge"]
     counts: dict[str, int] = {}
     for node, state in sorted(states.items()):
-        lines.append(f'slurm_node_state{{node="{_escape(node)}",state="{_escape(state)}"}} 1')
+        lines.append(
+            f'slurm_node_state{{node="{label_value(node)}",state="{label_value(state)}"}} 1'
+        )
         counts[state] = counts.get(state, 0) + 1
     lines += ["# HELP slurm_nodes nodes per state", "# TYPE slurm_nodes gauge"]
-    lines += [f'slurm_nodes{{state="{_escape(s)}"}} {c}' for s, c in sorted(counts.items())]
+    lines += [f'slurm_nodes{{state="{label_value(s)}"}} {c}' for s, c in sorted(counts.items())]
     jobs: dict[str, int] = {}
     waiting = 0
     if squeue[0] == 0:
@@ -64,7 +62,7 @@ def metrics(sinfo: tuple[int, str], squeue: tuple[int, str], now: float) -> str:
     lines += ["# HELP slurm_jobs jobs per state", "# TYPE slurm_jobs gauge"]
     for state in ("pending", "running"):
         jobs.setdefault(state, 0)
-    lines += [f'slurm_jobs{{state="{_escape(s)}"}} {c}' for s, c in sorted(jobs.items())]
+    lines += [f'slurm_jobs{{state="{label_value(s)}"}} {c}' for s, c in sorted(jobs.items())]
     lines += [
         "# HELP slurm_jobs_pending_on_resources jobs pending for Resources or Priority",
         "# TYPE slurm_jobs_pending_on_resources gauge",
@@ -84,12 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         shell("squeue -h -o '%T|%r'", timeout=30),
         time.time(),
     )
-    directory: Path = args.textfile_dir
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{FILE}.tmp"
-    tmp.write_text(text)
-    tmp.chmod(0o644)
-    tmp.replace(directory / FILE)
+    write_textfile(args.textfile_dir, FILE, text)
     return 0
 
 

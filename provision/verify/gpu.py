@@ -3,12 +3,10 @@ an NCCL all_reduce on all of a node's GPUs at the profile's bus bandwidth."""
 
 from __future__ import annotations
 
-from provision.cluster import PoolView
 from provision.parsers.gpu import (
     ALL_REDUCE,
     ALL_REDUCE_OUT,
     QUERY_GPU,
-    GpuExpect,
     findings_from,
     gpu_commands,
 )
@@ -20,13 +18,9 @@ from provision.verify.remote import Remote
 ALL_REDUCE_TIMEOUT_S = 600.0
 
 
-def expectation(ctx: VerifyContext, view: PoolView) -> GpuExpect | None:
-    return gpu_expect(view, ctx.cluster.spec.software.nvidia_driver)
-
-
 def check_gpus(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
     view = next(v for v in ctx.cluster.pools if v.name == node.pool)
-    want = expectation(ctx, view)
+    want = gpu_expect(view, ctx.cluster.spec.software.nvidia_driver)
     if want is None:
         return []
     if node.provider == "lab":
