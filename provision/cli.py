@@ -271,13 +271,31 @@ def verify(
         bool,
         typer.Option("--json", help="one JSON object per check, a line each, for automation"),
     ] = False,
+    maintenance: Annotated[
+        bool,
+        typer.Option(
+            "--maintenance",
+            help="hold every compute node in a maintenance reservation, wait for its jobs to "
+            "end, and test them all under load (NCCL, ib_write_bw); the reservation goes after",
+        ),
+    ] = False,
+    wait: Annotated[
+        int,
+        typer.Option(
+            "--wait", min=0, metavar="SECONDS", help="with --maintenance: how long to wait for jobs"
+        ),
+    ] = 3600,
 ) -> None:
-    """Run the live acceptance checks against the cluster (jobs may be running: busy nodes
-    pass, the test job runs on the idle ones)."""
+    """Run the live acceptance checks against the cluster. Jobs may be running: busy nodes are
+    only read; the idle ones are held in a reservation of verify's own while the test job, NCCL
+    and ib_write_bw run there, and given back after."""
     from provision.lifecycle import verify as do_verify
     from provision.verify import json_lines, print_checks
 
-    results = do_verify(spec, _state_root(state_dir))
+    def say(line: str) -> None:
+        err.print(line, markup=False)
+
+    results = do_verify(spec, _state_root(state_dir), maintenance, wait, say)
     if as_json:
         sys.stdout.write(json_lines(results))
         failed = sum(not r.passed for r in results)

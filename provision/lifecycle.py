@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from provision.rolling import batch_size, roll
 from provision.run.ansible import HostResult, RunResult, playbook_tags, run_playbook
 from provision.run.progress import HostProgress, summary_table
 from provision.run.wheel import build_wheel
-from provision.secrets import ensure_cluster_secrets
+from provision.secrets import ensure_cluster_secrets, monitoring_secrets
 from provision.spec import Spec, load_spec
 from provision.spec.models import CLOUD_PROVIDERS, PROVIDER_ORDER
 from provision.sshkeys import host_key_options, private_key
@@ -251,6 +252,18 @@ class _Run:
     hosts: list[str]  # the lasting nodes Ansible runs on
 
 
+def _monitoring_secrets(directory: Path, spec: Spec) -> None:
+    monitoring = spec.monitoring
+    if monitoring is None:
+        return
+    relays = [
+        (r.name, r.email.password_file, f"monitoring.receivers[{i}].email.password_file")
+        for i, r in enumerate(monitoring.receivers)
+        if r.email is not None and r.email.password_file is not None
+    ]
+    monitoring_secrets(directory, monitoring.grafana is not None, relays)
+
+
 def _apply(
     spec: Spec,
     cluster: Cluster,
@@ -261,10 +274,12 @@ def _apply(
 ) -> ApplyReport:
     console, report, scope = run.console, run.report, run.scope
     with _Phase(report, "nodes"):
+        # secrets first: a relay password file others can read stops the run before any node
+        secrets_dir = ensure_cluster_secrets(state, spec.scheduler)
+        _monitoring_secrets(secrets_dir, spec)
         cluster = create_nodes(cluster, state, console)
         files = render(cluster)
         changed = write_render(files, state.build)
-        secrets_dir = ensure_cluster_secrets(state, spec.scheduler)
     console.print(f"render: {state.build} ({len(changed)} file(s) changed)")
     key = private_key(spec, state)
 
@@ -461,11 +476,17 @@ def _start_image_builds(
     return builds, [lab_burst.start_builders(builds, base, cluster, state)]
 
 
-def verify(spec_path: Path, state_root: Path) -> list[CheckResult]:
+def verify(
+    spec_path: Path,
+    state_root: Path,
+    maintenance: bool = False,
+    wait_s: float = 3600.0,
+    say: Callable[[str], None] = lambda _: None,
+) -> list[CheckResult]:
     spec, cluster, state = open_cluster(spec_path, state_root)
     if not (state.build / "files" / "hosts").exists():
         raise UsageError(f"cluster '{spec.name}' has no render in {state.dir}: run apply first")
-    return verify_cluster(cluster, state, private_key(spec, state))
+    return verify_cluster(cluster, state, private_key(spec, state), maintenance, wait_s, say)
 
 
 def destroy(spec_path: Path, state_root: Path, console: Console) -> list[str]:

@@ -16,6 +16,12 @@ from provision.state import State, private_dir
 
 MUNGE_KEY = "munge.key"
 SLURMDBD_PASSWORD = "slurmdbd.password"
+GRAFANA_PASSWORD = "grafana-admin.password"
+
+
+def smtp_password(receiver: str) -> str:
+    """The secrets directory's copy of a mail receiver's relay password."""
+    return f"smtp-{receiver}.password"
 
 
 def check_secret_file(path: Path, sizes: tuple[int, int]) -> Path:
@@ -71,3 +77,33 @@ def ensure_cluster_secrets(state: State, scheduler: str) -> Path:
     """The secrets of a cluster, in its state dir; returns the directory that holds them."""
     state.ensure()
     return make_secrets(state.secrets, scheduler)
+
+
+def monitoring_secrets(directory: Path, grafana: bool, relays: list[tuple[str, str, str]]) -> None:
+    """Grafana's admin password (made once), and a copy of each mail relay's password from the
+    file the spec names: (receiver, file, the spec key that names it). A file is checked like a
+    secret of our own (this user's, 0600, one line), so one others can read stops the run before
+    anything is done."""
+    private_dir(directory)
+    if grafana:
+        create_once(directory / GRAFANA_PASSWORD, lambda: secrets.token_urlsafe(24).encode())
+    for receiver, path, where in relays:
+        source = Path(path).expanduser()
+        if not source.exists():
+            raise UsageError(f"{where}: {source} does not exist")
+        try:
+            check_secret_file(source, (1, 1024))
+        except UsageError as exc:
+            raise UsageError(f"{where}: {exc}") from None
+        password = source.read_bytes().rstrip(b"\n")
+        if not password or b"\n" in password or b"\r" in password:
+            raise UsageError(f"{where}: {source} must hold the password on one line")
+        target = directory / smtp_password(receiver)
+        if target.exists() and target.read_bytes() == password:
+            continue
+        partial = target.with_suffix(".partial")
+        partial.unlink(missing_ok=True)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(password)
+        partial.replace(target)

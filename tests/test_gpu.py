@@ -397,3 +397,14 @@ def test_verify_runs_the_gpu_checks_over_a_session() -> None:
     ]
     assert {r.target for r in results} == {"gpu001"}
     assert ran[-1] == ("all-reduce.txt", 600.0)
+    # the same node running jobs: read only, NCCL not run (it would share the GPUs with a job)
+    ran.clear()
+    busy = VerifyContext(cluster, ctx.state, "", quiet=frozenset({"gpu002"}))
+    results = check_gpus(busy, node, Session())  # type: ignore[arg-type]
+    assert "all-reduce.txt" not in [name for name, _ in ran]
+    assert (results[-1].check, results[-1].passed) == ("nccl.all_reduce", True)
+    assert results[-1].evidence.startswith("not run: the node runs jobs")
+    assert [r.check for r in results[:-1]] == [
+        "gpu.count", "gpu.driver", "gpu.persistence", "gpu.memory-errors", "gpu.pcie",
+        "gpu.nvlink", "gpu.fabricmanager",
+    ]  # fmt: skip

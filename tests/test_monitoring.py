@@ -3,6 +3,8 @@ Prometheus, Alertmanager and the firewall. Live in the lab: tests/integration/te
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -122,9 +124,25 @@ def test_every_lasting_node_is_a_target_named_by_its_node() -> None:
     # the receivers get every alert, grouped per alert and node
     manager = yaml.safe_load(files["files/monitoring/alertmanager.yml"])
     assert manager["route"]["group_by"] == ["alertname", "node"]
-    assert manager["route"]["routes"] == [{"receiver": "oncall", "continue": True}]
+    assert manager["route"]["routes"] == [
+        {"receiver": "oncall", "continue": True},
+        {"receiver": "opsmail", "continue": True},
+    ]
     hook = manager["receivers"][1]["webhook_configs"][0]
     assert hook == {"url": "https://alerts.example.org/hooks/dgx8", "send_resolved": True}
+    # mail: the relay's password is a file on the monitoring node, never in the configuration
+    assert manager["receivers"][2]["email_configs"] == [
+        {
+            "to": "hpc-ops@example.org",
+            "from": "alertmanager@dgx8.example.org",
+            "smarthost": "mail.example.org:587",
+            "require_tls": True,
+            "send_resolved": True,
+            "auth_username": "dgx8-alerts",
+            "auth_password_file": "/etc/prometheus/smtp-opsmail.password",
+        }
+    ]
+    assert "auth_password:" not in files["files/monitoring/alertmanager.yml"]
     group_vars = files["inventory/group_vars/all.yml"]
     assert "monitoring_retention: !unsafe " in group_vars and "30d" in group_vars
     hosts = yaml.safe_load(files["inventory/hosts.yml"].replace("!unsafe ", ""))
@@ -171,3 +189,138 @@ def test_cloud_pools_admit_the_on_premises_monitoring_node_alone() -> None:
     shape = cloud_layout(cluster, "aws", "ssh-ed25519 AAAA test")
     exporter = [i for p in shape.pools for i in p.ingress if i.description.startswith("node exp")]
     assert exporter and all(i.cidrs == (f"{watcher.address}/32",) for i in exporter)
+
+
+# --- Grafana ---------------------------------------------------------------------------------
+
+DASHBOARDS = sorted((ROLES_DIR / "grafana" / "files" / "dashboards").glob("*.json"))
+# what Grafana puts in a query before Prometheus sees it: every value of a variable, a window
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$pool": ".*", "$node": ".*"}
+
+
+def panel_queries(path: Path) -> list[tuple[str, str]]:
+    """(panel title, query as Prometheus gets it) for every panel and variable of a dashboard."""
+    board = json.loads(path.read_text())
+    found = []
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            found.append((panel["title"], target["expr"]))
+    for variable in board["templating"]["list"]:
+        # label_values(SELECTOR, label): Grafana asks Prometheus for SELECTOR's series
+        inner = re.fullmatch(r"label_values\((.*), *[a-z_]+\)", variable["definition"])
+        assert inner, f"{path.name}: variable {variable['name']} is not label_values(...)"
+        found.append((f"variable {variable['name']}", inner[1]))
+    queries = []
+    for title, expr in found:
+        for name, value in GRAFANA_VARIABLES.items():
+            expr = expr.replace(name, value)
+        assert "$" not in expr, f"{path.name}: {title}: a variable Grafana does not fill: {expr}"
+        queries.append((title, expr))
+    return queries
+
+
+def _promtool_parses(
+    promtool: str, queries: list[str], tmp_path: Path
+) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    rules = [{"record": f"panel:query_{i}", "expr": q} for i, q in enumerate(queries)]
+    path = tmp_path / "panels.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "panels", "rules": rules}]}))
+    return subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
+    )
+
+
+def test_every_panel_query_parses(promtool: str, tmp_path: Path) -> None:
+    """Each query of each dashboard goes through Prometheus' own parser (promtool checks it as a
+    recording rule's expression); live, the lab's Prometheus answers each (test_lab.py)."""
+    assert [p.name for p in DASHBOARDS] == ["cluster.json", "fabric.json", "gpu.json", "slurm.json"]
+    queries = [q for path in DASHBOARDS for _, q in panel_queries(path)]
+    assert len(queries) > 40
+    r = _promtool_parses(promtool, queries, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # and the check can fail: one unbalanced parenthesis
+    broken = _promtool_parses(promtool, [*queries, "sum(rate(up[1m])"], tmp_path)
+    assert broken.returncode == 1 and "panel:query_" in broken.stdout + broken.stderr
+
+
+def test_dashboards_name_the_provisioned_data_source_and_are_distinct() -> None:
+    from provision.render.monitoring import GRAFANA_DATASOURCE_UID
+
+    uids = set()
+    for path in DASHBOARDS:
+        board = json.loads(path.read_text())
+        uids.add(board["uid"])
+        ids = [p["id"] for p in board["panels"]]
+        assert len(ids) == len(set(ids)), path.name
+        for panel in board["panels"]:
+            sources = [panel["datasource"], *(t["datasource"] for t in panel["targets"])]
+            assert all(s == {"type": "prometheus", "uid": GRAFANA_DATASOURCE_UID} for s in sources)
+    assert len(uids) == len(DASHBOARDS)
+    role = yaml.safe_load((ROLES_DIR / "grafana" / "vars" / "main.yml").read_text())
+    assert sorted(role["_grafana_dashboards"]) == sorted(p.name for p in DASHBOARDS)
+
+
+def test_gpu_panels_read_only_fields_the_dcgm_exporter_is_given() -> None:
+    counters = (ROLES_DIR / "dcgm" / "files" / "counters.csv").read_text()
+    given = {line.split(",")[0].strip() for line in counters.splitlines() if line.strip()}
+    for path in DASHBOARDS:
+        for title, expr in panel_queries(path):
+            for field in re.findall(r"\bDCGM_FI_[A-Z_]+", expr):
+                assert field in given, f"{path.name}: {title} reads {field}, not exported"
+
+
+def test_grafana_renders_its_data_source_firewall_and_variables() -> None:
+    spec = load_spec(ROOT / "examples" / "dgx-8.yaml")
+    files = render(Cluster(spec))
+    sources = yaml.safe_load(files["files/monitoring/grafana-datasources.yml"])["datasources"]
+    assert sources == [
+        {
+            "name": "Prometheus",
+            "uid": "prometheus",
+            "type": "prometheus",
+            "access": "proxy",
+            "url": "http://localhost:9090",
+            "isDefault": True,
+            "editable": False,
+            "jsonData": {"timeInterval": "15s"},
+        }
+    ]
+    # the web page answers the admin networks, on the monitoring node only
+    assert (
+        'ip saddr @admin tcp dport 3000 accept comment "grafana web"'
+        in files["files/nftables/head.nft"]
+    )
+    assert "dport 3000" not in files["files/nftables/dgx.nft"]
+    group_vars = files["inventory/group_vars/all.yml"]
+    assert "provision_grafana: true" in group_vars
+    lab = render(Cluster(load_spec(ROOT / "examples" / "lab.yaml")))
+    assert "files/monitoring/grafana-datasources.yml" not in lab
+    assert "grafana" not in lab["inventory/group_vars/all.yml"]
+
+
+def test_grafana_role_templates_render_with_the_spec_port() -> None:
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    role = ROLES_DIR / "grafana"
+    variables = {
+        **yaml.safe_load((role / "defaults" / "main.yml").read_text()),
+        **yaml.safe_load((role / "vars" / "main.yml").read_text()),
+        "grafana_port": 3001,
+        "ansible_managed": "managed",
+    }
+    templar = Templar(loader=DataLoader(), variables=variables)
+
+    def rendered(name: str) -> str:
+        text = (role / "templates" / name).read_text()
+        return str(templar.template(trust_as_template(text)))
+
+    unit = rendered("grafana.conf.j2")
+    assert "Environment=GF_SERVER_HTTP_PORT=3001" in unit
+    assert "Environment=GF_SECURITY_ADMIN_PASSWORD__FILE=/etc/grafana/admin.password" in unit
+    sources = rendered("grafana.sources.j2")
+    assert "URIs: https://apt.grafana.com\n" in sources
+    assert "Signed-By: /etc/apt/keyrings/grafana.asc" in sources
+    provider = yaml.safe_load(rendered("dashboards.yaml.j2"))["providers"][0]
+    assert provider["options"]["path"] == variables["_grafana_dashboards_dir"]
+    assert provider["allowUiUpdates"] is False

@@ -78,6 +78,7 @@ def _holds(expression: str, variables: dict[str, Any]) -> bool:
 def test_a_key_file_is_trusted_only_with_exactly_the_expected_key(keys: dict[str, Any]) -> None:
     nvidia = _assertion("nvidia_repos", "apt.yml", "fingerprint NVIDIA publishes")
     doca = _assertion("rdma", "doca-key.yml", "exactly the one the spec names")
+    grafana = _assertion("grafana", "main.yml", "fingerprint Grafana publishes")
     vendor, intruder = keys["vendor"], keys["intruder"]
     cases = {
         ("vendor",): True,
@@ -89,6 +90,13 @@ def test_a_key_file_is_trusted_only_with_exactly_the_expected_key(keys: dict[str
         shown = keys["show"](*names)
         item = {"stdout": shown, "item": {"fingerprint": vendor}}
         assert _holds(nvidia, {"item": item}) is trusted, names
+        assert (
+            _holds(
+                grafana,
+                {"_grafana_key_info": {"stdout": shown}, "_grafana_key_fingerprint": vendor},
+            )
+            is trusted
+        ), names
         assert (
             _holds(doca, {"_rdma_doca_key": {"stdout": shown}, "rdma_doca_key_fingerprint": vendor})
             is trusted

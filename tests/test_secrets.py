@@ -98,3 +98,34 @@ def test_a_second_command_on_a_busy_cluster_names_the_holder(tmp_path: Path) -> 
     assert state.dir.exists()  # destroy did not run
     with state.locked("render"):  # free again once the holder is done
         pass
+
+
+def test_grafana_password_made_once_and_relay_passwords_copied_private(tmp_path: Path) -> None:
+    from provision.secrets import GRAFANA_PASSWORD, monitoring_secrets, smtp_password
+
+    directory = tmp_path / "secrets"
+    source = tmp_path / "relay.password"
+    source.write_text("s3cret-relay\n")
+    source.chmod(0o600)
+    where = "monitoring.receivers[1].email.password_file"
+    monitoring_secrets(directory, True, [("mail", str(source), where)])
+    admin = (directory / GRAFANA_PASSWORD).read_text()
+    copy = directory / smtp_password("mail")
+    assert copy.read_bytes() == b"s3cret-relay"  # one line, no newline for Alertmanager
+    assert oct(copy.stat().st_mode & 0o777) == "0o600"
+    assert oct((directory / GRAFANA_PASSWORD).stat().st_mode & 0o777) == "0o600"
+    source.write_text("rotated\n")
+    monitoring_secrets(directory, True, [("mail", str(source), where)])
+    assert copy.read_bytes() == b"rotated" and (directory / GRAFANA_PASSWORD).read_text() == admin
+    source.chmod(0o644)  # others can read it: refused, naming the spec key
+    with pytest.raises(
+        UsageError, match=r"^monitoring\.receivers\[1\]\.email\.password_file: .*0644"
+    ):
+        monitoring_secrets(directory, False, [("mail", str(source), where)])
+    source.chmod(0o600)
+    source.write_text("two\nlines\n")
+    with pytest.raises(UsageError, match="on one line"):
+        monitoring_secrets(directory, False, [("mail", str(source), where)])
+    with pytest.raises(UsageError, match="does not exist"):
+        monitoring_secrets(directory, False, [("mail", str(tmp_path / "none"), where)])
+    assert copy.read_bytes() == b"rotated"

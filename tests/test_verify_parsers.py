@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from provision.parsers.node import (
     host_entries,
@@ -13,6 +16,7 @@ from provision.parsers.node import (
     parse_stat,
 )
 from provision.parsers.slurm import parse_sacct_states, parse_sinfo_nodes, parse_srun_hosts
+from provision.verify.remote import Output
 
 from .conftest import ROOT
 
@@ -82,49 +86,153 @@ def test_os_release() -> None:
     assert not os_matches("rocky9", "rocky", "90")
 
 
-def _scheduler_results(sinfo: str) -> tuple[list[tuple[str, str, bool, str]], list[str]]:
-    """check_scheduler against a head that answers sinfo with `sinfo` and runs srun."""
+class _Slurm:
+    """A head that answers like slurmctld: sinfo from a script of states (one entry per call,
+    the last one kept), reservations made and removed, srun on the nodes it is given."""
+
+    def __init__(self, *sinfo: str, create_fails: int = 0, delete_fails: bool = False) -> None:
+        self.sinfo = list(sinfo)
+        self.asked: list[str] = []
+        self.reservations: set[str] = set()
+        self.create_fails = create_fails
+        self.delete_fails = delete_fails
+        self.user = "root"
+        self.said: list[str] = []  # verify's progress lines
+
+    def run(self, command: str, sudo: bool = False, timeout: float = 60.0) -> Output:
+        self.asked.append(command)
+        if command.startswith("sinfo"):
+            return Output(0, self.sinfo.pop(0) if len(self.sinfo) > 1 else self.sinfo[0], "")
+        if command.startswith("scontrol create reservation"):
+            if self.create_fails:
+                self.create_fails -= 1
+                return Output(1, "", "Error creating the reservation: Requested nodes are busy")
+            self.reservations.add("provision-verify")
+            return Output(0, "Reservation created: provision-verify\n", "")
+        if command.startswith("scontrol delete reservation"):
+            if "provision-verify" not in self.reservations or self.delete_fails:
+                return Output(1, "", "Reservation provision-verify not found")
+            self.reservations.discard("provision-verify")
+            return Output(0, "", "")
+        if "srun" in command:
+            hosts = command.split(" -w ")[1].split()[0]
+            names = ["compute001", "compute002"] if hosts == "compute[001-002]" else [hosts]
+            return Output(0, "".join(f"7 {n}\n" for n in names), "")
+        return Output(0, "7|COMPLETED\n", "")
+
+
+def _verify_slurm(
+    head: _Slurm, maintenance: bool = False, wait_s: float = 3600.0
+) -> list[tuple[str, str, bool, str]]:
+    """hold_nodes, check_scheduler and release against `head`, as verify_cluster runs them."""
     from provision.cluster import Cluster
     from provision.spec import load_spec
     from provision.state import State
-    from provision.verify import VerifyContext
-    from provision.verify.remote import Output
-    from provision.verify.slurm import check_scheduler
-
-    asked: list[str] = []
-
-    class Head:
-        def run(self, command: str, sudo: bool = False, timeout: float = 60.0) -> Output:
-            asked.append(command)
-            if command.startswith("sinfo"):
-                return Output(0, sinfo, "")
-            if "srun" in command:
-                return Output(0, "7 compute002\n", "")
-            return Output(0, "7|COMPLETED\n", "")
+    from provision.verify import VerifyContext, slurm
 
     cluster = Cluster(load_spec(ROOT / "examples" / "lab.yaml"))
     ctx = VerifyContext(cluster, State(Path("/nonexistent"), "lab"), "")
-    results = check_scheduler(ctx, {"head001": Head()})  # type: ignore[dict-item]
-    return [(r.check, r.target, r.passed, r.evidence) for r in results], asked
+    remotes: dict[str, Any] = {"head001": head}
+    said: list[str] = []
+    hold = slurm.hold_nodes(ctx, remotes, maintenance, wait_s, said.append)
+    results = hold.results + slurm.check_scheduler(ctx, remotes, hold)
+    results += slurm.release(remotes, ctx, hold)
+    head.said = said
+    return [(r.check, r.target, r.passed, r.evidence) for r in results]
 
 
-def test_verify_on_a_busy_cluster_runs_its_job_on_the_idle_nodes_only() -> None:
-    results, asked = _scheduler_results("compute001 allocated\ncompute002 idle\n")
+@pytest.fixture
+def no_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    from provision.verify import slurm
+
+    monkeypatch.setattr(slurm.time, "sleep", lambda _: None)
+
+
+def test_verify_on_a_busy_cluster_holds_and_tests_the_idle_nodes_only(no_sleep: None) -> None:
+    head = _Slurm("compute001 allocated\ncompute002 idle\n")
+    results = _verify_slurm(head)
     assert results == [
         ("sinfo", "compute001", True, "state allocated (running jobs)"),
         ("sinfo", "compute002", True, "state idle"),
+        (
+            "hold",
+            "compute[001-002]",
+            True,
+            "reservation provision-verify on the idle nodes; compute001 run jobs: read only, "
+            "not tested under load (--maintenance tests them)",
+        ),
         ("srun", "compute002", True, "job 7 ran on compute002"),
         ("sacct", "job 7", True, "state COMPLETED"),
     ]
-    assert any("srun -N1 -w compute002 --time=2" in a for a in asked), asked
+    create = [a for a in head.asked if a.startswith("scontrol create")]
+    assert create == [
+        "scontrol create reservation ReservationName=provision-verify StartTime=now "
+        "Duration=60 Users=root Nodes=compute002"
+    ]
+    srun = "srun --reservation=provision-verify -N1 -w compute002 --time=2"
+    assert any(srun in a for a in head.asked), head.asked
+    assert not head.reservations  # released
 
 
-def test_verify_with_every_node_busy_runs_no_job() -> None:
-    results, asked = _scheduler_results("compute001 mixed\ncompute002 allocated\n")
+def test_verify_with_every_node_busy_holds_none_and_runs_no_job(no_sleep: None) -> None:
+    head = _Slurm("compute001 mixed\ncompute002 allocated\n")
+    results = _verify_slurm(head)
+    assert results[-2][:3] == ("hold", "compute[001-002]", True)
+    assert results[-2][3].startswith("no node idle; compute[001-002] run jobs")
     assert results[-1] == (
         "srun",
         "compute[001-002]",
         True,
         "not run: every compute node runs jobs",
     )
-    assert not any("srun" in a for a in asked)
+    assert not any("srun" in a or "scontrol create" in a for a in head.asked)
+
+
+def test_a_job_landing_before_the_reservation_is_left_alone(no_sleep: None) -> None:
+    head = _Slurm(
+        "compute001 idle\ncompute002 idle\n",
+        "compute001 allocated\ncompute002 idle\n",
+        create_fails=1,
+    )
+    results = _verify_slurm(head)
+    create = [a.split("Nodes=")[1] for a in head.asked if a.startswith("scontrol create")]
+    assert create == ["compute[001-002]", "compute002"]
+    assert ("srun", "compute002", True, "job 7 ran on compute002") in results
+
+
+def test_maintenance_waits_for_the_jobs_then_tests_every_node(no_sleep: None) -> None:
+    head = _Slurm(
+        "compute001 allocated\ncompute002 idle\n",  # in service
+        "compute001 allocated+maint\ncompute002 maint\n",  # held: the job still runs
+        "compute001 completing+maint\ncompute002 maint\n",
+        "compute001 maint\ncompute002 maint\n",  # the job ended
+    )
+    results = _verify_slurm(head, maintenance=True)
+    hold = next(r for r in results if r[0] == "hold")
+    assert hold[2] and "maintenance reservation provision-verify; waited" in hold[3]
+    assert hold[3].endswith("for the jobs on compute001")
+    assert ("srun", "compute[001-002]", True, "job 7 ran on compute[001-002]") in results
+    create = next(a for a in head.asked if a.startswith("scontrol create"))
+    assert create.endswith("Nodes=compute[001-002] Flags=MAINT,IGNORE_JOBS")
+    assert head.said[0].startswith("maintenance: waiting for the jobs on compute001 to end")
+    assert not head.reservations
+
+
+def test_maintenance_that_runs_out_of_time_fails_and_releases(no_sleep: None) -> None:
+    head = _Slurm(
+        "compute001 allocated\ncompute002 idle\n",
+        "compute001 allocated+maint\ncompute002 maint\n",
+    )
+    results = _verify_slurm(head, maintenance=True, wait_s=-1)
+    hold = next(r for r in results if r[0] == "hold")
+    assert not hold[2]
+    assert hold[3] == "compute001 still ran jobs after -1 s: not tested under load"
+    assert ("srun", "compute002", True, "job 7 ran on compute002") in results
+    assert not head.reservations
+
+
+def test_a_reservation_verify_cannot_remove_is_a_failure_naming_the_fix(no_sleep: None) -> None:
+    head = _Slurm("compute001 idle\ncompute002 idle\n", delete_fails=True)
+    results = _verify_slurm(head)
+    assert results[-1][:3] == ("release", "provision-verify", False)
+    assert "`scontrol delete reservation provision-verify` on a head" in results[-1][3]

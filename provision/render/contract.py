@@ -46,8 +46,9 @@ _TABLE = (
         "provision_nft_sets_path", "all", ("firewall",), "where the address sets go on a node"
     ),
     Variable(
-        "provision_secrets_dir", "extra", ("munge", "slurm"),
-        "the state directory's secrets (munge key, slurmdbd password): read on the controller",
+        "provision_secrets_dir", "extra", ("munge", "slurm", "monitoring", "grafana"),
+        "the state directory's secrets (munge key, slurmdbd password, relay passwords, Grafana's "
+        "admin password): read on the controller",
     ),
     Variable(
         "provision_burst", "all", ("playbooks/site",),
@@ -157,6 +158,15 @@ _TABLE = (
     ),
     Variable("monitoring_retention", "all", ("monitoring",), "monitoring.retention"),
     Variable("monitoring_storage_path", "all", ("monitoring",), "monitoring.storage_path"),
+    Variable(
+        "monitoring_smtp_logins", "all", ("monitoring",),
+        "mail receivers whose relay wants a login: their passwords are copied from the secrets",
+    ),
+    Variable(
+        "provision_grafana", "all", ("playbooks/site",),
+        "monitoring.grafana is set: Grafana and the dashboards on the monitoring node",
+    ),
+    Variable("grafana_port", "all", ("grafana",), "monitoring.grafana.port"),
 )  # fmt: skip
 
 VARIABLES: dict[str, Variable] = {v.name: v for v in _TABLE}
@@ -200,6 +210,7 @@ MONITORING = {
     "retention": "monitoring_retention",
     "storage_path": "monitoring_storage_path",
 }
+GRAFANA = {"port": "grafana_port"}
 ROCE = {
     "trust": "rdma_roce_trust",
     "traffic_class": "rdma_roce_traffic_class",

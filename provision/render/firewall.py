@@ -108,6 +108,9 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
                     ("alertmanager", spec.monitoring.alertmanager_port),
                 ):
                     rules.append(Rule(f"{name} web", "tcp", str(number), (ADMIN,)))
+                if spec.monitoring.grafana is not None:
+                    port = str(spec.monitoring.grafana.port)
+                    rules.append(Rule("grafana web", "tcp", port, (ADMIN,)))
         if view.profile.gpu is not None and spec.nvidia.dcgm and spec.nvidia.dcgm_exporter_url:
             port = str(spec.nvidia.dcgm_exporter_port)
             rules.append(Rule("dcgm-exporter (GPU metrics)", "tcp", port, scrapers))

@@ -9,6 +9,7 @@ from provision.cluster import Cluster
 from provision.render import contract
 from provision.render.contract import emitted
 from provision.render.jinja import template
+from provision.render.monitoring import smtp_logins
 from provision.render.yamldata import Template, yaml_mapping, yaml_value
 from provision.spec.fabric import fabric_addresses, rails
 from provision.spec.storage import export_clients, served_by, split_source
@@ -160,6 +161,14 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
         out["provision_monitoring"] = True
         for field in sorted(spec.monitoring.model_fields_set & set(contract.MONITORING)):
             out[contract.MONITORING[field]] = getattr(spec.monitoring, field)
+        logins = smtp_logins(cluster)
+        if logins:
+            out["monitoring_smtp_logins"] = logins
+        grafana = spec.monitoring.grafana
+        if grafana is not None:
+            out["provision_grafana"] = True
+            for field in sorted(grafana.model_fields_set & set(contract.GRAFANA)):
+                out[contract.GRAFANA[field]] = getattr(grafana, field)
     fabric = spec.network.fabric
     if "fabric" in spec.network.model_fields_set:
         out["provision_fabric"] = fabric.kind

@@ -14,11 +14,14 @@ from typing import Any
 import yaml
 
 from provision.cluster import Cluster
+from provision.spec.models import EmailReceiver
 from provision.spec.nodes import Node
 
 RULES_DIR = "/etc/prometheus/rules"  # the monitoring role installs every rule file here
 # seconds Alertmanager waits to batch a new group's alerts before the first notification
 GROUP_WAIT = "10s"
+SMTP_PASSWORD_DIR = "/etc/prometheus"  # beside alertmanager.yml, readable by its group only
+GRAFANA_DATASOURCE_UID = "prometheus"  # the dashboards' panels name their data source by it
 
 
 def monitoring_files(cluster: Cluster) -> dict[str, str]:
@@ -28,11 +31,16 @@ def monitoring_files(cluster: Cluster) -> dict[str, str]:
     if monitoring is None or watcher is None:
         return {}
     header = f"# {cluster.header}\n"
-    return {
+    files = {
         "files/monitoring/prometheus.yml": header + _dump(_prometheus(cluster)),
         "files/monitoring/alertmanager.yml": header + _dump(_alertmanager(cluster)),
         "files/monitoring/cluster-rules.yml": header + _dump(_cluster_rules(cluster)),
     }
+    if monitoring.grafana is not None:
+        files["files/monitoring/grafana-datasources.yml"] = header + _dump(
+            grafana_datasource(cluster)
+        )
+    return files
 
 
 def _dump(data: dict[str, Any]) -> str:
@@ -121,12 +129,12 @@ def _alertmanager(cluster: Cluster) -> dict[str, Any]:
     receivers: list[dict[str, Any]] = [{"name": "none"}]  # alerts show in Alertmanager only
     routes = []
     for receiver in monitoring.receivers:
-        receivers.append(
-            {
-                "name": receiver.name,
-                "webhook_configs": [{"url": receiver.webhook, "send_resolved": True}],
-            }
-        )
+        if receiver.webhook is not None:
+            configs = {"webhook_configs": [{"url": receiver.webhook, "send_resolved": True}]}
+        else:
+            assert receiver.email is not None
+            configs = {"email_configs": [_email(receiver.name, receiver.email)]}
+        receivers.append({"name": receiver.name, **configs})
         routes.append({"receiver": receiver.name, "continue": True})  # each gets every alert
     route: dict[str, Any] = {
         "receiver": "none",
@@ -138,6 +146,56 @@ def _alertmanager(cluster: Cluster) -> dict[str, Any]:
     if routes:
         route["routes"] = routes
     return {"route": route, "receivers": receivers}
+
+
+def smtp_password_path(receiver: str) -> str:
+    """Where the monitoring role puts a mail receiver's relay password (the monitoring role's
+    copy of the workstation's file; Alertmanager reads it, the configuration never holds it)."""
+    return f"{SMTP_PASSWORD_DIR}/smtp-{receiver}.password"
+
+
+def _email(name: str, email: EmailReceiver) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "to": email.to,
+        "from": email.sender,
+        "smarthost": email.smarthost,
+        "require_tls": email.require_tls,
+        "send_resolved": True,
+    }
+    if email.username is not None:
+        config["auth_username"] = email.username
+        config["auth_password_file"] = smtp_password_path(name)
+    return config
+
+
+def smtp_logins(cluster: Cluster) -> list[str]:
+    """The receivers whose relay wants a login: their passwords travel as cluster secrets."""
+    monitoring = cluster.spec.monitoring
+    if monitoring is None:
+        return []
+    return [r.name for r in monitoring.receivers if r.email and r.email.username is not None]
+
+
+def grafana_datasource(cluster: Cluster) -> dict[str, Any]:
+    """Grafana's provisioned data source: the cluster's Prometheus, beside it on the same node.
+    Its uid is the one every dashboard's panels name."""
+    monitoring = cluster.spec.monitoring
+    assert monitoring is not None
+    return {
+        "apiVersion": 1,
+        "datasources": [
+            {
+                "name": "Prometheus",
+                "uid": GRAFANA_DATASOURCE_UID,
+                "type": "prometheus",
+                "access": "proxy",
+                "url": f"http://localhost:{monitoring.prometheus_port}",
+                "isDefault": True,
+                "editable": False,
+                "jsonData": {"timeInterval": monitoring.scrape_interval},
+            }
+        ],
+    }
 
 
 def _cluster_rules(cluster: Cluster) -> dict[str, Any]:

@@ -557,6 +557,12 @@ def _check_monitoring(spec: Spec) -> list[Problem]:
         if port in taken:
             problems.append((("monitoring", field), f"port {port} is also {taken[port]}'s port"))
         taken[port] = field.removesuffix("_port").replace("_", " ")
+    if monitoring.grafana is not None:
+        port = str(monitoring.grafana.port)
+        if port in taken:
+            problems.append(
+                (("monitoring", "grafana", "port"), f"port {port} is also {taken[port]}'s port")
+            )
     if system_directory(monitoring.storage_path):
         problems.append(
             (
@@ -567,11 +573,23 @@ def _check_monitoring(spec: Spec) -> list[Problem]:
         )
     seen: set[str] = set()
     for i, receiver in enumerate(monitoring.receivers):
+        at = ("monitoring", "receivers", i)
         if receiver.name in seen:
-            problems.append(
-                (("monitoring", "receivers", i, "name"), f"a second receiver '{receiver.name}'")
-            )
+            problems.append(((*at, "name"), f"a second receiver '{receiver.name}'"))
         seen.add(receiver.name)
+        if (receiver.webhook is None) == (receiver.email is None):
+            problems.append(
+                (at, "give the receiver either 'webhook' or 'email', not both or neither")
+            )
+        email = receiver.email
+        if email is not None and (email.username is None) != (email.password_file is None):
+            given = "username" if email.username is not None else "password_file"
+            problems.append(
+                (
+                    (*at, "email", given),
+                    "the relay's login needs both 'username' and 'password_file'",
+                )
+            )
     return problems
 
 

@@ -183,6 +183,26 @@ MigProfile = Annotated[
     _matching(r"[1-7]g\.[0-9]+gb", "{!r} is not a MIG profile: write it like 1g.10gb or 3g.40gb"),
 ]
 Url = Annotated[str, AfterValidator(_url)]
+EmailAddress = Annotated[
+    str,
+    _matching(
+        r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*",
+        "{!r} is not a mail address: write it like ops@example.org",
+    ),
+]
+SmtpUser = Annotated[
+    str,
+    _matching(
+        r"[A-Za-z0-9._@+-]{1,128}", "{!r} is not a user name: 1-128 of A-Z a-z 0-9 . _ @ + -"
+    ),
+]
+HostPort = Annotated[
+    str,
+    _matching(
+        r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?:[0-9]{1,5}",
+        "{!r} is not host:port: write it like mail.example.org:587",
+    ),
+]
 GpgFingerprint = Annotated[
     str,
     _matching(
@@ -769,13 +789,46 @@ class Storage(Model):
     mounts: list[Mount] = Field(default=[], description="what nodes mount")
 
 
+class EmailReceiver(Model):
+    """Mail through an SMTP relay; the password stays in a file on the workstation."""
+
+    to: EmailAddress = Field(description="address the alerts go to")
+    sender: EmailAddress = Field(
+        description="address the alerts come from (the relay may insist on one)"
+    )
+    smarthost: HostPort = Field(
+        description="the SMTP relay, as host:port, like mail.example.org:587"
+    )
+    require_tls: bool = Field(
+        default=True, description="insist on STARTTLS (false for a relay on a trusted network)"
+    )
+    username: SmtpUser | None = Field(
+        default=None,
+        description="user name the relay knows the cluster by (LOGIN/PLAIN/CRAM-MD5 auth)",
+    )
+    password_file: str | None = Field(
+        default=None,
+        description="file on the workstation holding that user's password (one line, mode 0600); "
+        "it is copied to the monitoring node, readable by Alertmanager only",
+    )
+
+
 class Receiver(Model):
-    """Where Alertmanager sends the cluster's alerts."""
+    """Where Alertmanager sends the cluster's alerts: a webhook or a mailbox."""
 
     name: PoolName = Field(description="short name of the receiver")
-    webhook: Url = Field(
-        description="URL Alertmanager POSTs each group of alerts to, as JSON (its webhook format)"
+    webhook: Url | None = Field(
+        default=None,
+        description="URL Alertmanager POSTs each group of alerts to, as JSON (its webhook format)",
     )
+    email: EmailReceiver | None = Field(default=None, description="or mail through an SMTP relay")
+
+
+class Grafana(Model):
+    """Grafana beside Prometheus, from Grafana's own package repository, with this project's
+    dashboards (cluster, GPU health, fabric, Slurm queue) provisioned from files."""
+
+    port: int = Field(default=3000, ge=1, le=65535, description="Grafana's web port")
 
 
 class Monitoring(Model):
@@ -802,6 +855,11 @@ class Monitoring(Model):
     )
     receivers: list[Receiver] = Field(
         default=[], description="who gets the alerts; none: they show in Alertmanager only"
+    )
+    grafana: Grafana | None = Field(
+        default=None,
+        description="Grafana on the monitoring node; its admin password is a cluster secret "
+        "(grafana-admin.password in the state directory)",
     )
 
 

@@ -33,6 +33,12 @@ class VerifyContext:
     cluster: Cluster
     state: State
     rendered_hosts: str
+    # nodes that may be load-tested (NCCL, ib_write_bw): no job runs there and none can start
+    # meanwhile; None: every node (no scheduler holds them)
+    quiet: frozenset[str] | None = None
+
+    def may_load(self, node: Node) -> bool:
+        return self.quiet is None or node.name in self.quiet
 
 
 T = TypeVar("T")
@@ -181,7 +187,17 @@ COMMON_CHECKS: list[NodeCheck] = [
 ]
 
 
-def verify_cluster(cluster: Cluster, state: State, key_file: Path | None) -> list[CheckResult]:
+def verify_cluster(
+    cluster: Cluster,
+    state: State,
+    key_file: Path | None,
+    maintenance: bool = False,
+    wait_s: float = 3600.0,
+    say: Callable[[str], None] = lambda _: None,
+) -> list[CheckResult]:
+    """Every check, on a cluster that may be running jobs. Under Slurm the nodes to load-test
+    (NCCL, ib_write_bw, the test job) are held in a reservation verify makes and removes: the
+    idle ones, or with `maintenance` all of them once their jobs end (up to `wait_s`)."""
     from provision.verify import fabric, gpu, slurm
 
     nodes = [n for n in cluster.lasting_nodes if n.address is not None]
@@ -194,17 +210,29 @@ def verify_cluster(cluster: Cluster, state: State, key_file: Path | None) -> lis
     on_fabric = any(rails(v.profile, cluster.spec.network.fabric.kind) for v in cluster.pools)
     if on_fabric:
         node_checks.append(fabric.check_fabric)
-    if cluster.spec.scheduler == "slurm":
+    on_slurm = cluster.spec.scheduler == "slurm"
+    if on_slurm:
         node_checks.append(slurm.check_munge_key)
+    hold = None
     try:
+        if on_slurm:
+            hold = slurm.hold_nodes(ctx, remotes, maintenance, wait_s, say)
+            results += hold.results
+            ctx.quiet = frozenset(hold.quiet) | {
+                n.name for n in cluster.lasting_nodes if n.role != "compute"
+            }
         results += run_node_checks(ctx, remotes, nodes, node_checks)
         if on_fabric:
-            results += fabric.check_fabric_bandwidth(ctx, remotes, nodes)
-        if cluster.spec.scheduler == "slurm":
+            results += fabric.check_fabric_bandwidth(
+                ctx, remotes, [n for n in nodes if ctx.may_load(n)]
+            )
+        if hold is not None:
             results += slurm.check_munge_same_key(ctx, remotes, nodes)
-            results += slurm.check_scheduler(ctx, remotes)
+            results += slurm.check_scheduler(ctx, remotes, hold)
             results += slurm.check_ports(ctx, remotes)
     finally:
+        if hold is not None:
+            results += slurm.release(remotes, ctx, hold)
         for remote in remotes.values():
             remote.close()
     return results

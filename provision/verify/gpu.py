@@ -25,7 +25,9 @@ def check_gpus(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResu
         return []
     if node.provider == "lab":
         return [CheckResult("gpu", node.name, True, "lab container: no GPU to check")]
-    commands = gpu_commands(want, ALL_REDUCE if ctx.cluster.spec.nvidia.nccl_tests else None)
+    nccl = ctx.cluster.spec.nvidia.nccl_tests
+    load = ctx.may_load(node)
+    commands = gpu_commands(want, ALL_REDUCE if nccl and load else None)
     outputs = {}
     for name, command in commands.items():
         timeout = ALL_REDUCE_TIMEOUT_S if name == ALL_REDUCE_OUT else 60.0
@@ -33,4 +35,14 @@ def check_gpus(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResu
         outputs[name] = (out.rc, out.stdout if out.rc == 0 else out.stdout + out.stderr)
         if name == QUERY_GPU and out.rc != 0:
             break  # nvidia-smi cannot reach the GPUs: nothing else can answer
-    return [CheckResult(c, node.name, ok, ev) for c, ok, ev in findings_from(want, outputs)]
+    results = [CheckResult(c, node.name, ok, ev) for c, ok, ev in findings_from(want, outputs)]
+    if nccl and not load:
+        results.append(
+            CheckResult(
+                "nccl.all_reduce",
+                node.name,
+                True,
+                "not run: the node runs jobs (verify --maintenance runs it once they end)",
+            )
+        )
+    return results

@@ -7,7 +7,9 @@ from __future__ import annotations
 import shlex
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from provision.cluster import compress
 from provision.parsers.node import parse_stat
@@ -18,9 +20,13 @@ from provision.verify import CheckResult, VerifyContext
 from provision.verify.remote import Remote
 
 IDLE_WAIT_S = 90  # nodes register with slurmctld on their own schedule after a restart
+RESERVATION = "provision-verify"  # verify's own; one that a killed verify left is replaced
+RESERVATION_MINUTES = 60  # a verify killed before its release frees the nodes after this
 # node states (sinfo %T) of a node in service: idle, or running jobs
 BUSY = frozenset({"allocated", "mixed", "completing"})
 SERVING = BUSY | {"idle"}
+# states (without flags) of a node no job runs on, in a reservation or not
+FREE = frozenset({"idle", "maint", "reserved", "resv", "planned"})
 
 
 def check_munge_key(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
@@ -67,28 +73,168 @@ def _head(ctx: VerifyContext, remotes: dict[str, Remote]) -> Remote | None:
     return None
 
 
-def check_scheduler(ctx: VerifyContext, remotes: dict[str, Remote]) -> list[CheckResult]:
+@dataclass
+class Hold:
+    """The compute nodes verify holds in a reservation of its own while it tests them: no job
+    starts there meanwhile, so NCCL and ib_write_bw (run outside Slurm) share them with nobody."""
+
+    states: dict[str, str]  # each compute node's state before the hold (sinfo %T)
+    in_service: bool  # every compute node idle or running jobs
+    quiet: list[str] = field(default_factory=list)  # held, no job running: the ones to test
+    reservation: str | None = None  # made by this verify; removed by release()
+    results: list[CheckResult] = field(default_factory=list)
+
+
+def _states(head: Remote) -> dict[str, str]:
+    return parse_sinfo_nodes(head.run("sinfo -h -N -o '%.64N %.32T'").stdout)
+
+
+def _base(state: str) -> str:
+    """'idle+maint' -> idle, 'allocated*' -> allocated: the state without Slurm's flags."""
+    return state.split("+")[0].rstrip("*~#!%$@^-")
+
+
+def hold_nodes(
+    ctx: VerifyContext,
+    remotes: dict[str, Remote],
+    maintenance: bool = False,
+    wait_s: float = 3600.0,
+    say: Callable[[str], None] = lambda _: None,
+) -> Hold:
+    """Wait for the compute nodes to be in service, then hold the ones to test.
+
+    Without maintenance, the idle nodes are held (a job landing meanwhile is waited for by a
+    retry, never preempted) and busy nodes are only read. With maintenance, every compute
+    node is held (MAINT: no new job starts; the running ones finish), and verify waits up to
+    `wait_s` for their jobs to end.
+    """
     head = _head(ctx, remotes)
     if head is None:
-        return [CheckResult("slurm", "cluster", False, "no head node reachable")]
+        return Hold(
+            {}, False, results=[CheckResult("slurm", "cluster", False, "no head node reachable")]
+        )
     compute = [n.name for n in ctx.cluster.lasting_nodes if n.role == "compute"]
-    results = []
-
     deadline = time.monotonic() + IDLE_WAIT_S
     while True:
-        states = parse_sinfo_nodes(head.run("sinfo -h -N -o '%.64N %.32T'").stdout)
+        states = _states(head)
         out_of_service = [n for n in compute if states.get(n, "absent") not in SERVING]
         if not out_of_service or time.monotonic() > deadline:
             break
         time.sleep(2)
+    hold = Hold(states, not out_of_service)
     for name in compute:
         state = states.get(name, "absent")
-        busy = " (running jobs)" if state in BUSY else ""
-        results.append(CheckResult("sinfo", name, state in SERVING, f"state {state}{busy}"))
-    if out_of_service:
-        return results
-    # the test job goes to the idle nodes only: jobs running elsewhere are left alone
-    idle = [n for n in compute if states[n] == "idle"]
+        note = " (running jobs)" if state in BUSY else ""
+        hold.results.append(CheckResult("sinfo", name, state in SERVING, f"state {state}{note}"))
+    if out_of_service or not compute:
+        return hold
+    # a verify killed before its release left its reservation: it goes first
+    head.run(f"scontrol delete reservation {RESERVATION}", sudo=True)
+    user = shlex.quote(head.user)
+    if maintenance:
+        out = head.run(
+            f"scontrol create reservation ReservationName={RESERVATION} StartTime=now "
+            f"Duration={RESERVATION_MINUTES} Users={user} Nodes={compress(compute)} "
+            "Flags=MAINT,IGNORE_JOBS",
+            sudo=True,
+        )
+        if out.rc != 0:
+            hold.results.append(_not_held(compute, out.stderr or out.stdout))
+            return hold
+        hold.reservation = RESERVATION
+        started = time.monotonic()
+        waited_for: set[str] = set()
+        while True:
+            now = _states(head)
+            busy = [n for n in compute if _base(now.get(n, "absent")) not in FREE]
+            waited_for |= set(busy)
+            if not busy or time.monotonic() - started > wait_s:
+                break
+            say(
+                f"maintenance: waiting for the jobs on {compress(busy)} to end "
+                f"({time.monotonic() - started:.0f} s)"
+            )
+            time.sleep(5)
+        hold.quiet = [n for n in compute if n not in busy]
+        waited = (
+            f"waited {time.monotonic() - started:.0f} s for the jobs on "
+            f"{compress(sorted(waited_for))}"
+            if waited_for
+            else "no job was running"
+        )
+        hold.results.append(
+            CheckResult(
+                "hold",
+                compress(compute),
+                not busy,
+                f"maintenance reservation {RESERVATION}; {waited}"
+                if not busy
+                else f"{compress(busy)} still ran jobs after {wait_s:.0f} s: not tested under load",
+            )
+        )
+        return hold
+    for _ in range(3):  # a job may take an idle node between sinfo and the reservation
+        idle = [n for n in compute if states.get(n) == "idle"]
+        if not idle:
+            break
+        out = head.run(
+            f"scontrol create reservation ReservationName={RESERVATION} StartTime=now "
+            f"Duration={RESERVATION_MINUTES} Users={user} Nodes={compress(idle)}",
+            sudo=True,
+        )
+        if out.rc == 0:
+            hold.reservation = RESERVATION
+            hold.quiet = idle
+            break
+        time.sleep(1)
+        states = _states(head)
+    else:
+        hold.results.append(_not_held(compute, out.stderr or out.stdout))
+        return hold
+    busy = [n for n in compute if n not in hold.quiet]
+    evidence = f"reservation {RESERVATION} on the idle nodes" if hold.quiet else "no node idle"
+    if busy:
+        evidence += (
+            f"; {compress(busy)} run jobs: read only, not tested under load "
+            "(--maintenance tests them)"
+        )
+    hold.results.append(CheckResult("hold", compress(compute), True, evidence))
+    return hold
+
+
+def _not_held(compute: list[str], why: str) -> CheckResult:
+    return CheckResult("hold", compress(compute), False, f"no reservation: {why.strip()[:160]}")
+
+
+def release(remotes: dict[str, Remote], ctx: VerifyContext, hold: Hold) -> list[CheckResult]:
+    """Remove verify's reservation: the nodes take jobs again."""
+    head = _head(ctx, remotes)
+    if hold.reservation is None or head is None:
+        return []
+    out = head.run(f"scontrol delete reservation {hold.reservation}", sudo=True)
+    if out.rc == 0:
+        return []
+    return [
+        CheckResult(
+            "release",
+            hold.reservation,
+            False,
+            f"not removed ({(out.stderr or out.stdout).strip()[:120]}): "
+            f"`scontrol delete reservation {hold.reservation}` on a head",
+        )
+    ]
+
+
+def check_scheduler(
+    ctx: VerifyContext, remotes: dict[str, Remote], hold: Hold
+) -> list[CheckResult]:
+    head = _head(ctx, remotes)
+    if head is None or not hold.in_service:
+        return []
+    compute = [n.name for n in ctx.cluster.lasting_nodes if n.role == "compute"]
+    results = []
+    # the test job goes to the held nodes only: jobs running elsewhere are left alone
+    idle = hold.quiet
     if not idle:
         results.append(
             CheckResult("srun", compress(compute), True, "not run: every compute node runs jobs")
@@ -97,8 +243,8 @@ def check_scheduler(ctx: VerifyContext, remotes: dict[str, Remote]) -> list[Chec
 
     hostlist = compress(idle)
     out = head.run(
-        f"timeout 120 srun -N{len(idle)} -w {hostlist} --time=2 "
-        "sh -c 'echo $SLURM_JOB_ID $(hostname)'",
+        f"timeout 120 srun --reservation={hold.reservation} -N{len(idle)} -w {hostlist} "
+        "--time=2 sh -c 'echo $SLURM_JOB_ID $(hostname)'",
         timeout=150,
     )
     job, hosts = parse_srun_hosts(out.stdout)
