@@ -6,14 +6,16 @@
 Checks: GPU count, model and memory against the profile; driver pin; persistence mode; ECC,
 retired pages and row remapping; PCIe generation and width; NVLink links up; the fabric
 manager where the profile has NVSwitch; an NCCL all_reduce_perf bus bandwidth at the profile's
-threshold (when nccl-tests is built). --record DIR keeps every command's raw output, so a run on
-real hardware can become test data (tests/data/nvidia/). Exit 0 when every check passes.
+threshold (when nccl-tests is built); DCGM's level-1 diagnostics (when dcgmi is installed).
+--record DIR keeps every command's raw output, so a run on real hardware can become test data
+(tests/data/nvidia/, tests/data/dcgm/). Exit 0 when every check passes.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from parsers_by_path import ROOT, load
 
 gp = load("gpu")
+dcgm = load("dcgm")
 
 
 def profile_gpu(name: str) -> dict[str, object]:
@@ -98,6 +101,18 @@ def main() -> int:
         run("nvidia-smi -q", args.record, "nvidia-smi-q.txt")
         run("nvidia-smi topo -m", args.record, "topo-m.txt")
     findings = gp.findings_from(want, outputs)
+    if shutil.which("dcgmi"):  # DCGM's quick diagnostics, as the health checks run them
+        code, out = run(dcgm.diag_command(1), args.record, "dcgm-diag-r1.txt")
+        report = dcgm.parse_diag(out)
+        if report is None:
+            findings.append(("dcgm.diag", False, f"rc {code}: {out.strip()[:160]}"))
+        else:
+            passed = f"{report.tests} results passed (DCGM {report.version})"
+            findings.append(
+                ("dcgm.diag", not report.failures, "; ".join(report.failures) or passed)
+            )
+    else:
+        print("skip dcgm.diag: no dcgmi (DCGM is not installed)")
     for check, passed, evidence in findings:
         print(f"{'ok  ' if passed else 'FAIL'} {check}: {evidence}")
     return 0 if all(passed for _, passed, _ in findings) else 1

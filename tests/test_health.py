@@ -192,7 +192,7 @@ def _program(
     munge and chronyc answer from stand-ins on PATH."""
     wheel = build_wheel(tmp_path / "wheel")
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)  # a test may have put a stand-in there already
     for name, body in {
         "munge": "cat /dev/null",
         "unmunge": f"printf '{MUNGE_OK}'",
@@ -324,3 +324,127 @@ def test_the_prolog_checks_gpu_nodes_only_and_fails_the_job_on_a_sick_one(tmp_pa
     )
     assert out.endswith("rc=1") and "FAIL disk /:" in out, out
     assert "State=DRAIN Reason=health: disk /:" in calls.splitlines()[1]
+
+
+# --- DCGM's diagnostics -----------------------------------------------------------------------
+
+DCGM = ROOT / "tests" / "data" / "dcgm"
+
+
+def test_dcgm_diag_reports_parse_in_both_document_shapes() -> None:
+    from provision.parsers.dcgm import parse_diag
+
+    passing = parse_diag((DCGM / "diag-r1-pass-dcgm3.txt").read_text())
+    assert passing is not None
+    assert (passing.tests, passing.failures, passing.version) == (9, [], "3.3.9")
+    failing = parse_diag((DCGM / "diag-r2-fail-dcgm4.txt").read_text())
+    assert failing is not None and failing.version == "4.1.1"
+    assert failing.tests == 16  # the null result of GPU 6 is no result; Warn is no failure
+    assert failing.failures == [
+        "pcie (GPU 3): GPU 3 Error using CUDA API cudaMemcpy: PCIe replay count 412 exceeds "
+        "the threshold 8",
+        "memory (GPU 5): GPU 5 A double-bit ECC error was detected",
+    ]
+    assert parse_diag((DCGM / "diag-no-hostengine.txt").read_text()) is None
+    assert parse_diag('{"something": "else"}') is None
+
+
+def test_dcgm_diag_as_a_health_check() -> None:
+    from provision.health import check_dcgm_diag
+
+    ok = check_dcgm_diag(
+        1, _fake_run({"dcgmi diag -r 1 -j": (DCGM / "diag-r1-pass-dcgm3.txt").read_text()})
+    )
+    assert ok == ok.__class__("dcgm diag level 1", True, "9 results passed (DCGM 3.3.9)")
+    bad = check_dcgm_diag(
+        2, _fake_run({"dcgmi diag -r 2 -j": (1, (DCGM / "diag-r2-fail-dcgm4.txt").read_text())})
+    )
+    assert not bad.ok and bad.detail.startswith("pcie (GPU 3): GPU 3 Error using CUDA API")
+    assert "; memory (GPU 5): GPU 5 A double-bit ECC error was detected" in bad.detail
+    down = check_dcgm_diag(
+        1, _fake_run({"dcgmi": (255, (DCGM / "diag-no-hostengine.txt").read_text())})
+    )
+    assert (down.ok, down.detail) == (
+        False,
+        "did not run (rc 255): Error: unable to establish a connection to the specified host: "
+        "localhost",
+    )
+    missing = check_dcgm_diag(1, _fake_run({"dcgmi": (127, "sh: 1: dcgmi: not found")}))
+    assert "dcgmi not found" in missing.detail
+
+
+def test_periodic_dcgm_diag_is_due_once_every_period_after_it_passed(tmp_path: Path) -> None:
+    from provision.health import Result, diag_due, diag_passed
+
+    marker = tmp_path / "state" / "dcgm-diag.passed"
+    config: dict[str, object] = {
+        "dcgm_diag": {"level": 3, "when": "periodic", "every": 3600, "last_pass_file": str(marker)}
+    }
+    assert diag_due(config, "prolog") is None
+    assert diag_due(config, "periodic") == 3  # never passed
+    diag_passed(config, [Result("dcgm diag level 3", False, "memory (GPU 5): ...")])
+    assert not marker.exists() and diag_due(config, "periodic") == 3  # failing: again next run
+    diag_passed(config, [Result("dcgm diag level 3", True, "passed")])
+    now = marker.stat().st_mtime
+    assert diag_due(config, "periodic", now + 60) is None
+    assert diag_due(config, "periodic", now + 3601) == 3
+    prolog = {
+        "dcgm_diag": {"level": 1, "when": "prolog", "every": 86400, "last_pass_file": str(marker)}
+    }
+    assert diag_due(prolog, "prolog") == 1 and diag_due(prolog, "periodic") is None
+
+
+def _fake_dcgmi(tmp_path: Path, output: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "dcgmi").write_text(
+        f'#!/bin/sh\necho "$*" >> {tmp_path / "dcgmi.log"}\ncat {output}\n'
+    )
+    (bin_dir / "dcgmi").chmod(0o755)
+
+
+def test_a_heavy_periodic_diag_holds_an_idle_node_and_skips_a_busy_one(tmp_path: Path) -> None:
+    marker = tmp_path / "dcgm-diag.passed"
+    config = {
+        "disks": [],
+        "mounts": [],
+        "dcgm_diag": {
+            "level": 2,
+            "when": "periodic",
+            "every": 86400,
+            "last_pass_file": str(marker),
+        },
+    }
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    _fake_dcgmi(busy, DCGM / "diag-r1-pass-dcgm3.txt")
+    out, calls = _program(busy, config, _node("ALLOCATED"))
+    assert "dcgm diag level 2: not run: jobs on compute001" in out and out.endswith("rc=0"), out
+    assert not (busy / "dcgmi.log").exists() and "State=DRAIN" not in calls
+    idle = tmp_path / "idle"
+    idle.mkdir()
+    _fake_dcgmi(idle, DCGM / "diag-r1-pass-dcgm3.txt")
+    out, calls = _program(idle, config, _node("IDLE"))
+    assert "PASS dcgm diag level 2: 9 results passed (DCGM 3.3.9)" in out, out
+    assert (idle / "dcgmi.log").read_text() == "diag -r 2 -j\n"
+    assert calls.splitlines()[1] == (
+        "update NodeName=compute001 State=DRAIN Reason=health: dcgm diag level 2 running"
+    )
+    assert marker.exists()
+
+
+def test_dcgm_diag_is_rendered_for_gpu_pools_only() -> None:
+    from provision.render.health import DIAG_LAST_PASS
+
+    files = render(Cluster(load_spec(ROOT / "examples" / "dgx-8.yaml")))
+    dgx = json.loads(files["files/health/dgx.json"])
+    assert dgx["dcgm_diag"] == {
+        "level": 1, "when": "prolog", "every": 86400, "last_pass_file": DIAG_LAST_PASS,
+    }  # fmt: skip
+    assert "files/health/head.json" not in files  # the head is no compute pool
+    lab = render(Cluster(load_spec(ROOT / "examples" / "lab.yaml")))
+    assert all(
+        "dcgm_diag" not in json.loads(text)
+        for name, text in lab.items()
+        if name.startswith("files/health/")
+    )

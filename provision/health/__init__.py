@@ -23,12 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision.parsers import fabric as fp
+from provision.parsers.dcgm import DIAG_TIMEOUT_S, diag_command, parse_diag
 from provision.parsers.gpu import GpuExpect, findings_from, gpu_commands
 
 CONFIG = Path("/etc/provision/health.json")
 PREFIX = "health: "  # the reason of a drain this program made, and so may undo
 # Slurm's own reason when a Prolog fails: with the health prolog, that prolog is this program
 PROLOG_ERROR = "Prolog error"
+# node state flags of a node running jobs: a diagnostic that loads the GPUs waits for idle
+BUSY_FLAGS = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 REASON_MAX = 200  # characters of a Slurm reason kept; the rest of a long finding is cut
 
 
@@ -132,9 +135,59 @@ def check_fabric(fabric: dict[str, object], run: Run) -> list[Result]:
     return [Result(c, ok, d) for c, ok, d in found]
 
 
+def check_dcgm_diag(level: int, run: Run) -> Result:
+    """DCGM's own diagnostics at `level`: every result passes, or the failed tests by name."""
+    check = f"dcgm diag level {level}"
+    code, out = run(diag_command(level))
+    report = parse_diag(out)
+    if report is None:
+        first = next((line for line in out.splitlines() if line.strip()), "no output")
+        if code == 127:
+            first = "dcgmi not found (the dcgm role installs it: nvidia.dcgm)"
+        return Result(check, False, f"did not run (rc {code}): {first.strip()[:120]}")
+    if report.failures:
+        more = f" (+{len(report.failures) - 2} more)" if len(report.failures) > 2 else ""
+        return Result(check, False, "; ".join(report.failures[:2]) + more)
+    return Result(check, True, f"{report.tests} results passed (DCGM {report.version or '?'})")
+
+
+def diag_due(config: dict[str, object], stage: str, now: float | None = None) -> int | None:
+    """The DCGM diagnostic level to run at this stage ("periodic" or "prolog"), if any: in
+    the prolog every time, periodically once `every` seconds have passed since it last passed
+    (a failing one runs again each time, to resume the node once it passes)."""
+    diag = config.get("dcgm_diag")
+    if not isinstance(diag, dict) or diag.get("when") != stage:
+        return None
+    if stage == "periodic":
+        try:
+            last = Path(str(diag["last_pass_file"])).stat().st_mtime
+        except OSError:
+            last = 0.0
+        if (time.time() if now is None else now) - last < float(diag["every"]):
+            return None
+    return int(diag["level"])
+
+
+def diag_passed(config: dict[str, object], results: list[Result]) -> None:
+    """Remember when the periodic DCGM diagnostic passed (the file's modification time)."""
+    diag = config.get("dcgm_diag")
+    if not isinstance(diag, dict) or diag.get("when") != "periodic":
+        return
+    ran = [r for r in results if r.check.startswith("dcgm diag")]
+    if ran and all(r.ok for r in ran):
+        marker = Path(str(diag["last_pass_file"]))
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+
+
 def run_checks(
-    config: dict[str, object], run: Run = shell, mounts_text: str | None = None
+    config: dict[str, object],
+    run: Run = shell,
+    mounts_text: str | None = None,
+    diag_level: int | None = None,
 ) -> list[Result]:
+    """Every check the configuration names; `diag_level`: DCGM's diagnostics too (the caller
+    decides when: they load the GPUs from level 2 on)."""
     results = [check_munge(run), check_time(run)]
     for disk in config.get("disks", []):  # type: ignore[attr-defined]
         results.append(check_disk(str(disk["path"]), float(disk["min_free_percent"])))
@@ -148,6 +201,10 @@ def run_checks(
     fabric = config.get("fabric")
     if isinstance(fabric, dict):
         results += check_fabric(fabric, run)
+    if diag_level is not None:
+        timeout = DIAG_TIMEOUT_S[diag_level]
+        long_run: Run = (lambda c: shell(c, timeout)) if run is shell else run
+        results.append(check_dcgm_diag(diag_level, long_run))
     return results
 
 

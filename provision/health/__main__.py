@@ -17,9 +17,13 @@ import sys
 from pathlib import Path
 
 from provision.health import (
+    BUSY_FLAGS,
     CONFIG,
+    PREFIX,
     act,
     decide,
+    diag_due,
+    diag_passed,
     load_config,
     parse_node,
     run_checks,
@@ -45,7 +49,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.prolog and not config.get("prolog"):
         return 0  # not a GPU pool's node: the periodic checks cover it
-    results = run_checks(config)
+    node = args.node or socket.gethostname().split(".")[0]
+    level = diag_due(config, "prolog" if args.prolog else "periodic")
+    if level is not None and level >= 2 and not args.prolog:
+        # levels 2 and 3 load the GPUs for minutes: on an idle node only, held by a drain of
+        # this program's own while they run (resumed below when they pass)
+        level = _hold_for_diag(node, level, args.scontrol, args.report_only)
+    results = run_checks(config, diag_level=level)
+    if not args.report_only:
+        diag_passed(config, results)
     for r in results:
         print(f"{'PASS' if r.ok else 'FAIL'} {r.check}: {r.detail}")
     textfile = config.get("textfile_dir")
@@ -57,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     failed = any(not r.ok for r in results)
     if args.report_only:
         return 1 if failed else 0
-    node = args.node or socket.gethostname().split(".")[0]
     code, out = shell(f"{args.scontrol} -o show node {node}")
     if code != 0:
         print(f"provision-health: slurmctld does not answer for {node}: {out.strip()[:200]}")
@@ -74,6 +85,23 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"provision-health: {node} not {done}: {out.strip()[:200]}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _hold_for_diag(node: str, level: int, scontrol: str, report_only: bool) -> int | None:
+    """The level to run now, or None: the node runs jobs, or someone else drained it."""
+    if report_only:
+        return level
+    code, out = shell(f"{scontrol} -o show node {node}")
+    if code != 0:
+        return None
+    flags, reason = parse_node(out)
+    if flags & BUSY_FLAGS:
+        print(f"dcgm diag level {level}: not run: jobs on {node}; the next idle run does it")
+        return None
+    if flags & {"DRAIN", "DRAINED", "DRAINING"} and not reason.startswith(PREFIX):
+        return None  # an operator's drain: the node is theirs
+    code, out = act(node, ("drain", f"{PREFIX}dcgm diag level {level} running"), scontrol)
+    return level if code == 0 else None
 
 
 if __name__ == "__main__":

@@ -32,6 +32,11 @@ def gpu_expect(view: PoolView, driver: str | None) -> GpuExpect | None:
     )
 
 
+DIAG_EVERY_S = 86400  # a periodic DCGM diagnostic passes once a day unless the spec says
+# when the periodic DCGM diagnostic last passed on the node (its modification time)
+DIAG_LAST_PASS = "/var/lib/provision/health/dcgm-diag.passed"
+
+
 def health_files(cluster: Cluster) -> dict[str, str]:
     spec = cluster.spec
     if spec.health is None or spec.scheduler != "slurm":
@@ -56,6 +61,14 @@ def health_config(cluster: Cluster, view: PoolView) -> dict[str, object]:
     want = gpu_expect(view, spec.software.nvidia_driver)
     if want is not None and view.pool.provider != "lab":
         config["gpu"] = dataclasses.asdict(want)
+    diag = spec.health.dcgm_diag
+    if want is not None and diag is not None and view.pool.provider != "lab":
+        config["dcgm_diag"] = {
+            "level": diag.level,
+            "when": diag.when,
+            "every": diag.every or DIAG_EVERY_S,
+            "last_pass_file": DIAG_LAST_PASS,
+        }
     # the prolog runs on every node of the cluster: it checks the GPU pools' nodes only
     config["prolog"] = spec.health.prolog and view.profile.gpu is not None
     pool_rails = rails(view.profile, spec.network.fabric.kind)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from provision.spec.exposure import WIDE, describe_size, public_addresses
 from provision.spec.fabric import fabric_addresses, fabric_hcas
 from provision.spec.loader import load_profiles
-from provision.spec.models import BURST_PROVIDERS, CLOUD_PROVIDERS, Spec, port_range
+from provision.spec.models import BURST_PROVIDERS, CLOUD_PROVIDERS, Health, Spec, port_range
 from provision.spec.nodes import Loc, Node, expand_nodes_checked
 from provision.spec.ports import (
     HEALTH_KEYS,
@@ -630,6 +630,35 @@ def _check_health(spec: Spec) -> list[Problem]:
         if disk.path in seen:
             problems.append((("health", "disks", i, "path"), f"{disk.path} is given twice"))
         seen.add(disk.path)
+    return problems + _check_dcgm_diag(spec, health)
+
+
+def _check_dcgm_diag(spec: Spec, health: Health) -> list[Problem]:
+    diag = health.dcgm_diag
+    if diag is None:
+        return []
+    at: Loc = ("health", "dcgm_diag")
+    if not _gpu_pools(spec):
+        return [(at, "no pool has GPUs: DCGM's diagnostics have nothing to test")]
+    if not spec.nvidia.dcgm:
+        return [(at, "DCGM's diagnostics need DCGM: set nvidia.dcgm: true")]
+    problems: list[Problem] = []
+    if diag.when == "prolog":
+        if diag.level == 3:
+            problems.append(
+                (
+                    (*at, "level"),
+                    "level 3 runs for about half an hour: not before every job; use when: periodic",
+                )
+            )
+        if not health.prolog:
+            problems.append(((*at, "when"), "health.prolog is false: no prolog runs it"))
+        if diag.every is not None:
+            problems.append(((*at, "every"), "'every' is for when: periodic"))
+    elif diag.every is not None and diag.every < health.interval:
+        problems.append(
+            ((*at, "every"), f"{diag.every} s is shorter than health.interval ({health.interval})")
+        )
     return problems
 
 

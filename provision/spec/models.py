@@ -870,6 +870,30 @@ class DiskThreshold(Model):
     )
 
 
+class DcgmDiag(Model):
+    """DCGM's diagnostics (`dcgmi diag -r LEVEL`) on the GPU pools' nodes, as a health check:
+    a failure drains the node naming the failed test."""
+
+    level: int = Field(
+        default=1,
+        ge=1,
+        le=3,
+        description="1: software and deployment (seconds); 2: adds PCIe and memory (about two "
+        "minutes); 3: adds stress, power and bandwidth (about half an hour)",
+    )
+    when: Literal["prolog", "periodic"] = Field(
+        default="prolog",
+        description="before every job (levels 1 and 2), or every `every` seconds on an idle "
+        "node, held by a drain while it runs",
+    )
+    every: int | None = Field(
+        default=None,
+        ge=60,
+        le=30 * 86400,
+        description="periodic: seconds between two passing runs on a node; unset: a day",
+    )
+
+
 class Health(Model):
     """Checks slurmd runs on every compute node: a failing one drains the node, naming it."""
 
@@ -883,6 +907,9 @@ class Health(Model):
         default=True,
         description="also run the checks before every job on GPU nodes (Slurm's Prolog): a "
         "failing check drains the node and the job goes back to the queue",
+    )
+    dcgm_diag: DcgmDiag | None = Field(
+        default=None, description="DCGM's diagnostics too (needs nvidia.dcgm and a GPU pool)"
     )
     disks: list[DiskThreshold] = Field(
         default=[DiskThreshold(path="/", min_free_percent=5)],
