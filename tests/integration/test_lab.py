@@ -223,31 +223,6 @@ def test_prometheus_scrapes_every_node_and_loads_the_rules(lab: tuple[Path, Path
         socket.create_connection(("10.76.0.12", 9100), timeout=3).close()
 
 
-def test_every_dashboard_query_is_answered_by_the_lab_prometheus(lab: tuple[Path, Path]) -> None:
-    """Grafana itself comes from its own repository, which is out of reach here; the queries of
-    its panels and variables go to the lab's Prometheus: each one is answered, and every one of
-    the cluster and Slurm dashboards shows data (the lab has no GPU and no fabric)."""
-    queries = [
-        (path.name, title, expr) for path in DASHBOARDS for title, expr in panel_queries(path)
-    ]
-    # a rate over a minute needs two scrapes of a target in that minute: a fresh node's rates
-    # come a scrape interval or two after its first
-    deadline = time.monotonic() + 90
-    waiting = queries
-    while True:
-        empty = []
-        for board, title, expr in waiting:
-            result = _prometheus("/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
-            if board in ("cluster.json", "slurm.json") and not result["result"]:
-                empty.append((board, title, expr))
-        if not empty or time.monotonic() > deadline:
-            break
-        waiting = empty
-        time.sleep(5)
-    assert not empty, "\n".join(f"{b}: {t}: {e}" for b, t, e in empty)
-    print(f"{len(queries)} dashboard queries answered")
-
-
 def test_verify_passes_while_a_job_occupies_a_node_and_speaks_json(lab: tuple[Path, Path]) -> None:
     spec, work = lab
     job = _on(spec, work, "head001", "sbatch --parsable -w compute001 --wrap 'sleep 300'")
@@ -348,6 +323,31 @@ def test_a_full_dev_shm_drains_the_node_naming_the_check_and_freeing_it_resumes(
         "disk /",
         "disk /dev/shm",
     }
+
+
+def test_every_dashboard_query_is_answered_by_the_lab_prometheus(lab: tuple[Path, Path]) -> None:
+    """Grafana itself comes from its own repository, which is out of reach here; the queries of
+    its panels and variables go to the lab's Prometheus: each one is answered, and every one of
+    the cluster and Slurm dashboards shows data (the lab has no GPU and no fabric)."""
+    queries = [
+        (path.name, title, expr) for path in DASHBOARDS for title, expr in panel_queries(path)
+    ]
+    # a rate over a minute needs two scrapes of a target in that minute: a fresh node's rates
+    # come a scrape interval or two after its first
+    deadline = time.monotonic() + 90
+    waiting = queries
+    while True:
+        empty = []
+        for board, title, expr in waiting:
+            result = _prometheus("/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+            if board in ("cluster.json", "slurm.json") and not result["result"]:
+                empty.append((board, title, expr))
+        if not empty or time.monotonic() > deadline:
+            break
+        waiting = empty
+        time.sleep(5)
+    assert not empty, "\n".join(f"{b}: {t}: {e}" for b, t, e in empty)
+    print(f"{len(queries)} dashboard queries answered")
 
 
 def test_ssh_reaches_the_head_as_a_user_would(lab: tuple[Path, Path]) -> None:
