@@ -27,7 +27,7 @@ from typing import Any, Literal
 import hostlist
 
 from provision.errors import NOT_ONE_LINE, UsageError
-from provision.secrets import check_secret_file
+from provision.secrets import check_secret_file, write_private
 from provision.spec.models import BmcNetwork
 from provision.spec.nodes import Node
 from provision.state import State
@@ -66,14 +66,8 @@ class PowerResult:
 
 def save_credentials(state: State, creds: Credentials) -> Path:
     state.ensure()
-    path = state.secrets / CREDENTIALS
-    tmp = path.with_name(f".{CREDENTIALS}.new")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"user": creds.user, "password": creds.password}, fh)
-    os.replace(tmp, path)
-    return path
+    data = json.dumps({"user": creds.user, "password": creds.password}).encode()
+    return write_private(state.secrets / CREDENTIALS, data)
 
 
 def load_credentials(state: State) -> Credentials:

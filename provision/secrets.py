@@ -63,6 +63,18 @@ def create_once(
     return path
 
 
+def write_private(path: Path, data: bytes) -> Path:
+    """Replace `path` with `data` at once, 0600 from the first byte: a reader never sees half
+    of it, and nobody else ever can."""
+    tmp = path.with_name(f".{path.name}.new")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+    return path
+
+
 def make_secrets(directory: Path, scheduler: str) -> Path:
     """Create, once, the secrets a cluster with this scheduler needs in `directory` (0700)."""
     private_dir(directory)
@@ -99,11 +111,5 @@ def monitoring_secrets(directory: Path, grafana: bool, relays: list[tuple[str, s
         if not password or b"\n" in password or b"\r" in password:
             raise UsageError(f"{where}: {source} must hold the password on one line")
         target = directory / smtp_password(receiver)
-        if target.exists() and target.read_bytes() == password:
-            continue
-        partial = target.with_suffix(".partial")
-        partial.unlink(missing_ok=True)
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(password)
-        partial.replace(target)
+        if not target.exists() or target.read_bytes() != password:
+            write_private(target, password)
