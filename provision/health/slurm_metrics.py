@@ -20,11 +20,9 @@ import time
 from pathlib import Path
 
 from provision.health import label_value, shell, write_textfile
-from provision.parsers.slurm import parse_sinfo_nodes
+from provision.parsers.slurm import parse_sinfo_nodes, without_flags
 
 FILE = "provision-slurm.prom"
-# the states sinfo prints with %T, and the flags it appends (* not responding, ~ powered off...)
-_FLAGS = "*~#!%$@^-"
 
 
 def metrics(sinfo: tuple[int, str], squeue: tuple[int, str], now: float) -> str:
@@ -39,7 +37,7 @@ def metrics(sinfo: tuple[int, str], squeue: tuple[int, str], now: float) -> str:
     ]
     if not up:
         return "\n".join(lines) + "\n"
-    states = {n: s.rstrip(_FLAGS) for n, s in parse_sinfo_nodes(sinfo[1]).items()}
+    states = {n: without_flags(s) for n, s in parse_sinfo_nodes(sinfo[1]).items()}
     lines += ["# HELP slurm_node_state the node's state now", "# TYPE slurm_node_state gauge"]
     counts: dict[str, int] = {}
     for node, state in sorted(states.items()):

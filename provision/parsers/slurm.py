@@ -3,6 +3,14 @@ in tests/data/."""
 
 from __future__ import annotations
 
+# the flags sinfo appends to a state (%T): * not responding, ~ powered off, # powering up...
+STATE_FLAGS = "*~#!%$@^-"
+
+
+def without_flags(state: str) -> str:
+    """'idle~' -> 'idle', 'drained*' -> 'drained': the state without sinfo's flag characters."""
+    return state.rstrip(STATE_FLAGS)
+
 
 def parse_sinfo_nodes(text: str) -> dict[str, str]:
     """`sinfo -h -N -o '%N %T'` -> {node: state}; a node in two partitions appears once."""

@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 
 from provision.cluster import compress
 from provision.parsers.node import parse_stat
-from provision.parsers.slurm import parse_sacct_states, parse_sinfo_nodes, parse_srun_hosts
+from provision.parsers.slurm import (
+    parse_sacct_states,
+    parse_sinfo_nodes,
+    parse_srun_hosts,
+    without_flags,
+)
 from provision.spec.nodes import Node
 from provision.spec.ports import service_ports
 from provision.verify import CheckResult, VerifyContext
@@ -90,8 +95,8 @@ def _states(head: Remote) -> dict[str, str]:
 
 
 def _base(state: str) -> str:
-    """'idle+maint' -> idle, 'allocated*' -> allocated: the state without Slurm's flags."""
-    return state.split("+")[0].rstrip("*~#!%$@^-")
+    """'idle+maint' -> idle, 'allocated*' -> allocated: the base state, nothing appended."""
+    return without_flags(state.split("+")[0])
 
 
 def hold_nodes(
