@@ -63,7 +63,7 @@ def _dgx_config() -> dict[str, object]:
 def _fake_run(files: dict[str, str | tuple[int, str]]):  # type: ignore[no-untyped-def]
     """A shell: each command answered from recorded output, by the command's first words."""
 
-    def run(command: str) -> tuple[int, str]:
+    def run(command: str, timeout: float = 60) -> tuple[int, str]:
         for prefix, answer in files.items():
             if command.startswith(prefix):
                 return answer if isinstance(answer, tuple) else (0, answer)

@@ -18,9 +18,9 @@ import os
 import shlex
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from provision.parsers import fabric as fp
 from provision.parsers.dcgm import DIAG_TIMEOUT_S, diag_command, parse_diag
@@ -42,7 +42,10 @@ class Result:
     detail: str
 
 
-Run = Callable[[str], tuple[int, str]]  # shell command -> (exit code, stdout and stderr)
+class Run(Protocol):
+    """A shell: command -> (exit code, stdout and stderr), given up after `timeout` seconds."""
+
+    def __call__(self, command: str, timeout: float = ...) -> tuple[int, str]: ...
 
 
 def shell(command: str, timeout: float = 60) -> tuple[int, str]:
@@ -138,7 +141,7 @@ def check_fabric(fabric: dict[str, object], run: Run) -> list[Result]:
 def check_dcgm_diag(level: int, run: Run) -> Result:
     """DCGM's own diagnostics at `level`: every result passes, or the failed tests by name."""
     check = f"dcgm diag level {level}"
-    code, out = run(diag_command(level))
+    code, out = run(diag_command(level), DIAG_TIMEOUT_S[level])
     report = parse_diag(out)
     if report is None:
         first = next((line for line in out.splitlines() if line.strip()), "no output")
@@ -202,9 +205,7 @@ def run_checks(
     if isinstance(fabric, dict):
         results += check_fabric(fabric, run)
     if diag_level is not None:
-        timeout = DIAG_TIMEOUT_S[diag_level]
-        long_run: Run = (lambda c: shell(c, timeout)) if run is shell else run
-        results.append(check_dcgm_diag(diag_level, long_run))
+        results.append(check_dcgm_diag(diag_level, run))
     return results
 
 
