@@ -262,3 +262,84 @@ def test_ubuntu_precompiled_modules_come_from_ubuntu(source: str) -> None:
         "nvidia-headless-no-dkms-550-server-open",
         "nvidia-utils-550-server",
     ]
+
+
+def _template(expr: str, **facts: Any) -> Any:
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    variables = _variables("debian12", "nvidia")
+    variables["ansible_facts"] = {**variables["ansible_facts"], **facts}
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return templar.template(trust_as_template(expr))
+
+
+def test_arm64_paths_come_from_the_architecture() -> None:
+    assert _template("{{ _nvidia_driver_headers }}").strip() == "linux-headers-amd64"
+    assert _template("{{ _nvidia_driver_headers }}", architecture="aarch64").strip() == (
+        "linux-headers-arm64"
+    )
+    mpi = "{{ _nccl_tests_mpi_home }}"
+    assert _template(mpi).strip() == "/usr/lib/x86_64-linux-gnu/openmpi"
+    assert _template(mpi, architecture="aarch64").strip() == "/usr/lib/aarch64-linux-gnu/openmpi"
+
+
+def test_nccl_tests_build_again_when_cuda_or_nccl_change() -> None:
+    """Its build directory (and so the build's `creates:`) names both versions."""
+    build = _template("{{ _nccl_tests_build }}").strip()
+    assert build == f"build-cuda{PINS['cuda_version']}-nccl{PINS['nccl_version']}"
+    tasks = (ROLES / "nccl_tests" / "tasks" / "build.yml").read_text()
+    assert 'creates: "{{ _nccl_tests_src }}/{{ _nccl_tests_build }}/all_reduce_perf"' in tasks
+    assert "BUILDDIR={{ _nccl_tests_build }}" in tasks
+
+
+def test_cdi_spec_is_made_again_when_the_driver_changes(tmp_path: Path) -> None:
+    """The role's script, run by bash with stand-ins for ldconfig and nvidia-ctk."""
+    import os
+    import subprocess
+
+    tasks = _yaml.load((ROLES / "nvidia_container_toolkit" / "tasks" / "main.yml").read_text())
+    (task,) = [t for t in tasks if t["name"].startswith("Describe the GPUs")]
+    script = task["ansible.builtin.shell"]
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    lib = tmp_path / "libcuda.so.1"
+    (bindir / "ldconfig").write_text(f"#!/bin/sh\necho '\tlibcuda.so.1 (libc6,x86-64) => {lib}'\n")
+    (bindir / "nvidia-ctk").write_text(
+        '#!/bin/sh\nfor a; do case "$a" in --output=*) echo made >> "${a#--output=}";; esac; done\n'
+    )
+    for tool in bindir.iterdir():
+        tool.chmod(0o755)
+    cdi = tmp_path / "cdi" / "nvidia.yaml"
+    cdi.parent.mkdir()
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "CDI": str(cdi)}
+
+    def run(driver: str) -> str:
+        target = tmp_path / f"libcuda.so.{driver}"
+        target.touch()
+        lib.unlink(missing_ok=True)
+        lib.symlink_to(target)
+        r = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert run("550.90.07") == "generated"
+    assert run("550.90.07") == ""  # the same driver: left alone (changed_when reads "generated")
+    assert run("570.86.15") == "generated"
+    assert cdi.read_text() == "made\nmade\n"
+    assert (tmp_path / "cdi" / "nvidia.yaml.driver").read_text().strip().endswith("570.86.15")
+
+
+def test_installed_counts_only_packages_the_facts_name() -> None:
+    import importlib.util
+
+    path = ROOT / "provision/ansible_collections/gpu_provision/cluster/plugins/test/installed.py"
+    spec = importlib.util.spec_from_file_location("installed", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    installed = module.TestModule().tests()["installed"]
+    facts = {"packages": {"munge": [{"version": "0.5.15"}], "chrony": [{"version": "4.3"}]}}
+    assert installed("munge", facts) and installed(["munge", "chrony"], facts)
+    assert not installed(["munge", "slurmd"], facts)
+    assert not installed("munge", {})  # no package facts read: install as ever

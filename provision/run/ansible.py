@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shlex
 import sys
 import time
@@ -45,6 +46,7 @@ class RunResult:
     hosts: dict[str, HostResult] = field(default_factory=dict)
     seconds: float = 0.0
     log_dir: Path | None = None
+    cpu_seconds: float = 0.0  # user + system CPU of this workstation while Ansible ran
 
     @property
     def failed_hosts(self) -> list[str]:
@@ -61,10 +63,35 @@ def playbook_tags(playbook: str) -> list[str]:
 
     tags: set[str] = set()
     for play in yaml.safe_load(assets.playbook(playbook).read_text()) or []:
-        for item in [play, *(play.get("roles") or [])]:
+        items = [play, *(play.get("roles") or []), *(play.get("tasks") or [])]
+        for item in items:
             if isinstance(item, dict):
                 tags.update(item.get("tags") or [])
     return sorted(tags)
+
+
+def strategy_env() -> dict[str, str]:
+    """Mitogen's linear strategy: one Python interpreter per host for the whole run, instead
+    of a new one (and a new module upload) per task; a no-op apply takes a third of the time
+    (bench/apply.py). ANSIBLE_STRATEGY in the environment wins (bench/apply.py compares it
+    with Ansible's own linear strategy)."""
+    if "ANSIBLE_STRATEGY" in os.environ:
+        return {}
+    try:
+        import ansible_mitogen
+    except ImportError:  # an install without it still works, at Ansible's own speed
+        return {}
+    plugins = Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"
+    return {"ANSIBLE_STRATEGY_PLUGINS": str(plugins), "ANSIBLE_STRATEGY": "mitogen_linear"}
+
+
+def _cpu_seconds() -> float:
+    """CPU used so far by this process and the children it has waited for."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
 
 
 def ssh_common_args(state: State) -> str:
@@ -104,6 +131,7 @@ def run_playbook(
         "ANSIBLE_HOST_KEY_CHECKING": "True",
         "ANSIBLE_SSH_COMMON_ARGS": ssh_common_args(state),
         "ANSIBLE_NOCOLOR": "1",
+        **strategy_env(),
         **(extra_env or {}),
     }
     cmdline = []
@@ -122,7 +150,7 @@ def run_playbook(
             on_event(event)
         return True
 
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), _cpu_seconds()
     private_data_dir = state.dir / "runner"
     private_data_dir.mkdir(mode=0o700, exist_ok=True)
     runner = ansible_runner.run(
@@ -150,6 +178,7 @@ def run_playbook(
     result.rc = runner.rc
     result.status = runner.status
     result.seconds = time.monotonic() - started
+    result.cpu_seconds = _cpu_seconds() - cpu_started
     result.log_dir = state.logs / ident
     _scrub_environment(result.log_dir)
     if runner.rc != 0 and not result.hosts and not _stats(runner):
