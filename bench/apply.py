@@ -1,5 +1,10 @@
-"""Time `provision apply` on the lab: cold (nodes created, image already built) and a no-op
-re-apply, split by phase, with this project's Ansible tuning and without it, on 3 and 12 nodes.
+"""Time `provision apply` on the lab, 3 and 12 nodes (image already built): a cold apply, a
+no-op re-apply (every node probed and skipped), and a no-op with --full (the roles run on every
+node and change nothing), with Mitogen's strategy (the default) and Ansible's own `linear`.
+
+For each run: wall time, Ansible's share, workstation CPU seconds per node (user + system of
+provision and everything it ran; Ansible's processes alone in brackets), and for the --full
+no-op the tasks per node and the ten tasks that took longest (their time summed over nodes).
 
 Run as root with podman (make bench). It creates and destroys its own clusters (bench3,
 bench12) on 10.75.0.0/24 and 10.74.0.0/24; it takes about 15 minutes.
@@ -9,23 +14,15 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# What "untuned" means: Ansible's defaults for each knob ansible.cfg sets.
-UNTUNED = {
-    "ANSIBLE_PIPELINING": "False",
-    "ANSIBLE_SSH_ARGS": "-o ControlMaster=no",
-    "ANSIBLE_GATHER_SUBSET": "all",
-    "ANSIBLE_GATHERING": "implicit",
-    "ANSIBLE_FORKS": "5",
-    "ANSIBLE_CACHE_PLUGIN": "memory",
-}
 
 
 def spec(work: Path, name: str, prefix: str, computes: int) -> Path:
@@ -37,8 +34,17 @@ def spec(work: Path, name: str, prefix: str, computes: int) -> Path:
     return path
 
 
-def provision(args: list[str], work: Path, env: dict[str, str]) -> tuple[float, dict]:  # type: ignore[type-arg]
-    started = time.monotonic()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def provision(
+    args: list[str], work: Path, env: dict[str, str], cpu: list[float] | None = None
+) -> tuple[float, dict]:  # type: ignore[type-arg]
+    """Run provision; its wall time and, for apply, its report. cpu: gets the CPU seconds of
+    provision and everything it ran."""
+    started, before = time.monotonic(), _children_cpu()
     r = subprocess.run(
         [sys.executable, "-m", "provision", *args],
         cwd=work,
@@ -48,6 +54,8 @@ def provision(args: list[str], work: Path, env: dict[str, str]) -> tuple[float, 
         check=False,
     )
     wall = time.monotonic() - started
+    if cpu is not None:
+        cpu.append(_children_cpu() - before)
     if r.returncode != 0:
         print(r.stdout[-2000:], r.stderr, file=sys.stderr)
         raise SystemExit(f"provision {' '.join(args)} failed")
@@ -57,17 +65,44 @@ def provision(args: list[str], work: Path, env: dict[str, str]) -> tuple[float, 
     return wall, report
 
 
-def run(label: str, spec_path: Path, work: Path, tuned: bool) -> list[tuple[str, float, dict]]:  # type: ignore[type-arg]
+def top_tasks(log_dir: str, count: int = 10) -> tuple[dict[str, int], list[tuple[str, float]]]:
+    """Tasks run per host (ok, changed or skipped), and the tasks that took longest."""
+    per_host: Counter[str] = Counter()
+    took: dict[str, float] = defaultdict(float)
+    for path in Path(log_dir, "job_events").glob("*.json"):
+        event = json.loads(path.read_text())
+        data = event.get("event_data") or {}
+        if event.get("event") not in ("runner_on_ok", "runner_on_skipped"):
+            continue
+        per_host[data.get("host", "?")] += 1
+        role = f"{data['role']} : " if data.get("role") else ""
+        took[f"{role}{data.get('task', '?')}"] += float(data.get("duration") or 0)
+    return dict(per_host), sorted(took.items(), key=lambda kv: -kv[1])[:count]
+
+
+def run(label: str, spec_path: Path, work: Path, nodes: int, strategy: str) -> list[str]:
     env = dict(os.environ)
-    if not tuned:
-        env.update(UNTUNED)
+    if strategy != "mitogen":
+        env["ANSIBLE_STRATEGY"] = strategy
     provision(["destroy", str(spec_path), "--yes"], work, env)
     rows = []
-    for kind in ("cold", "no-op"):
-        wall, report = provision(["apply", str(spec_path)], work, env)
+    for kind, extra in (("cold", []), ("no-op", []), ("no-op --full", ["--full"])):
+        cpu: list[float] = []
+        wall, report = provision(["apply", str(spec_path), *extra], work, env, cpu)
+        phases = report["phases"]
         changed = sum(h["changed"] for h in report["hosts"].values())
-        rows.append((f"{label} {kind}", wall, {**report["phases"], "changed": changed}))
-        print(f"  {label} {kind}: {wall:.1f}s {report['phases']} changed={changed}", flush=True)
+        ansible_cpu = report.get("ansible_cpu_seconds", 0.0)
+        row = (
+            f"{label:<26} {kind:<13} {wall:>6.1f}s {phases.get('ansible', 0):>7.1f}s"
+            f" {cpu[0] / nodes:>6.2f} ({ansible_cpu / nodes:.2f}) {changed:>8}"
+        )
+        rows.append(row)
+        print(row, flush=True)
+        if kind == "no-op --full" and report.get("log_dir"):
+            per_host, top = top_tasks(report["log_dir"])
+            print(f"  tasks per node: {dict(sorted(per_host.items()))}")
+            for name, seconds in top:
+                print(f"  {seconds:6.2f}s  {name}")
     provision(["destroy", str(spec_path), "--yes"], work, env)
     return rows
 
@@ -76,22 +111,19 @@ def main() -> int:
     if os.geteuid() != 0:
         raise SystemExit("bench/apply.py needs root (the lab provider does)")
     work = Path(tempfile.mkdtemp(prefix="provision-bench-apply-"))
-    rows = []
     three = spec(work, "bench3", "10.75.0.", 2)
     twelve = spec(work, "bench12", "10.74.0.", 11)
-    rows += run("3 nodes, tuned", three, work, tuned=True)
-    rows += run("3 nodes, untuned", three, work, tuned=False)
-    rows += run("12 nodes, tuned", twelve, work, tuned=True)
-    print()
-    print(
-        f"{'run':<28} {'total':>7} {'nodes':>7} {'preflt':>7} {'ansible':>8} {'verify':>7}"
-        f" {'changed':>8}"
+    header = (
+        f"{'cluster, strategy':<26} {'apply':<13} {'total':>7} {'Ansible':>8}"
+        f" {'CPU s/node (Ansible)':>20} {'changed':>8}"
     )
-    for label, wall, p in rows:
-        print(
-            f"{label:<28} {wall:>6.1f}s {p.get('nodes', 0):>6.1f}s {p.get('preflight', 0):>6.1f}s"
-            f" {p.get('ansible', 0):>7.1f}s {p.get('verify', 0):>6.1f}s {p['changed']:>8}"
-        )
+    print(header)
+    rows = run("3 nodes, mitogen", three, work, 3, "mitogen")
+    rows += run("3 nodes, linear", three, work, 3, "linear")
+    rows += run("12 nodes, mitogen", twelve, work, 12, "mitogen")
+    print()
+    print(header)
+    print("\n".join(rows))
     return 0
 
 

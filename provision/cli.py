@@ -238,6 +238,14 @@ def apply(
             "changed, checked and resumed; heads first",
         ),
     ] = None,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="run the roles on every node, also those nothing changed for since the last "
+            "apply (by default those are probed for drift and skipped)",
+        ),
+    ] = False,
 ) -> None:
     """Create the nodes, render, run the roles (gpu_provision.cluster.site) and verify."""
     from provision.lifecycle import Leaving, Scope
@@ -250,7 +258,7 @@ def apply(
         out,
         verify=not no_verify,
         leaving=Leaving(timeout=drain_timeout, force=force),
-        scope=Scope(limit=limit, tags=tags, batch=batch),
+        scope=Scope(limit=limit, tags=tags, batch=batch, full=full),
     )
     failed = print_checks(report.checks, out) if report.checks else 0
     if failed:
@@ -259,6 +267,7 @@ def apply(
     out.print(
         f"apply: done ({changes} change(s)) in {sum(report.phases.values()):.0f}s: "
         + ", ".join(f"{k} {v:.1f}s" for k, v in report.phases.items())
+        + (f" (Ansible's CPU {report.run.cpu_seconds:.1f}s)" if report.run else "")
     )
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from provision import converged
 from provision.changes import (
     INVENTORY,
     ROLE_GROUPS,
@@ -21,7 +22,7 @@ from provision.changes import (
 )
 from provision.cluster import Cluster, compress, pick_nodes
 from provision.errors import OperationError, UsageError
-from provision.preflight import preflight
+from provision.preflight import DRIFT, preflight
 from provision.providers import get_provider
 from provision.providers.cloud import check_ready, saved_addresses
 from provision.providers.lab import LabProvider
@@ -58,6 +59,8 @@ class ApplyReport:
                 {
                     "phases": {k: round(v, 2) for k, v in self.phases.items()},
                     "status": self.run.status if self.run else "not run",
+                    "ansible_cpu_seconds": round(self.run.cpu_seconds, 2) if self.run else 0.0,
+                    "log_dir": str(self.run.log_dir) if self.run and self.run.log_dir else "",
                     "hosts": hosts,
                     "checks": {
                         "passed": sum(c.passed for c in self.checks),
@@ -79,7 +82,8 @@ class _Phase:
         self.started = time.monotonic()
 
     def __exit__(self, *exc: object) -> None:
-        self.report.phases[self.name] = time.monotonic() - self.started
+        took = time.monotonic() - self.started  # a phase run twice counts both
+        self.report.phases[self.name] = self.report.phases.get(self.name, 0.0) + took
 
 
 def open_cluster(spec_path: Path, state_root: Path) -> tuple[Spec, Cluster, State]:
@@ -121,6 +125,7 @@ class Scope:
     limit: str | None = None  # a hostlist or pool name: Ansible runs on these nodes only
     tags: str | None = None  # Ansible's tags: only these roles' tasks
     batch: str | None = None  # roll through the compute nodes: a count or a percentage
+    full: bool = False  # converge every node, even those nothing changed for (converged.py)
 
     @property
     def partial(self) -> bool:
@@ -283,8 +288,16 @@ def _apply(
     console.print(f"render: {state.build} ({len(changed)} file(s) changed)")
     key = private_key(spec, state)
 
+    # the nodes the last full converge left, when nothing Ansible is given changed since:
+    # preflight probes them, and Ansible runs only where something drifted
+    rolling = scope.batch is not None and bool(inventory_nodes(applied.get(INVENTORY, "")))
+    whole = not (scope.partial or rolling or scope.full or any(n.elastic for n in cluster.nodes))
+    stamp = converged.fingerprint(files, secrets_dir)
+    left = converged.unchanged(converged.load(state), stamp, run.hosts) if whole else {}
     with _Phase(report, "preflight"):
-        checks = preflight(cluster, state, key)
+        checks = preflight(cluster, state, key, {h: v.probe() for h, v in left.items()})
+    drift = {c.target: c for c in checks if c.check == DRIFT}
+    checks = [c for c in checks if c.check != DRIFT]
     bad = [c for c in checks if not c.passed]
     for c in bad:
         console.print(f"preflight FAIL {c.check} {c.target}: {c.evidence}", markup=False)
@@ -308,13 +321,24 @@ def _apply(
     wanted = (cluster.spec.health, cluster.spec.monitoring)  # the nodes' programs run from it
     if any(n.elastic for n in cluster.nodes) or any(w is not None for w in wanted):
         extra_vars["provision_wheel"] = str(build_wheel(state.dir / "wheel").resolve())
-    rolling = scope.batch is not None and bool(known)
     if scope.batch is not None and not known:
         console.print("rolling: first apply, no job runs yet: all nodes at once")
+    for c in drift.values():
+        if not c.passed:
+            console.print(f"drift: {c.target}: {c.evidence}", markup=False)
+    as_left = [h for h in run.hosts if h in drift and drift[h].passed]
+    if as_left:
+        console.print(
+            f"converge: {compress(as_left)} as the last apply left them (nothing Ansible is "
+            "given changed; their files and services as left): skipped; --full converges them"
+        )
+    to_converge = [h for h in run.hosts if h not in as_left]
     if rolling:
+        converged.forget(state)
         _roll(cluster, state, key, run, extra_vars, new_nodes, slurm.action)
-    else:
-        _converge(cluster, state, key, run, extra_vars)
+    elif to_converge:
+        only = to_converge if as_left else None
+        _converge_and_record(cluster, state, key, run, extra_vars, only, stamp, left, as_left)
     if scope.partial:
         console.print(
             "apply: a partial apply (--limit/--tags) is not recorded as the last apply: plan "
@@ -330,7 +354,42 @@ def _apply(
     elif verify:
         with _Phase(report, "verify"):
             report.checks = verify_cluster(cluster, state, key)
+        if as_left and any(not c.passed for c in report.checks):
+            # a skip is trusted only as far as verify agrees: what the probe cannot see
+            console.print(
+                f"verify: checks failed with {compress(as_left)} skipped: converging them too",
+                markup=False,
+            )
+            rest = [h for h in as_left if h not in to_converge]
+            _converge_and_record(cluster, state, key, run, extra_vars, rest, stamp, {}, [])
+            with _Phase(report, "verify"):
+                report.checks = verify_cluster(cluster, state, key)
     return report
+
+
+def _converge_and_record(
+    cluster: Cluster,
+    state: State,
+    key: Path | None,
+    run: _Run,
+    extra_vars: dict[str, object],
+    only: list[str] | None,
+    stamp: str,
+    left: dict[str, converged.Left],
+    skipped: list[str],
+) -> None:
+    """Converge (only these nodes, or all), then record what each node was left with: the
+    skipped nodes keep what the last converge left them; none counts as converged meanwhile."""
+    before = converged.load(state) if only is not None else None
+    converged.forget(state)
+    _converge(cluster, state, key, run, extra_vars, only)
+    if run.scope.partial or run.report.run is None or run.report.run.log_dir is None:
+        return
+    now = converged.from_events(converged.read_events(run.report.run.log_dir))
+    kept = {h: left[h] for h in skipped}
+    if before is not None and before.fingerprint == stamp:
+        kept = {**before.hosts, **kept}
+    converged.save(state, converged.Record(stamp, {**kept, **now}))
 
 
 def _play(
@@ -385,18 +444,31 @@ def _merged(a: RunResult, b: RunResult) -> RunResult:
             )
         hosts[host] = r
     worst = b if b.rc != 0 else a
-    return RunResult(worst.rc, worst.status, hosts, a.seconds + b.seconds, b.log_dir)
+    return RunResult(
+        worst.rc,
+        worst.status,
+        hosts,
+        a.seconds + b.seconds,
+        b.log_dir,
+        a.cpu_seconds + b.cpu_seconds,
+    )
 
 
 def _converge(
-    cluster: Cluster, state: State, key: Path | None, run: _Run, extra_vars: dict[str, object]
+    cluster: Cluster,
+    state: State,
+    key: Path | None,
+    run: _Run,
+    extra_vars: dict[str, object],
+    only: list[str] | None = None,
 ) -> None:
-    """All the chosen nodes at once (and the elastic pools' images, in a full apply)."""
+    """All the chosen nodes at once (and the elastic pools' images, in a full apply); only:
+    these of them (the others are as the last converge left them)."""
     builds: list[lab_burst.ImageBuild] = []
     inventories: list[Path] = []
     if not run.scope.partial:
         builds, inventories = _start_image_builds(cluster, state, run.console)
-    limit = run.hosts if run.scope.limit is not None else None
+    limit = run.hosts if run.scope.limit is not None else only
     ok = False
     try:
         with _Phase(run.report, "ansible"):

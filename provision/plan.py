@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from provision import converged
 from provision.changes import Changes, changes
 from provision.cluster import Cluster, compress
 from provision.errors import ProvisionError
@@ -80,6 +81,10 @@ class Plan:
     # the jobs on the compute nodes that leave, as squeue shows them ("jobid user nodes"),
     # or why they could not be asked (None: not asked, or no compute node leaves)
     leaving_jobs: list[str] | str | None = None
+    # the nodes apply probes for drift and skips if as the last converge left them, and why
+    # the others converge
+    probed: list[str] = field(default_factory=list)
+    converge_why: str = ""
 
     @property
     def total_kw(self) -> float:
@@ -137,6 +142,7 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
         for v in cluster.pools
         if v.profile.price is not None
     ]
+    probed, why = _skippable(cluster, state, new)
     return Plan(
         providers,
         groups,
@@ -147,7 +153,25 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
         cost,
         internet_rules(cluster),
         changes(old, new) if old else None,
+        probed=probed,
+        converge_why=why,
     )
+
+
+def _skippable(cluster: Cluster, state: State, rendered: dict[str, str]) -> tuple[list[str], str]:
+    """The nodes a plain apply would probe and skip when as left (converged.py); why the
+    others converge."""
+    hosts = [n.name for n in cluster.lasting_nodes]
+    if any(n.elastic for n in cluster.nodes):
+        return [], "elastic pools: their images are made in the converge"
+    record = converged.load(state)
+    if record is None:
+        return [], "no converge recorded (a first apply, or the last one failed or was partial)"
+    left = converged.unchanged(record, converged.fingerprint(rendered, state.secrets), hosts)
+    if not left:
+        return [], "the render, the roles or the secrets changed since the last converge"
+    new = [h for h in hosts if h not in left]
+    return sorted(left), f"new since the last converge: {compress(new)}" if new else ""
 
 
 def plan_json(plan: Plan, cluster: Cluster) -> dict[str, Any]:
@@ -159,6 +183,7 @@ def plan_json(plan: Plan, cluster: Cluster) -> dict[str, Any]:
         "groups": plan.groups,
         "files": [{"path": c.path, "change": c.kind} for c in plan.changes],
         "files_unchanged": plan.unchanged,
+        "converge": {"probed": plan.probed, "others_because": plan.converge_why},
         "running_cluster": {
             **plan.running.to_json(),
             "jobs_on_nodes_removed": plan.leaving_jobs,
@@ -341,6 +366,15 @@ def print_plan(plan: Plan, cluster: Cluster, console: Console, diff: bool = Fals
     if diff:
         for change in plan.changes:
             console.print(change.diff, markup=False, end="")
+    if plan.probed:
+        console.print(
+            f"converge: {compress(plan.probed)} probed for drift and skipped if their files and "
+            "services are as the last apply left them (apply --full converges them)"
+            + (f"; the others converge: {plan.converge_why}" if plan.converge_why else ""),
+            markup=False,
+        )
+    else:
+        console.print(f"converge: every node ({plan.converge_why})", markup=False)
     _running(plan, cluster, console)
 
     if plan.exposed:

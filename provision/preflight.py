@@ -8,6 +8,7 @@ would lock it out). Every failure names the node and the cause.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from provision.state import State
 from provision.verify import CheckResult, connect_all
 from provision.verify.remote import Remote
 
+DRIFT = "unchanged"  # not a failure: the node converges
 PROBE = (
     "command -v python3 >/dev/null && echo python=yes || echo python=no; "
     "id -u; "
@@ -27,7 +29,11 @@ PROBE = (
 )
 
 
-def preflight(cluster: Cluster, state: State, key: Path | None) -> list[CheckResult]:
+def preflight(
+    cluster: Cluster, state: State, key: Path | None, drift: Mapping[str, str] | None = None
+) -> list[CheckResult]:
+    """drift: a node's drift probe (provision/converged.py), run in the same session; its
+    result is the check DRIFT, passed when the node is as the last converge left it."""
     nodes = [n for n in cluster.lasting_nodes if n.address is not None]
     remotes, results = connect_all(cluster, state, key, nodes)
     admin = cluster.spec.security.admin_cidrs
@@ -35,7 +41,13 @@ def preflight(cluster: Cluster, state: State, key: Path | None) -> list[CheckRes
     def check(node: Node) -> list[CheckResult]:
         remote = remotes[node.name]
         try:
-            return probe(node, remote, cluster.spec.os, admin)
+            found = probe(node, remote, cluster.spec.os, admin)
+            if drift and node.name in drift and all(c.passed for c in found):
+                out = remote.run(drift[node.name], sudo=True, timeout=60)
+                said = " ".join((out.stdout + out.stderr).split())[:200]
+                evidence = "files and services as the last converge left them"
+                found.append(CheckResult(DRIFT, node.name, out.rc == 0, said or evidence))
+            return found
         finally:
             remote.close()
 

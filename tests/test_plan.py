@@ -190,3 +190,25 @@ def test_plan_says_which_gpu_nodes_a_driver_change_reboots(tmp_path: Path) -> No
         "nodes": [f"dgx0{i}" for i in range(1, 9)],
         "reboot": True,
     }
+
+
+def test_plan_says_which_nodes_apply_would_probe_and_skip(tmp_path: Path) -> None:
+    from provision import converged
+
+    spec_path = ROOT / "examples" / "lab.yaml"
+    cluster = Cluster(load_spec(spec_path))
+    state = State(tmp_path, "lab")
+    state.ensure()
+    plan = make_plan(cluster, state)
+    assert plan.probed == [] and "no converge recorded" in plan.converge_why
+    stamp = converged.fingerprint(render(cluster), state.secrets)
+    hosts = {"head001": converged.Left(), "compute001": converged.Left()}
+    converged.save(state, converged.Record(stamp, hosts))
+    plan = make_plan(cluster, state)
+    assert plan.probed == ["compute001", "head001"]
+    assert plan.converge_why == "new since the last converge: compute002"
+    # any change of the render converges every node
+    grown = tmp_path / "lab3.yaml"
+    grown.write_text(spec_path.read_text().replace("count: 2", "count: 3"))
+    plan = make_plan(Cluster(load_spec(grown)), state)
+    assert plan.probed == [] and "changed since the last converge" in plan.converge_why

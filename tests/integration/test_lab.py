@@ -364,11 +364,38 @@ def test_ssh_reaches_the_head_as_a_user_would(lab: tuple[Path, Path]) -> None:
 
 def test_second_apply_changes_nothing(lab: tuple[Path, Path]) -> None:
     spec, work = lab
-    r = provision("apply", str(spec), cwd=work)
+    # --full: the roles run on every node, and change nothing
+    r = provision("apply", str(spec), "--full", cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     hosts = _report(work)["hosts"]
     assert sorted(hosts) == ["compute001", "compute002", "head001"]
     assert {h: s["changed"] for h, s in hosts.items()} == dict.fromkeys(hosts, 0)
+    # a plain apply with nothing changed: every node probed and skipped, Ansible never runs
+    r = provision("apply", str(spec), cwd=work)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert "converge: compute[001-002],head001 as the last apply left them" in r.stdout
+    assert "ansible:" not in r.stdout and "verify: 34 passed, 0 failed" in r.stdout
+    assert _report(work)["hosts"] == {}
+
+
+def test_apply_converges_only_the_nodes_that_drifted(lab: tuple[Path, Path]) -> None:
+    spec, work = lab
+    _on(spec, work, "compute001", "echo '# a hand edit' >> /etc/chrony/chrony.conf")
+    _on(spec, work, "compute002", "systemctl stop chrony")
+    plan = provision("plan", str(spec), cwd=work)
+    assert "converge: compute[001-002],head001 probed for drift" in plan.stdout, plan.stdout
+    r = provision("apply", str(spec), cwd=work)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert "drift: compute001: /etc/chrony/chrony.conf: FAILED" in r.stdout, r.stdout
+    assert "drift: compute002: chrony: not running" in r.stdout
+    assert "converge: head001 as the last apply left them" in r.stdout
+    hosts = _report(work)["hosts"]
+    assert sorted(hosts) == ["compute001", "compute002"]
+    assert hosts["compute001"]["changed"] >= 1 and hosts["compute002"]["changed"] >= 1
+    assert "# a hand edit" not in _on(spec, work, "compute001", "cat /etc/chrony/chrony.conf")
+    assert _on(spec, work, "compute002", "systemctl is-active chrony") == "active"
+    r = provision("apply", str(spec), cwd=work)  # put right: nothing left to converge
+    assert "converge: compute[001-002],head001 as the last apply left them" in r.stdout
 
 
 def _on(spec: Path, work: Path, node: str, command: str) -> str:
@@ -575,7 +602,7 @@ def test_node_stopped_mid_apply(
     logs = work / ".provision" / NAME / "logs"
     before = set(logs.iterdir())
     proc = subprocess.Popen(
-        [sys.executable, "-m", "provision", "apply", str(spec)],
+        [sys.executable, "-m", "provision", "apply", str(spec), "--full"],
         cwd=work,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

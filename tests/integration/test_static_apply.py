@@ -52,9 +52,12 @@ ssh: {{private_key_file: {ssh_key}}}
     assert "PASS srun st-cpu1: job" in first.stdout
     assert "PASS time sync st-cpu1: chrony is active" in first.stdout
 
-    second = provision("apply", str(spec), cwd=tmp_path)
+    second = provision("apply", str(spec), "--full", cwd=tmp_path)  # the roles, idempotent
     assert second.returncode == 0, second.stdout + second.stderr
     assert "apply: done (0 change(s))" in second.stdout
+    third = provision("apply", str(spec), cwd=tmp_path)  # nothing changed: probed, skipped
+    assert "as the last apply left them" in third.stdout, third.stdout
+    assert "ansible:" not in third.stdout
 
     # The admin user logs in with its own key and has sudo; nobody gets in with a password.
     login = subprocess.run(
