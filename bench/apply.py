@@ -99,7 +99,7 @@ def run(label: str, spec_path: Path, work: Path, nodes: int, strategy: str) -> l
         rows.append(row)
         print(row, flush=True)
         if kind == "no-op --full" and report.get("log_dir"):
-            per_host, top = top_tasks(report["log_dir"])
+            per_host, top = top_tasks(str(work / report["log_dir"]))
             print(f"  tasks per node: {dict(sorted(per_host.items()))}")
             for name, seconds in top:
                 print(f"  {seconds:6.2f}s  {name}")

@@ -60,7 +60,9 @@ class ApplyReport:
                     "phases": {k: round(v, 2) for k, v in self.phases.items()},
                     "status": self.run.status if self.run else "not run",
                     "ansible_cpu_seconds": round(self.run.cpu_seconds, 2) if self.run else 0.0,
-                    "log_dir": str(self.run.log_dir) if self.run and self.run.log_dir else "",
+                    "log_dir": str(self.run.log_dir.resolve())
+                    if self.run and self.run.log_dir
+                    else "",
                     "hosts": hosts,
                     "checks": {
                         "passed": sum(c.passed for c in self.checks),

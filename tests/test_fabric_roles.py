@@ -45,16 +45,13 @@ def _file(templar: Any, role: str, name: str) -> str:
 def render_case(os_name: str) -> str:
     ib = _templar(os_name, {"provision_fabric": "infiniband"})
     lines = [f"# {os_name}: rendered through the fabric roles' variables and templates"]
-    lines.append(
-        "\n## rdma inbox packages\n"
-        + _render(ib, "{{ _rdma_packages.inbox[ansible_facts.os_family] }}")
-    )
+    lines.append("\n## rdma inbox packages\n" + _render(ib, "{{ _rdma_packages.inbox }}"))
     doca = _templar(os_name, {"provision_fabric": "infiniband", "rdma_stack": "doca"})
     lines.append(
         "\n## rdma doca\n"
         + _render(
             doca,
-            "{{ _rdma_packages.doca[ansible_facts.os_family] | join(', ') }} from "
+            "{{ _rdma_packages.doca | join(', ') }} from "
             "{{ _rdma_doca_repo }}/ (key {{ _rdma_doca_key_file }})",
         )
     )

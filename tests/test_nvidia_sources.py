@@ -108,9 +108,11 @@ def _variables(os_name: str, source: str) -> dict[str, Any]:
     from ansible.template import trust_as_template
 
     merged: dict[str, Any] = {}
+    family = FACTS[os_name]["os_family"]
     for role in sorted(p for p in ROLES.iterdir() if p.is_dir()):
         merged |= _load(role / "defaults" / "main.yml")
         merged |= _load(role / "vars" / "main.yml")
+        merged |= _load(role / "vars" / f"{family}.yml")  # as the role's first task loads it
 
     def trust(value: Any) -> Any:  # role files are trusted templates when Ansible loads them
         if isinstance(value, str):

@@ -56,9 +56,10 @@ def _render(expressions: dict[str, str], variables: dict[str, Any]) -> dict[str,
     ],
 )
 def test_os_family_paths(family: str, service: str, conf: str, nft: str, ssh: str) -> None:
+    # the roles' first task loads vars/<family>.yml
     exprs = {
-        **_load(ROLES_DIR / "common" / "vars" / "main.yml"),
-        **_load(ROLES_DIR / "firewall" / "vars" / "main.yml"),
+        **_load(ROLES_DIR / "common" / "vars" / f"{family}.yml"),
+        **_load(ROLES_DIR / "firewall" / "vars" / f"{family}.yml"),
     }
     wanted = {
         k: exprs[k]
@@ -231,3 +232,68 @@ def test_the_controllers_slurm_uids_are_compared(
     }
     got = _render({"uids": expr}, variables)["uids"]
     assert got == expected
+
+
+# The conventions of roles/README.md, each checked on every role.
+LOAD_FAMILY = {
+    "name": "Load the variables of this OS family",
+    "ansible.builtin.include_vars": "{{ ansible_facts.os_family }}.yml",
+}
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_os_family_values_live_in_family_files(role: Path) -> None:
+    """No inline choice by OS family in vars/main.yml; per-family files come in pairs with the
+    same names, loaded by one task in the role's own words, before the role's other tasks."""
+    main = role / "vars" / "main.yml"
+    assert "os_family" not in (main.read_text() if main.exists() else "")
+    debian, redhat = _load(role / "vars" / "Debian.yml"), _load(role / "vars" / "RedHat.yml")
+    assert set(debian or {}) == set(redhat or {})
+    tasks = _load(role / "tasks" / "main.yml") or []
+    if debian:
+        names = [t.get("name") for t in tasks]
+        first = next(t for t in tasks if t.get("ansible.builtin.setup") is None)
+        assert first == LOAD_FAMILY, names[:3]
+    else:
+        assert LOAD_FAMILY not in tasks
+
+
+def _asserts(role: Path) -> list[str]:
+    found = []
+    for path in (role / "tasks").glob("*.yml"):
+        for task in _load(path) or []:
+            that = (task.get("ansible.builtin.assert") or {}).get("that")
+            found += [that] if isinstance(that, str) else list(that or [])
+    return found
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_enumerations_are_argument_spec_choices(role: Path) -> None:
+    """An input with a fixed set of values says so in argument_specs (choices), where Ansible
+    checks it before the role runs, never in an assert task."""
+    import re
+
+    options = _load(role / "meta" / "argument_specs.yml")["argument_specs"]["main"]["options"]
+    for that in _asserts(role):
+        m = re.match(r"^\s*(\w+) in \[", that)
+        assert not (m and m.group(1) in options), f"{that!r}: make it choices in argument_specs"
+
+
+def test_conditional_roles_are_included_once_per_host() -> None:
+    """A role under a condition is an include_role task: one check per host, not the condition
+    copied onto each of its tasks (what `when:` on a `roles:` entry does)."""
+    plays = _load(PLAYBOOKS_DIR / "site.yml")
+    for play in plays:
+        for entry in play.get("roles") or []:
+            assert "when" not in entry, (play["name"], entry)
+        for task in play.get("tasks") or []:
+            if "when" in task:
+                include = task["ansible.builtin.include_role"]
+                assert include["apply"]["tags"] == task["tags"], task["name"]
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_conditional_task_files_are_included_once(role: Path) -> None:
+    for path in (role / "tasks").glob("*.yml"):
+        for task in _load(path) or []:
+            assert not ("ansible.builtin.import_tasks" in task and "when" in task), task["name"]
