@@ -22,6 +22,8 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from provision.converged import read_events
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -69,8 +71,7 @@ def top_tasks(log_dir: str, count: int = 10) -> tuple[dict[str, int], list[tuple
     """Tasks run per host (ok, changed or skipped), and the tasks that took longest."""
     per_host: Counter[str] = Counter()
     took: dict[str, float] = defaultdict(float)
-    for path in Path(log_dir, "job_events").glob("*.json"):
-        event = json.loads(path.read_text())
+    for event in read_events(Path(log_dir)):
         data = event.get("event_data") or {}
         if event.get("event") not in ("runner_on_ok", "runner_on_skipped"):
             continue
@@ -99,7 +100,7 @@ def run(label: str, spec_path: Path, work: Path, nodes: int, strategy: str) -> l
         rows.append(row)
         print(row, flush=True)
         if kind == "no-op --full" and report.get("log_dir"):
-            per_host, top = top_tasks(str(work / report["log_dir"]))
+            per_host, top = top_tasks(report["log_dir"])
             print(f"  tasks per node: {dict(sorted(per_host.items()))}")
             for name, seconds in top:
                 print(f"  {seconds:6.2f}s  {name}")

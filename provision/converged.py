@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from provision import __version__, assets
+from provision.cluster import compress
 from provision.state import State
 
 RECORD = "converged.json"
@@ -148,3 +149,20 @@ def unchanged(record: Record | None, print_: str, hosts: Iterable[str]) -> dict[
     if record is None or record.fingerprint != print_:
         return {}
     return {h: record.hosts[h] for h in hosts if h in record.hosts}
+
+
+def skippable(
+    state: State, stamp: str, hosts: list[str], elastic: bool
+) -> tuple[dict[str, Left], str]:
+    """The hosts a plain apply probes and skips when as left, and why the others converge
+    (apply and plan both ask here)."""
+    if elastic:
+        return {}, "elastic pools: their images are made in the converge"
+    record = load(state)
+    if record is None:
+        return {}, "no converge recorded (a first apply, or the last one failed or was partial)"
+    left = unchanged(record, stamp, hosts)
+    if not left:
+        return {}, "the render, the roles or the secrets changed since the last converge"
+    new = [h for h in hosts if h not in left]
+    return left, f"new since the last converge: {compress(new)}" if new else ""

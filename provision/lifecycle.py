@@ -292,10 +292,13 @@ def _apply(
 
     # the nodes the last full converge left, when nothing Ansible is given changed since:
     # preflight probes them, and Ansible runs only where something drifted
-    rolling = scope.batch is not None and bool(inventory_nodes(applied.get(INVENTORY, "")))
-    whole = not (scope.partial or rolling or scope.full or any(n.elastic for n in cluster.nodes))
+    known = inventory_nodes(applied.get(INVENTORY, ""))
+    rolling = scope.batch is not None and bool(known)
     stamp = converged.fingerprint(files, secrets_dir)
-    left = converged.unchanged(converged.load(state), stamp, run.hosts) if whole else {}
+    left: dict[str, converged.Left] = {}
+    if not (scope.partial or rolling or scope.full):
+        elastic = any(n.elastic for n in cluster.nodes)
+        left, _ = converged.skippable(state, stamp, run.hosts, elastic)
     with _Phase(report, "preflight"):
         checks = preflight(cluster, state, key, {h: v.probe() for h, v in left.items()})
     drift = {c.target: c for c in checks if c.check == DRIFT}
@@ -317,7 +320,6 @@ def _apply(
         console.print(f"slurm: {slurm.action}: {'; '.join(slurm.why)}", markup=False)
     # nodes no job can be running on, which a role may reboot (the NVIDIA driver's): new ones
     # here; in a rolling change, each batch once drained
-    known = inventory_nodes(applied.get(INVENTORY, ""))
     new_nodes = [h for h in run.hosts if h not in known]
     extra_vars["provision_drained"] = new_nodes
     wanted = (cluster.spec.health, cluster.spec.monitoring)  # the nodes' programs run from it
@@ -340,7 +342,7 @@ def _apply(
         _roll(cluster, state, key, run, extra_vars, new_nodes, slurm.action)
     elif to_converge:
         only = to_converge if as_left else None
-        _converge_and_record(cluster, state, key, run, extra_vars, only, stamp, left, as_left)
+        _converge_and_record(cluster, state, key, run, extra_vars, only, stamp)
     if scope.partial:
         console.print(
             "apply: a partial apply (--limit/--tags) is not recorded as the last apply: plan "
@@ -362,8 +364,7 @@ def _apply(
                 f"verify: checks failed with {compress(as_left)} skipped: converging them too",
                 markup=False,
             )
-            rest = [h for h in as_left if h not in to_converge]
-            _converge_and_record(cluster, state, key, run, extra_vars, rest, stamp, {}, [])
+            _converge_and_record(cluster, state, key, run, extra_vars, as_left, stamp)
             with _Phase(report, "verify"):
                 report.checks = verify_cluster(cluster, state, key)
     return report
@@ -377,20 +378,16 @@ def _converge_and_record(
     extra_vars: dict[str, object],
     only: list[str] | None,
     stamp: str,
-    left: dict[str, converged.Left],
-    skipped: list[str],
 ) -> None:
     """Converge (only these nodes, or all), then record what each node was left with: the
-    skipped nodes keep what the last converge left them; none counts as converged meanwhile."""
+    nodes not converged keep the record's entries; none counts as converged meanwhile."""
     before = converged.load(state) if only is not None else None
     converged.forget(state)
     _converge(cluster, state, key, run, extra_vars, only)
     if run.scope.partial or run.report.run is None or run.report.run.log_dir is None:
         return
     now = converged.from_events(converged.read_events(run.report.run.log_dir))
-    kept = {h: left[h] for h in skipped}
-    if before is not None and before.fingerprint == stamp:
-        kept = {**before.hosts, **kept}
+    kept = before.hosts if before is not None and before.fingerprint == stamp else {}
     converged.save(state, converged.Record(stamp, {**kept, **now}))
 
 

@@ -161,17 +161,13 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
 def _skippable(cluster: Cluster, state: State, rendered: dict[str, str]) -> tuple[list[str], str]:
     """The nodes a plain apply would probe and skip when as left (converged.py); why the
     others converge."""
-    hosts = [n.name for n in cluster.lasting_nodes]
-    if any(n.elastic for n in cluster.nodes):
-        return [], "elastic pools: their images are made in the converge"
-    record = converged.load(state)
-    if record is None:
-        return [], "no converge recorded (a first apply, or the last one failed or was partial)"
-    left = converged.unchanged(record, converged.fingerprint(rendered, state.secrets), hosts)
-    if not left:
-        return [], "the render, the roles or the secrets changed since the last converge"
-    new = [h for h in hosts if h not in left]
-    return sorted(left), f"new since the last converge: {compress(new)}" if new else ""
+    left, why = converged.skippable(
+        state,
+        converged.fingerprint(rendered, state.secrets),
+        [n.name for n in cluster.lasting_nodes],
+        any(n.elastic for n in cluster.nodes),
+    )
+    return sorted(left), why
 
 
 def plan_json(plan: Plan, cluster: Cluster) -> dict[str, Any]:

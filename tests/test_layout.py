@@ -11,10 +11,10 @@ from .conftest import ROOT
 PACKAGE = ROOT / "provision"
 # lowest first; a module may import from its own layer and the ones before it
 LAYERS: list[set[str]] = [
-    {"errors", "assets", "state", "secrets", "burst", "parsers", "health", "converged"},
+    {"errors", "assets", "state", "secrets", "burst", "parsers", "health"},
     {"spec"},
     {"cluster", "sshkeys"},
-    {"render", "changes"},
+    {"render", "changes", "converged"},
     {"providers"},
     {"run"},
     {"preflight", "verify"},
