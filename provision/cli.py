@@ -10,7 +10,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, ParamSpec
+from typing import TYPE_CHECKING, Annotated, ParamSpec
 
 import typer
 from rich.console import Console
@@ -19,6 +19,9 @@ from rich.table import Table
 from provision import __version__
 from provision.assets import example
 from provision.errors import ProvisionError, SpecError
+
+if TYPE_CHECKING:
+    from provision.spec.models import Spec
 
 P = ParamSpec("P")
 
@@ -124,8 +127,9 @@ def validate(spec: SpecArg = DEFAULT_SPEC) -> None:
     from provision.cluster import Cluster
     from provision.spec import load_spec
 
-    cluster = Cluster(load_spec(spec))
+    cluster = Cluster(load_spec(spec, describe_only=True))
     out.print(f"{spec}: valid: {cluster.describe()}", markup=False)
+    _apply_refuses(spec, cluster.spec)
 
 
 @app.command()
@@ -149,7 +153,7 @@ def render(
     from provision.spec import load_spec
     from provision.state import State, command_line
 
-    loaded = load_spec(spec)
+    loaded = load_spec(spec, describe_only=True)
     files = render_files(Cluster(loaded))
     if out_dir is not None:
         target = out_dir
@@ -162,6 +166,15 @@ def render(
     out.print(f"rendered {len(files)} files into {target} ({len(changed)} changed)", markup=False)
     for path in changed:
         out.print(f"  {path}", markup=False)
+
+
+def _apply_refuses(path: Path, spec: Spec) -> None:
+    """Say what in a spec that validates and renders apply cannot build yet."""
+    from provision.spec.unbuilt import apply_only
+
+    for loc, msg in apply_only(spec):
+        key = ".".join(str(k) for k in loc)
+        out.print(f"{path}: {key}: apply refuses this spec: {msg}", markup=False)
 
 
 @app.command()
@@ -185,7 +198,7 @@ def plan(
     from provision.spec import load_spec
     from provision.state import State
 
-    loaded = load_spec(spec)
+    loaded = load_spec(spec, describe_only=True)
     cluster = Cluster(loaded)
     root = _state_root(state_dir)
     p = make_plan(cluster, State(root, loaded.name))
@@ -195,6 +208,7 @@ def plan(
         return
     out.print(f"[bold]{cluster.describe()}[/bold]")
     print_plan(p, cluster, out, diff)
+    _apply_refuses(spec, loaded)
 
 
 @app.command()

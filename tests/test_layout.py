@@ -13,7 +13,7 @@ PACKAGE = ROOT / "provision"
 LAYERS: list[set[str]] = [
     {"errors", "assets", "state", "secrets", "burst", "parsers", "health"},
     {"spec"},
-    {"cluster", "sshkeys"},
+    {"cluster", "sshkeys", "pki"},
     {"render", "changes", "converged"},
     {"providers"},
     {"run"},

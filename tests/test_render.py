@@ -52,7 +52,8 @@ from provision.cluster import Cluster
 from provision.spec import load_spec
 out = {}
 for path in sys.argv[1:]:
-    for rel, text in render(Cluster(load_spec(path, unbuilt="unbuilt" in path))).items():
+    spec = load_spec(path, unbuilt="unbuilt" in path, describe_only=True)
+    for rel, text in render(Cluster(spec)).items():
         out[path + ":" + rel] = hashlib.sha256(text.encode()).hexdigest()
 print(json.dumps(out, sort_keys=True))
 """

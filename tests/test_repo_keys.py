@@ -79,6 +79,7 @@ def test_a_key_file_is_trusted_only_with_exactly_the_expected_key(keys: dict[str
     nvidia = _assertion("nvidia_repos", "apt.yml", "fingerprint NVIDIA publishes")
     doca = _assertion("rdma", "doca-key.yml", "exactly the one the spec names")
     grafana = _assertion("grafana", "main.yml", "fingerprint Grafana publishes")
+    kubernetes = _assertion("kubernetes_packages", "main.yml", "the Kubernetes project publishes")
     vendor, intruder = keys["vendor"], keys["intruder"]
     cases = {
         ("vendor",): True,
@@ -99,6 +100,16 @@ def test_a_key_file_is_trusted_only_with_exactly_the_expected_key(keys: dict[str
         ), names
         assert (
             _holds(doca, {"_rdma_doca_key": {"stdout": shown}, "rdma_doca_key_fingerprint": vendor})
+            is trusted
+        ), names
+        assert (
+            _holds(
+                kubernetes,
+                {
+                    "_kubernetes_packages_key_info": {"stdout": shown},
+                    "_kubernetes_packages_key_fingerprint": vendor,
+                },
+            )
             is trusted
         ), names
     # a key whose last 64 bits match is still another key

@@ -29,6 +29,8 @@ from provision.spec.models import Spec
 from .conftest import EXAMPLES, ROOT, load_rendered
 
 EVERY_FIELD = ROOT / "tests" / "data" / "untrusted" / "every-field.yaml"
+# the Kubernetes settings, which a Slurm cluster's spec cannot hold
+EVERY_FIELD_K8S = ROOT / "tests" / "data" / "untrusted" / "every-field-k8s.yaml"
 ANY_ITEM = "[*]"
 ANY_KEY = "{key}"
 ANY_VALUE = "{*}"
@@ -114,13 +116,19 @@ def _write(doc: object, path: Path) -> Path:
     return path
 
 
-def _every_place() -> list[tuple[Path_, tuple[object, ...]]]:
-    doc = _yaml().load(EVERY_FIELD.read_text())
+def _every_place(source: Path = EVERY_FIELD) -> list[tuple[Path_, tuple[object, ...]]]:
+    doc = _yaml().load(source.read_text())
     out = []
     for field in text_fields(Spec):
+        if source == EVERY_FIELD_K8S and field[0] != "kubernetes":
+            continue  # every-field.yaml has the rest
         found = places(doc, field)
         out.extend((field, p) for p in found[:1])
     return out
+
+
+def _all_places() -> list[tuple[Path, Path_, tuple[object, ...]]]:
+    return [(s, f, p) for s in (EVERY_FIELD, EVERY_FIELD_K8S) for f, p in _every_place(s)]
 
 
 def test_the_model_has_text_fields_and_every_field_spec_sets_each() -> None:
@@ -129,15 +137,20 @@ def test_the_model_has_text_fields_and_every_field_spec_sets_each() -> None:
     assert ("network", "management", "domain") in fields
     assert ("security", "admins", ANY_ITEM, "ssh_keys", ANY_ITEM) in fields
     assert ("slurm", "config", ANY_KEY) in fields
-    missing = [".".join(f) for f in fields if not places(doc, f)]
+    k8s = _yaml().load(EVERY_FIELD_K8S.read_text())
+    missing = [".".join(f) for f in fields if not places(doc, f) and not places(k8s, f)]
     assert not missing, f"give these fields a value in {EVERY_FIELD.name}: {missing}"
 
 
-@pytest.mark.parametrize(("field", "place"), _every_place(), ids=lambda v: ".".join(map(str, v)))
+@pytest.mark.parametrize(
+    ("source", "field", "place"),
+    _all_places(),
+    ids=lambda v: v.stem if isinstance(v, Path) else ".".join(map(str, v)),
+)
 def test_a_line_break_in_any_text_field_is_refused_on_one_line(
-    field: Path_, place: tuple[object, ...], tmp_path: Path
+    source: Path, field: Path_, place: tuple[object, ...], tmp_path: Path
 ) -> None:
-    doc = _yaml().load(EVERY_FIELD.read_text())
+    doc = _yaml().load(source.read_text())
     good = get(doc, place)
     for n, tail in enumerate(BREAKS):
         spec = _write(changed(doc, place, good + tail), tmp_path / f"s{n}.yaml")
@@ -188,6 +201,13 @@ def test_templates_in_any_text_field_are_refused_or_stay_data(tmp_path: Path) ->
             break
     # free text (key comments, models, descriptions, local paths) is accepted: as data
     assert "security.admins.[*].ssh_keys.[*]" in accepted
+    # the Kubernetes settings' text (an exact release) takes no template at all
+    k8s = _yaml().load(EVERY_FIELD_K8S.read_text())
+    for n, (_field, place) in enumerate(_every_place(EVERY_FIELD_K8S)):
+        payload = "{{ lookup('pipe', 'touch " + str(tmp_path / f"k8s-{n}") + "') }}"
+        for value in (payload, f"{get(k8s, place)} {payload}"):
+            with pytest.raises(SpecError):
+                load_spec(_write(changed(k8s, place, value), tmp_path / "one.yaml"), unbuilt=True)
     spec = load_spec(_write(combined, tmp_path / "combined.yaml"), unbuilt=True)
     out = tmp_path / "build"
     files = render(Cluster(spec))
@@ -230,9 +250,10 @@ def _value_scalars(node: object, in_value: bool = True) -> Iterator[ScalarNode]:
             yield from _value_scalars(item, True)
 
 
-@pytest.mark.parametrize("example", [*EXAMPLES, EVERY_FIELD], ids=lambda p: p.stem)
+@pytest.mark.parametrize("example", [*EXAMPLES, EVERY_FIELD, EVERY_FIELD_K8S], ids=lambda p: p.stem)
 def test_every_rendered_string_is_unsafe_but_the_renderers_own_templates(example: Path) -> None:
-    files = render(Cluster(load_spec(example, unbuilt=example == EVERY_FIELD)))
+    every = example in (EVERY_FIELD, EVERY_FIELD_K8S)
+    files = render(Cluster(load_spec(example, unbuilt=every, describe_only=True)))
     for rel in ("inventory/hosts.yml", "inventory/group_vars/all.yml"):
         root = YAML(typ="rt").compose(files[rel])
         for scalar in _value_scalars(root):

@@ -14,6 +14,7 @@ from provision.render.gpu import nccl_conf
 from provision.render.health import health_files
 from provision.render.inventory import NFT_SETS_PATH, render_group_vars, render_inventory
 from provision.render.jinja import template
+from provision.render.kubernetes import kubernetes_files
 from provision.render.monitoring import monitoring_files
 from provision.render.output import MANIFEST, read_render, write_render
 from provision.render.slurm import gres_conf_context, slurm_conf_context
@@ -62,6 +63,7 @@ def render(cluster: Cluster) -> dict[str, str]:
         burst = burst_config(cluster)
         if burst is not None:
             files["files/burst/burst.json"] = burst.to_json()
+    files.update(kubernetes_files(cluster))
     files.update(monitoring_files(cluster))
     files.update(health_files(cluster))
     return dict(sorted(files.items()))

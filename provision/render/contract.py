@@ -39,16 +39,17 @@ _TABLE = (
         "which scheduler's plays run (and whether the heads export Slurm's states)",
     ),
     Variable(
-        "provision_files_dir", "all", ("common", "firewall", "nccl", "slurm"),
+        "provision_files_dir", "all",
+        ("common", "firewall", "nccl", "slurm", "containerd", "etcd", "api_endpoint"),
         "where the rendered files are, beside the inventory",
     ),
     Variable(
         "provision_nft_sets_path", "all", ("firewall",), "where the address sets go on a node"
     ),
     Variable(
-        "provision_secrets_dir", "extra", ("munge", "slurm", "monitoring", "grafana"),
+        "provision_secrets_dir", "extra", ("munge", "slurm", "monitoring", "grafana", "etcd"),
         "the state directory's secrets (munge key, slurmdbd password, relay passwords, Grafana's "
-        "admin password): read on the controller",
+        "admin password, etcd's certificates): read on the controller",
     ),
     Variable(
         "provision_burst", "all", ("playbooks/site",),
@@ -68,14 +69,35 @@ _TABLE = (
         "this project's wheel, made by apply on the workstation: the heads' burst programs and "
         "the compute nodes' health checks and the heads' Slurm metrics run from it",
     ),
+    Variable(
+        "provision_kubernetes_etcd", "all", ("playbooks/site",),
+        "kubernetes.etcd: external puts the etcd role on the heads",
+    ),
+    Variable(
+        "provision_kubernetes_ha", "all", ("playbooks/site",),
+        "kubernetes.ha: keepalived and haproxy on the heads (the api_endpoint role)",
+    ),
+    Variable(
+        "kubernetes_packages_version", "all", ("kubernetes_packages",),
+        "kubernetes.version: kubeadm, kubelet and kubectl at it",
+    ),
+    Variable("api_endpoint_address", "all", ("api_endpoint",), "kubernetes.api_address"),
+    Variable(
+        "api_endpoint_prefix", "all", ("api_endpoint",),
+        "the management network's prefix length, the virtual address's",
+    ),
+    Variable(
+        "api_endpoint_router_id", "all", ("api_endpoint",),
+        "the VRRP router id, from the cluster's name",
+    ),
     Variable("common_time_servers", "all", ("common",), "network.time_servers"),
     Variable("common_time_allow", "all", ("common",), "the management network, chrony's clients"),
     Variable("common_admin_users", "all", ("common",), "security.admins"),
     Variable("slurm_accounting", "all", ("slurm",), "slurm.accounting"),
     # pools and hosts
     Variable(
-        "provision_pool", "pool", ("firewall", "nccl"),
-        "the pool: names its nftables and NCCL files",
+        "provision_pool", "pool", ("firewall", "nccl", "containerd"),
+        "the pool: names its nftables, NCCL and containerd files",
     ),
     Variable("provision_nvswitch", "pool", ("playbooks/site",), "fabric manager on NVSwitch GPUs"),
     Variable("provision_mig_layout", "pool", ("playbooks/site", "nvidia_mig"), "pools[].mig"),

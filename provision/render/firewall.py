@@ -10,6 +10,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from provision.cluster import Cluster
+from provision.render.kubernetes import API_PORT, ETCD_CLIENT_PORT, ETCD_PEER_PORT, HA_PORT
 from provision.spec.exposure import public_addresses
 from provision.spec.fabric import rails
 from provision.spec.ports import service_ports
@@ -26,8 +27,8 @@ MONITOR = "monitoring_nodes"  # only with monitoring: the node Prometheus scrape
 @dataclass(frozen=True)
 class Rule:
     service: str
-    protocol: str  # tcp or udp
-    ports: str  # "22" or "60001-63000"
+    protocol: str  # tcp or udp; vrrp (IP protocol 112, no ports) between HA heads
+    ports: str  # "22" or "60001-63000"; "" for vrrp
     sources: tuple[str, ...]  # set names above, or CIDRs
 
 
@@ -90,13 +91,7 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
             if role in ("head", "login", "compute"):
                 rules.append(Rule("srun port range", "tcp", srun, (CLUSTER,)))
         else:
-            if role == "head":
-                rules.append(Rule("kube-apiserver", "tcp", "6443", (ADMIN, CLUSTER)))
-                rules.append(Rule("etcd", "tcp", "2379-2380", (HEADS,)))
-            rules.append(Rule("kubelet", "tcp", "10250", (HEADS,)))
-            rules.append(Rule("pod network (VXLAN)", "udp", "4789", (CLUSTER,)))
-            if role == "compute":
-                rules.append(Rule("NodePort services", "tcp", "30000-32767", (CLUSTER,)))
+            rules += _kubernetes_rules(cluster, role)
         # the exporters answer the monitoring node only, where there is one
         scrapers = (MONITOR,) if spec.monitoring is not None else (ADMIN, CLUSTER)
         if spec.monitoring is not None:
@@ -171,13 +166,36 @@ def internet_rules(cluster: Cluster) -> list[OpenRule]:
     return out
 
 
+def _kubernetes_rules(cluster: Cluster, role: str) -> list[Rule]:
+    """The API for admins and nodes; etcd, the kubelet and VRRP between the nodes that use them."""
+    kube = cluster.spec.kubernetes
+    rules = []
+    if role == "head":
+        rules.append(Rule("kube-apiserver", "tcp", str(API_PORT), (ADMIN, CLUSTER)))
+        if kube.ha:
+            rules.append(Rule("kube-apiserver (haproxy)", "tcp", str(HA_PORT), (ADMIN, CLUSTER)))
+            rules.append(Rule("keepalived (VRRP)", "vrrp", "", (HEADS,)))
+        # stacked or external, etcd serves the API servers and its peers, all on the heads
+        etcd = f"{ETCD_CLIENT_PORT}-{ETCD_PEER_PORT}"
+        rules.append(Rule("etcd", "tcp", etcd, (HEADS,)))
+    # the API server reaches each kubelet (logs, exec, metrics)
+    rules.append(Rule("kubelet", "tcp", "10250", (HEADS,)))
+    rules.append(Rule("pod network (VXLAN)", "udp", "4789", (CLUSTER,)))
+    if role == "compute":
+        rules.append(Rule("NodePort services", "tcp", "30000-32767", (CLUSTER,)))
+    return rules
+
+
 def rule_lines(rules: list[Rule]) -> list[str]:
     """nftables accept lines of a pool's rules: one per source (a set name, or a network)."""
     lines = []
     for rule in rules:
         for source in rule.sources:
             match = f"ip saddr @{source}" if "/" not in source else f"ip saddr {source}"
-            lines.append(
-                f'{match} {rule.protocol} dport {rule.ports} accept comment "{rule.service}"'
+            what = (
+                f"ip protocol {rule.protocol}"
+                if not rule.ports
+                else f"{rule.protocol} dport {rule.ports}"
             )
+            lines.append(f'{match} {what} accept comment "{rule.service}"')
     return lines

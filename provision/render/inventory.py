@@ -9,6 +9,7 @@ from provision.cluster import Cluster
 from provision.render import contract
 from provision.render.contract import emitted
 from provision.render.jinja import template
+from provision.render.kubernetes import vrrp_router_id
 from provision.render.monitoring import smtp_logins
 from provision.render.yamldata import Template, yaml_mapping, yaml_value
 from provision.spec.fabric import fabric_addresses, rails
@@ -151,6 +152,15 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
             {"name": a.name, "sudo": a.sudo, "ssh_keys": list(a.ssh_keys)}
             for a in spec.security.admins
         ]
+    if spec.scheduler == "kubernetes":
+        kube = spec.kubernetes
+        out["provision_kubernetes_etcd"] = kube.etcd
+        out["kubernetes_packages_version"] = kube.version
+        if kube.ha and kube.api_address is not None:
+            out["provision_kubernetes_ha"] = True
+            out["api_endpoint_address"] = str(kube.api_address)
+            out["api_endpoint_prefix"] = spec.network.management.cidr.prefixlen
+            out["api_endpoint_router_id"] = vrrp_router_id(spec.name)
     if spec.scheduler == "slurm" and any(p.elastic for p in spec.pools):
         out["provision_burst"] = True
     if spec.scheduler == "slurm" and "accounting" in spec.slurm.model_fields_set:

@@ -234,14 +234,49 @@ def _check_scheduler(spec: Spec) -> list[Problem]:
                 + ", ".join(compute + [p.name for p in spec.slurm.partitions]),
             )
         )
-    if spec.scheduler == "kubernetes" and spec.kubernetes.ha:
-        heads = sum(p.size for p in spec.pools if p.role == "head")
-        if heads < 3:
+    if spec.scheduler == "kubernetes":
+        problems.extend(_check_kubernetes(spec))
+    return problems
+
+
+def _check_kubernetes(spec: Spec) -> list[Problem]:
+    problems: list[Problem] = []
+    kube = spec.kubernetes
+    heads = sum(p.size for p in spec.pools if p.role == "head")
+    if kube.ha and heads < 3:
+        problems.append(
+            (
+                ("kubernetes", "ha"),
+                f"an HA control plane needs at least 3 head nodes (etcd quorum), the "
+                f"spec has {heads}: raise the head pool's count or set ha: false",
+            )
+        )
+    mgmt = spec.network.management.cidr
+    if kube.ha and kube.api_address is None:
+        problems.append(
+            (
+                ("kubernetes", "ha"),
+                f"an HA control plane needs api_address: a free address in {mgmt} that moves "
+                "to a healthy head",
+            )
+        )
+    if kube.api_address is not None:
+        if not kube.ha:
             problems.append(
                 (
-                    ("kubernetes", "ha"),
-                    f"an HA control plane needs at least 3 head nodes (etcd quorum), the "
-                    f"spec has {heads}: raise the head pool's count or set ha: false",
+                    ("kubernetes", "api_address"),
+                    "api_address is the HA control plane's virtual address: set ha: true, or "
+                    "remove it (the API is then the first head's own address)",
+                )
+            )
+        elif kube.api_address not in mgmt or kube.api_address in (
+            mgmt.network_address,
+            mgmt.broadcast_address,
+        ):
+            problems.append(
+                (
+                    ("kubernetes", "api_address"),
+                    f"{kube.api_address} is not a host address of the management network {mgmt}",
                 )
             )
     return problems
@@ -746,6 +781,14 @@ def _check_nodes(spec: Spec, nodes: list[Node]) -> list[Problem]:
                     )
                 )
             addresses.setdefault(node.address, node.name)
+            if spec.scheduler == "kubernetes" and node.address == spec.kubernetes.api_address:
+                problems.append(
+                    (
+                        (*node.loc, field),
+                        f"{node.name} has {node.address}, the API's virtual address "
+                        "(kubernetes.api_address): give one of them another",
+                    )
+                )
         if node.bmc_address is not None:
             bfield = "bmc_address" if "hosts" in node.loc else "first_bmc_address"
             if bmc is None:

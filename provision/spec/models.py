@@ -609,8 +609,48 @@ class SlurmSettings(Model):
     )
 
 
+# Kubernetes releases this version of provision is written and checked for: kubeadm's
+# v1beta4 configuration API (1.31 on), containerd 1.6's CRI, and the pause image each pins.
+KUBERNETES_MINORS = ("1.31", "1.32", "1.33")
+_KUBE_VERSION_RE = re.compile(r"1\.([0-9]+)\.([0-9]+)")
+
+
+def _kubernetes_version(value: str) -> str:
+    match = _KUBE_VERSION_RE.fullmatch(value)
+    if match is None:
+        raise ValueError(
+            f"{value!r} is not a Kubernetes release: give the exact one, e.g. 1.33.5 "
+            "(kubeadm, kubelet and kubectl are installed and held at it)"
+        )
+    if f"1.{match[1]}" not in KUBERNETES_MINORS:
+        raise ValueError(f"Kubernetes {value} is not supported: use a 1.31, 1.32 or 1.33 release")
+    return value
+
+
+KubernetesVersion = Annotated[str, AfterValidator(_kubernetes_version)]
+
+
 class KubernetesSettings(Model):
-    ha: bool = Field(default=False, description="highly available control plane (3+ head nodes)")
+    version: KubernetesVersion = Field(
+        default="1.33.5",
+        description="Kubernetes release (exact: 1.33.5); kubeadm, kubelet and kubectl are "
+        "installed and held at it",
+    )
+    ha: bool = Field(
+        default=False,
+        description="highly available control plane: 3+ head nodes behind a virtual address "
+        "(keepalived and haproxy on the heads)",
+    )
+    api_address: ipaddress.IPv4Address | None = Field(
+        default=None,
+        description="the API's virtual address on the management network (ha: required); "
+        "no node may have it",
+    )
+    etcd: Literal["stacked", "external"] = Field(
+        default="stacked",
+        description="stacked: kubeadm runs etcd beside each API server; external: etcd runs on "
+        "the head nodes as its own service, with its own certificates",
+    )
     pod_cidr: ipaddress.IPv4Network = Field(
         default=ipaddress.IPv4Network("10.244.0.0/16"), description="pod network"
     )
@@ -924,11 +964,13 @@ class Spec(Model):
     name: Hostname = Field(description="cluster name; names the state directory and resources")
     os: OsName = Field(description="operating system every node runs")
     scheduler: SchedulerKind = Field(
-        default="slurm", description="workload manager (kubernetes: not supported yet)"
+        default="slurm",
+        description="workload manager (kubernetes: render and plan only; apply refuses it)",
     )
     slurm: SlurmSettings = Field(default=SlurmSettings(), description="Slurm settings")
     kubernetes: KubernetesSettings = Field(
-        default=KubernetesSettings(), description="Kubernetes settings (not supported yet)"
+        default=KubernetesSettings(),
+        description="Kubernetes settings (render and plan only; apply refuses them)",
     )
     network: Networks = Field(description="management, out-of-band and fabric networks")
     pools: list[Pool] = Field(min_length=1, description="groups of identical nodes")

@@ -115,6 +115,8 @@ def _assign_lab_addresses(
 ) -> list[Node]:
     mgmt = spec.network.management.cidr
     used = {n.address for n in nodes if n.address is not None}
+    if spec.scheduler == "kubernetes" and spec.kubernetes.api_address is not None:
+        used.add(spec.kubernetes.api_address)  # the control plane's virtual address
     candidates = (
         mgmt.network_address + k for k in range(LAB_FIRST_HOST_OFFSET, mgmt.num_addresses)
     )

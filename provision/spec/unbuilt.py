@@ -4,6 +4,10 @@ supported yet", naming what to do instead. The change that builds a feature remo
 Tests of the parts already written for those features (the elastic pools' slurm.conf lines, the
 Kubernetes firewall rules) load their specs with `load_spec(path, unbuilt=True)`; the command
 line never does.
+
+Some features are described before they are built: `validate`, `render` and `plan` accept them
+(`load_spec(path, describe_only=True)`) so their files can be read and checked, and every
+command that acts on a cluster refuses them (APPLY_ONLY).
 """
 
 from __future__ import annotations
@@ -14,16 +18,10 @@ from provision.spec.nodes import Loc
 Problem = tuple[Loc, str]
 
 
-def check_unbuilt(spec: Spec) -> list[Problem]:
-    problems: list[Problem] = []
+def check_unbuilt(spec: Spec, *, describe_only: bool = False) -> list[Problem]:
+    problems: list[Problem] = [] if describe_only else apply_only(spec)
     if spec.scheduler == "kubernetes":
-        problems.append(
-            (
-                ("scheduler",),
-                "not supported yet: scheduler 'kubernetes' (nothing installs Kubernetes); "
-                "use scheduler: slurm",
-            )
-        )
+        problems.extend(_kubernetes(spec))
     if spec.monitoring is not None and spec.os == "rocky9":
         problems.append(
             (
@@ -56,4 +54,44 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                     "burst programs run on one head); give the head pool one node",
                 )
             )
+    return problems
+
+
+def apply_only(spec: Spec) -> list[Problem]:
+    """What render and plan describe but apply cannot build yet."""
+    if spec.scheduler != "kubernetes":
+        return []
+    return [
+        (
+            ("scheduler",),
+            "not supported yet: applying scheduler 'kubernetes' (containerd, the Kubernetes "
+            "packages, etcd and the API address are built; the control plane, the CNI and the "
+            "GPU plugins are not): `provision render` and `plan` show the cluster; use "
+            "scheduler: slurm to apply",
+        )
+    ]
+
+
+def _kubernetes(spec: Spec) -> list[Problem]:
+    problems: list[Problem] = []
+    if spec.os == "rocky9":
+        problems.append(
+            (
+                ("os",),
+                "not supported yet: Kubernetes on rocky9 (containerd comes from Debian's and "
+                "Ubuntu's packages; Rocky has none); use debian12, ubuntu22.04 or ubuntu24.04",
+            )
+        )
+    if spec.kubernetes.ha:
+        for i, pool in enumerate(spec.pools):
+            if pool.role == "head" and pool.provider not in ("static", "lab"):
+                problems.append(
+                    (
+                        ("pools", i, "provider"),
+                        f"not supported yet: an HA control plane on {pool.provider} heads (the "
+                        "API address moves between heads by VRRP, which clouds do not carry; "
+                        "their load balancer is not built yet); put the heads on premises or "
+                        "set kubernetes.ha: false",
+                    )
+                )
     return problems

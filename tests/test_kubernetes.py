@@ -1,0 +1,455 @@
+"""Kubernetes: the spec's checks, the rendered kubeadm, containerd, haproxy and etcd files, the
+firewall's rules, etcd's certificates, and the interface filter keepalived's template uses.
+
+What runs live (containerd, etcd, keepalived, haproxy) is Molecule's `kubernetes` scenario; no
+kubeadm or kubelet can be installed here, so kubeadm's configuration is checked against the
+fields and types of the API versions it names (KUBEADM_TYPES below)."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from provision.cluster import Cluster
+from provision.errors import SpecError
+from provision.pki import API_CLIENT, ETCD_DIR, Member, etcd_members, make_etcd_pki
+from provision.render import render
+from provision.render.firewall import pool_rules, rule_lines
+from provision.render.kubernetes import vrrp_router_id
+from provision.spec import load_spec
+
+from .conftest import COLLECTION, ROOT
+
+K8S = ROOT / "examples" / "k8s.yaml"
+
+# The fields of kubeadm.k8s.io/v1beta4, kubelet.config.k8s.io/v1beta1 and
+# kubeproxy.config.k8s.io/v1alpha1 the renderer may write, with their types (from the Go types
+# of Kubernetes 1.31-1.33: cmd/kubeadm/app/apis/kubeadm/v1beta4, k8s.io/kubelet/config/v1beta1,
+# k8s.io/kube-proxy/config/v1alpha1). A key outside them, or a value of another type, fails:
+# kubeadm would refuse it ("unknown field") or read it as something else.
+_STR, _LIST_STR, _MAP_STR = str, [str], {str: str}
+KUBEADM_TYPES: dict[tuple[str, str], dict[str, object]] = {
+    ("kubeadm.k8s.io/v1beta4", "ClusterConfiguration"): {
+        "clusterName": _STR,
+        "kubernetesVersion": _STR,
+        "controlPlaneEndpoint": _STR,
+        "certificatesDir": _STR,
+        "imageRepository": _STR,
+        "networking": {"podSubnet": _STR, "serviceSubnet": _STR, "dnsDomain": _STR},
+        "apiServer": {"certSANs": _LIST_STR},
+        "etcd": {
+            "local": {"dataDir": _STR, "serverCertSANs": _LIST_STR, "peerCertSANs": _LIST_STR},
+            "external": {"endpoints": _LIST_STR, "caFile": _STR, "certFile": _STR, "keyFile": _STR},
+        },
+    },
+    ("kubelet.config.k8s.io/v1beta1", "KubeletConfiguration"): {
+        "cgroupDriver": _STR,
+        "containerRuntimeEndpoint": _STR,
+        "clusterDomain": _STR,
+        "systemReserved": _MAP_STR,
+        "kubeReserved": _MAP_STR,
+        "evictionHard": _MAP_STR,
+    },
+    ("kubeproxy.config.k8s.io/v1alpha1", "KubeProxyConfiguration"): {
+        "mode": _STR,
+        "clusterCIDR": _STR,
+    },
+}
+
+
+def _check_type(value: object, schema: object, at: str) -> list[str]:
+    if schema is str:
+        return [] if isinstance(value, str) else [f"{at}: {value!r} is not a string"]
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            return [f"{at}: not a list"]
+        return [p for i, v in enumerate(value) for p in _check_type(v, schema[0], f"{at}[{i}]")]
+    assert isinstance(schema, dict)
+    if not isinstance(value, dict):
+        return [f"{at}: not a mapping"]
+    if list(schema) == [str]:  # a map of strings
+        return [p for k, v in value.items() for p in _check_type(v, str, f"{at}.{k}")]
+    problems = [f"{at}.{k}: unknown field" for k in value if k not in schema]
+    for key, sub in value.items():
+        if key in schema:
+            problems += _check_type(sub, schema[key], f"{at}.{key}")
+    return problems
+
+
+def kubeadm_problems(text: str) -> list[str]:
+    problems = []
+    for doc in yaml.safe_load_all(text):
+        kind = (doc.pop("apiVersion", None), doc.pop("kind", None))
+        if kind not in KUBEADM_TYPES:
+            problems.append(f"{kind}: not a type kubeadm {KUBEADM_TYPES.keys()} takes")
+            continue
+        problems += _check_type(doc, KUBEADM_TYPES[kind], kind[1])
+    return problems
+
+
+def _spec(tmp_path: Path, text: str, **load: bool) -> Cluster:
+    path = tmp_path / "k.yaml"
+    path.write_text(text)
+    return Cluster(load_spec(path, describe_only=True, **load))
+
+
+BASE = """\
+name: kc
+os: debian12
+scheduler: kubernetes
+kubernetes: {KUBE}
+network:
+  management: {{cidr: 10.5.0.0/24}}
+pools:
+  - {{name: head, role: head, profile: cpu-node, count: {HEADS}, first_address: 10.5.0.11}}
+  - {{name: gpu, role: compute, profile: dgx-h100, count: 2, first_address: 10.5.0.20}}
+security:
+  admin_cidrs: [10.9.0.0/24]
+"""
+
+
+def _text(kube: str = "{}", heads: int = 1) -> str:
+    return BASE.format(KUBE=kube, HEADS=heads)
+
+
+def _errors(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as caught:
+        load_spec(path, describe_only=True)
+    return "\n".join(str(i) for i in caught.value.issues)
+
+
+# --- the spec
+
+
+def test_apply_refuses_kubernetes_and_render_takes_it(tmp_path: Path) -> None:
+    path = tmp_path / "k.yaml"
+    path.write_text(_text())
+    with pytest.raises(SpecError, match="not supported yet: applying scheduler 'kubernetes'"):
+        load_spec(path)
+    assert load_spec(path, describe_only=True).scheduler == "kubernetes"
+
+
+@pytest.mark.parametrize(
+    ("kube", "heads", "message"),
+    [
+        ("{ha: true, api_address: 10.5.0.5}", 1, "at least 3 head nodes"),
+        ("{ha: true}", 3, "an HA control plane needs api_address"),
+        ("{api_address: 10.5.0.5}", 3, "set ha: true, or remove it"),
+        ("{ha: true, api_address: 10.6.0.5}", 3, "not a host address of the management network"),
+        ("{ha: true, api_address: 10.5.0.255}", 3, "not a host address of the management network"),
+        ("{ha: true, api_address: 10.5.0.12}", 3, "head002 has 10.5.0.12, the API's virtual"),
+        ("{version: '1.33'}", 1, "give the exact one, e.g. 1.33.5"),
+        ("{version: '1.29.3'}", 1, "Kubernetes 1.29.3 is not supported"),
+        ("{etcd: embedded}", 1, "'stacked' or 'external'"),
+        ("{pod_cidr: 10.5.0.0/16}", 1, "overlaps network.management.cidr"),
+    ],
+)
+def test_bad_kubernetes_settings(tmp_path: Path, kube: str, heads: int, message: str) -> None:
+    assert message in _errors(tmp_path, _text(kube, heads))
+
+
+def test_kubernetes_on_rocky_and_ha_on_cloud_heads_are_not_supported_yet(tmp_path: Path) -> None:
+    assert "Kubernetes on rocky9" in _errors(tmp_path, _text().replace("debian12", "rocky9"))
+    cloud = _text("{ha: true, api_address: 10.5.0.5}", 3).replace(
+        "profile: cpu-node, count: 3, first_address: 10.5.0.11",
+        "profile: cpu-node, count: 3, provider: aws, region: us-east-1",
+    )
+    assert "an HA control plane on aws heads" in _errors(tmp_path, cloud)
+
+
+def test_lab_nodes_never_get_the_api_address(tmp_path: Path) -> None:
+    text = (
+        _text("{ha: true, api_address: 10.5.0.11}", 3)
+        .replace(
+            "cpu-node, count: 3, first_address: 10.5.0.11", "lab-container, count: 3, provider: lab"
+        )
+        .replace(
+            "dgx-h100, count: 2, first_address: 10.5.0.20", "lab-container, count: 2, provider: lab"
+        )
+    )
+    cluster = _spec(tmp_path, text)
+    assert ipaddress.IPv4Address("10.5.0.11") not in {n.address for n in cluster.nodes}
+
+
+# --- the render
+
+
+def test_the_example_renders_every_kubernetes_file() -> None:
+    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    kube = sorted(f for f in files if f.startswith("files/kubernetes/"))
+    assert kube == [
+        "files/kubernetes/containerd/cp.toml",
+        "files/kubernetes/containerd/gpu.toml",
+        "files/kubernetes/etcd/cp001.env",
+        "files/kubernetes/etcd/cp002.env",
+        "files/kubernetes/etcd/cp003.env",
+        "files/kubernetes/haproxy.cfg",
+        "files/kubernetes/kubeadm.yaml",
+    ]
+    assert not any(f.startswith("files/slurm/") for f in files)
+
+
+def test_kubeadm_configuration_has_only_kubeadms_fields_and_types() -> None:
+    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    text = files["files/kubernetes/kubeadm.yaml"]
+    assert kubeadm_problems(text) == []
+    cluster, kubelet, proxy = yaml.safe_load_all(text)
+    assert cluster["kubernetesVersion"] == "v1.33.5"
+    assert cluster["controlPlaneEndpoint"] == "10.30.0.10:8443"
+    assert cluster["networking"] == {
+        "podSubnet": "10.244.0.0/16", "serviceSubnet": "10.96.0.0/12", "dnsDomain": "cluster.local"
+    }  # fmt: skip
+    assert cluster["apiServer"]["certSANs"][:3] == ["10.30.0.10", "cp001", "10.30.0.11"]
+    assert cluster["etcd"]["external"]["endpoints"] == [
+        f"https://10.30.0.{n}:2379" for n in (11, 12, 13)
+    ]
+    assert kubelet["cgroupDriver"] == "systemd"
+    assert proxy["clusterCIDR"] == "10.244.0.0/16"
+
+
+def test_the_schema_check_sees_an_unknown_field_and_a_wrong_type() -> None:
+    text = (
+        "apiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\n"
+        "networking: {podSubnet: 10.0.0.0/8, podCIDR: x}\napiServer: {certSANs: a}\n"
+        "---\napiVersion: kubeadm.k8s.io/v1beta3\nkind: ClusterConfiguration\n"
+    )
+    problems = kubeadm_problems(text)
+    assert "ClusterConfiguration.networking.podCIDR: unknown field" in problems
+    assert "ClusterConfiguration.apiServer.certSANs: not a list" in problems
+    assert any("v1beta3" in p for p in problems)
+
+
+def test_stacked_etcd_and_one_head(tmp_path: Path) -> None:
+    files = render(_spec(tmp_path, _text()))
+    cluster = next(yaml.safe_load_all(files["files/kubernetes/kubeadm.yaml"]))
+    assert cluster["etcd"] == {"local": {"dataDir": "/var/lib/etcd"}}
+    assert cluster["controlPlaneEndpoint"] == "10.5.0.11:6443"
+    assert "files/kubernetes/haproxy.cfg" not in files
+    assert not any("/etcd/" in f for f in files)
+    assert kubeadm_problems(files["files/kubernetes/kubeadm.yaml"]) == []
+
+
+def test_containerd_per_pool() -> None:
+    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    gpu, cp = (
+        files["files/kubernetes/containerd/gpu.toml"],
+        files["files/kubernetes/containerd/cp.toml"],
+    )
+    assert 'default_runtime_name = "nvidia"' in gpu
+    assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in gpu
+    assert 'default_runtime_name = "runc"' in cp and "nvidia" not in cp
+    for text in (gpu, cp):
+        assert text.count("SystemdCgroup = true") == text.count("runtime_type =")
+        assert 'snapshotter = "overlayfs"' in text
+        assert 'sandbox_image = "registry.k8s.io/pause:3.10"' in text
+
+
+def test_containerd_in_the_lab_uses_the_native_snapshotter() -> None:
+    files = render(
+        Cluster(load_spec(ROOT / "molecule" / "kubernetes" / "cluster.yaml", describe_only=True))
+    )
+    assert 'snapshotter = "native"' in files["files/kubernetes/containerd/head.toml"]
+
+
+def test_haproxy_and_etcd_name_every_head() -> None:
+    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    haproxy = files["files/kubernetes/haproxy.cfg"]
+    assert "bind *:8443" in haproxy
+    # its own user in a chroot, logging to the journal (no /dev/log in the chroot)
+    assert "  chroot /var/lib/haproxy\n  user haproxy\n  group haproxy\n" in haproxy
+    assert "log stdout" in haproxy and "/dev/log" not in haproxy
+    for n in (1, 2, 3):
+        assert f"server cp00{n} 10.30.0.1{n}:6443" in haproxy
+    env = dict(
+        line.split("=", 1)
+        for line in files["files/kubernetes/etcd/cp002.env"].splitlines()
+        if line and not line.startswith("#")
+    )
+    assert env["ETCD_NAME"] == "cp002"
+    assert env["ETCD_ADVERTISE_CLIENT_URLS"] == "https://10.30.0.12:2379"
+    assert env["ETCD_INITIAL_CLUSTER"] == ",".join(
+        f"cp00{n}=https://10.30.0.1{n}:2380" for n in (1, 2, 3)
+    )
+    assert env["ETCD_CLIENT_CERT_AUTH"] == env["ETCD_PEER_CLIENT_CERT_AUTH"] == "true"
+
+
+def test_firewall_rules_of_a_kubernetes_cluster() -> None:
+    cluster = Cluster(load_spec(K8S, describe_only=True))
+    rules = pool_rules(cluster)
+    cp, gpu = rule_lines(rules["cp"]), rule_lines(rules["gpu"])
+    assert 'ip saddr @head_nodes ip protocol vrrp accept comment "keepalived (VRRP)"' in cp
+    assert 'ip saddr @head_nodes tcp dport 2379-2380 accept comment "etcd"' in cp
+    assert 'ip saddr @admin tcp dport 8443 accept comment "kube-apiserver (haproxy)"' in cp
+    assert not any("2379" in line or "vrrp" in line or "6443" in line for line in gpu)
+    assert 'ip saddr @head_nodes tcp dport 10250 accept comment "kubelet"' in gpu
+
+
+def test_group_vars_name_the_virtual_address() -> None:
+    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    group = yaml.safe_load(files["inventory/group_vars/all.yml"].replace("!unsafe ", ""))
+    assert group["api_endpoint_address"] == "10.30.0.10"
+    assert group["api_endpoint_router_id"] == vrrp_router_id("k8s")
+    assert group["provision_kubernetes_etcd"] == "external"
+    assert 1 <= vrrp_router_id("k8s") <= 255
+    assert len({vrrp_router_id(f"c{i}") for i in range(50)}) > 40  # names spread
+
+
+# --- etcd's certificates
+
+
+def _cert(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def test_etcd_certificates_made_once_private_and_for_each_member(tmp_path: Path) -> None:
+    members = [Member("h1", ("10.0.0.11",)), Member("h2", ("10.0.0.12",))]
+    made = make_etcd_pki(tmp_path, members, "c")
+    assert made == ["ca", "h1", "h2", API_CLIENT]
+    pki = tmp_path / ETCD_DIR
+    assert stat.S_IMODE(pki.stat().st_mode) == 0o700
+    for key in pki.glob("*.key"):
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    ca = _cert(pki / "ca.crt")
+    h1 = _cert(pki / "h1.crt")
+    assert h1.issuer == ca.subject
+    ca.public_key().verify(
+        h1.signature, h1.tbs_certificate_bytes, h1.signature_algorithm_parameters
+    )  # type: ignore[arg-type,call-arg]
+    alt = h1.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sorted(alt.get_values_for_type(x509.DNSName)) == ["h1", "localhost"]
+    assert sorted(str(a) for a in alt.get_values_for_type(x509.IPAddress)) == [
+        "10.0.0.11",
+        "127.0.0.1",
+    ]
+    usage = h1.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert set(usage) == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
+    client = _cert(pki / f"{API_CLIENT}.crt")
+    assert list(client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [
+        ExtendedKeyUsageOID.CLIENT_AUTH
+    ]
+    before = {p.name: p.read_bytes() for p in pki.iterdir()}
+    assert make_etcd_pki(tmp_path, members, "c") == []  # nothing due: nothing made
+    assert {p.name: p.read_bytes() for p in pki.iterdir()} == before
+    # a head's address changed: only its certificate is made again
+    assert make_etcd_pki(tmp_path, [members[0], Member("h2", ("10.0.0.22",))], "c") == ["h2"]
+    assert (pki / "h1.crt").read_bytes() == before["h1.crt"]
+
+
+def test_a_certificate_near_its_end_is_renewed(tmp_path: Path) -> None:
+    members = [Member("h1", ("10.0.0.11",))]
+    make_etcd_pki(tmp_path, members, "c")
+    now = datetime.datetime.now(datetime.UTC)
+    assert make_etcd_pki(tmp_path, members, "c", now + datetime.timedelta(days=300)) == []
+    later = now + datetime.timedelta(days=340)  # under 30 days left of 365
+    assert make_etcd_pki(tmp_path, members, "c", later) == ["h1", API_CLIENT]
+    assert _cert(tmp_path / ETCD_DIR / "h1.crt").not_valid_after_utc > later
+
+
+def test_a_loose_etcd_key_is_refused(tmp_path: Path) -> None:
+    make_etcd_pki(tmp_path, [Member("h1", ())], "c")
+    key = tmp_path / ETCD_DIR / "h1.key"
+    key.chmod(0o644)
+    from provision.errors import UsageError
+
+    with pytest.raises(UsageError, match="readable by others"):
+        make_etcd_pki(tmp_path, [Member("h1", ())], "c")
+
+
+def test_members_are_the_heads() -> None:
+    cluster = Cluster(load_spec(K8S, describe_only=True))
+    assert etcd_members(cluster) == [Member(f"cp00{n}", (f"10.30.0.1{n}",)) for n in (1, 2, 3)]
+    assert os.fspath(K8S).endswith("k8s.yaml")
+
+
+# --- keepalived's interface
+
+
+def test_interface_in_finds_the_management_interface() -> None:
+    import importlib.util
+
+    path = COLLECTION / "plugins" / "filter" / "interface_in.py"
+    loaded = importlib.util.spec_from_file_location("interface_in", path)
+    assert loaded is not None and loaded.loader is not None
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    facts = {
+        "interfaces": ["lo", "eno1", "ib0", "bond-mgmt"],
+        "lo": {"ipv4": {"address": "127.0.0.1"}},
+        "eno1": {"ipv4": {"address": "192.168.1.5"}},
+        "ib0": {"ipv4": {"address": "10.31.0.5"}},
+        "bond_mgmt": {
+            "ipv4": {"address": "172.16.0.9"},
+            "ipv4_secondaries": [{"address": "10.30.0.11"}],
+        },
+    }
+    assert module.interface_in(facts, "10.30.0.10/16") == {
+        "interface": "bond-mgmt", "address": "10.30.0.11"
+    }  # fmt: skip
+    assert module.interface_in(facts, "10.31.0.0/16")["interface"] == "ib0"
+    with pytest.raises(Exception, match=r"no interface of this host has an address in 10\.99"):
+        module.interface_in(facts, "10.99.0.1/16")
+
+
+# --- kubeadm, kubelet and kubectl (the kubernetes_packages role): no Kubernetes repository is
+# reachable here; the repository file and the package names go through Ansible's templating,
+# the key check is tests/test_repo_keys.py (real gpg), the unreachable repository's message is
+# live in Molecule's kubernetes scenario
+
+
+def _packages_templar(version: str, **more: object) -> object:
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    role = COLLECTION / "roles" / "kubernetes_packages"
+    variables: dict[str, object] = {}
+    for part in ("defaults", "vars"):
+        loaded = yaml.safe_load((role / part / "main.yml").read_text())
+        variables |= {
+            k: trust_as_template(v) if isinstance(v, str) else v for k, v in loaded.items()
+        }
+    variables |= {"kubernetes_packages_version": version, "ansible_managed": "managed", **more}
+    return Templar(loader=DataLoader(), variables=variables)
+
+
+def _expr(templar: object, text: str) -> object:
+    from ansible.template import trust_as_template
+
+    return templar.template(trust_as_template(text))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("os_name", ["debian12", "ubuntu22.04", "ubuntu24.04"])
+def test_the_repository_of_the_minor_release(os_name: str) -> None:
+    # the upstream repository is one for every Debian-family OS: the same file on each
+    templar = _packages_templar("1.32.9", ansible_distribution=os_name)
+    role = COLLECTION / "roles" / "kubernetes_packages"
+    text = (role / "templates" / "kubernetes.sources.j2").read_text()
+    sources = str(_expr(templar, text))
+    assert "URIs: https://pkgs.k8s.io/core:/stable:/v1.32/deb/\n" in sources
+    assert "Suites: /\n" in sources and "Signed-By: /etc/apt/keyrings/kubernetes.asc" in sources
+    assert _expr(templar, "{{ _kubernetes_packages_key_url }}") == (
+        "https://pkgs.k8s.io/core:/stable:/v1.32/deb/Release.key"
+    )
+    mirrored = _packages_templar("1.33.5", kubernetes_packages_repository="http://mirror.site/k8s")
+    assert _expr(mirrored, "{{ _kubernetes_packages_url }}") == "http://mirror.site/k8s/v1.33/deb/"
+
+
+def test_the_packages_are_pinned_to_the_release() -> None:
+    role = COLLECTION / "roles" / "kubernetes_packages"
+    tasks = yaml.safe_load((role / "tasks" / "main.yml").read_text())
+    install = next(t for t in tasks if t["name"].startswith("Install kubeadm"))
+    names = _expr(_packages_templar("1.33.5"), install["ansible.builtin.apt"]["name"])
+    assert names == ["kubeadm=1.33.5-*", "kubelet=1.33.5-*", "kubectl=1.33.5-*"]
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    from provision.spec.models import KubernetesSettings
+
+    assert defaults["kubernetes_packages_version"] == KubernetesSettings().version
