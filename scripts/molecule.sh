@@ -17,9 +17,10 @@ lane() {
     fi
   done
 }
-# the longest first in each lane (nvidia and slurm take the most)
-lane nvidia common munge storage & a=$!
-lane slurm firewall fabric & b=$!
+# the longest first in each lane (kubernetes and slurm take the most); munge's and the
+# firewall's checks run in the slurm and kubernetes scenarios
+lane kubernetes nvidia common & a=$!
+lane slurm storage fabric & b=$!
 status=0
 wait "$a" || status=1
 wait "$b" || status=1
