@@ -59,6 +59,7 @@ collection: setup
 
 bench: setup image
 	$(VENV)/python bench/render.py
+	$(VENV)/python bench/render.py --kubernetes
 	$(VENV)/python bench/apply.py
 	$(VENV)/python bench/burst.py
 	$(VENV)/python bench/burst_aws.py
