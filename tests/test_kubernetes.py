@@ -453,3 +453,120 @@ def test_the_packages_are_pinned_to_the_release() -> None:
     from provision.spec.models import KubernetesSettings
 
     assert defaults["kubernetes_packages_version"] == KubernetesSettings().version
+
+
+# --- what a Kubernetes cluster says (provision/parsers/kubernetes.py), on the outputs of
+# tests/data/kubernetes/, written in kubectl's form (no API server here)
+
+KUBE_DATA = ROOT / "tests" / "data" / "kubernetes"
+EXPECTED = {
+    **{f"cp00{i}": ("control-plane", 0) for i in (1, 2, 3)},
+    **{f"gpu00{i}": ("worker", 8) for i in (1, 2)},
+}
+
+
+def test_a_healthy_cluster_has_no_findings() -> None:
+    from provision.parsers import kubernetes as kp
+
+    nodes = kp.parse_nodes((KUBE_DATA / "nodes-healthy.json").read_text())
+    assert [n.name for n in nodes] == ["cp001", "cp002", "cp003", "gpu001", "gpu002"]
+    assert nodes[3].gpus_allocatable == 8 and nodes[0].roles == {"control-plane"}
+    assert kp.node_findings(nodes, EXPECTED, "1.33.5") == []
+    pods = kp.parse_pods((KUBE_DATA / "pods-healthy.json").read_text())
+    heads = ["cp001", "cp002", "cp003"]
+    assert kp.control_plane_findings(pods, heads, stacked_etcd=False) == []
+    assert kp.unhealthy_pods(pods) == []
+    log = (KUBE_DATA / "gpu-pod-log.txt").read_text()
+    assert kp.gpu_pod_findings("Succeeded", log, 1) == []
+
+
+def test_a_degraded_cluster_names_every_problem() -> None:
+    from provision.parsers import kubernetes as kp
+
+    nodes = kp.parse_nodes((KUBE_DATA / "nodes-degraded.json").read_text())
+    assert kp.node_findings(nodes, EXPECTED, "1.33.5") == [
+        "gpu002: not in the cluster",
+        "gpu003: in the cluster but not in the spec",
+        "cp002: not Ready",
+        "cp003: kubelet v1.32.9, the spec pins v1.33.5",
+        "gpu001: 7 nvidia.com/gpu allocatable, the profile has 8",
+    ]
+    pods = kp.parse_pods((KUBE_DATA / "pods-degraded.json").read_text())
+    heads = ["cp001", "cp002", "cp003"]
+    assert kp.control_plane_findings(pods, heads, stacked_etcd=False) == [
+        "cp002: kube-apiserver is Pending, not ready",
+        "cp003: no kube-scheduler pod",
+    ]
+    # stacked etcd: kubeadm's etcd pods are expected too, and none is there
+    assert len(kp.control_plane_findings(pods, heads, stacked_etcd=True)) == 5
+    assert kp.unhealthy_pods(pods) == [
+        "kube-system/kube-apiserver-cp002 on cp002: Pending",
+        "kube-system/nvidia-device-plugin-daemonset-x7k2m on gpu001: Running",
+    ]
+    assert kp.gpu_pod_findings("Failed", "", 1) == [
+        "the GPU pod ended Failed",
+        "the GPU pod saw 0 GPU(s), it asked for 1",
+    ]
+
+
+def test_a_cordoned_worker_and_a_list_that_is_not_one() -> None:
+    from provision.parsers import kubernetes as kp
+
+    nodes = kp.parse_nodes((KUBE_DATA / "nodes-degraded.json").read_text())
+    cordoned = {"gpu003": ("worker", 8)}
+    assert "gpu003: cordoned (unschedulable)" in kp.node_findings(nodes, cordoned)
+    with pytest.raises(ValueError, match="not a kubectl list"):
+        kp.parse_nodes('{"kind": "Node"}')
+
+
+def _fake_kubectl(directory: Path, nodes: str, pods: str) -> Path:
+    """A kubectl that answers from tests/data/kubernetes/ and keeps what was applied."""
+    script = directory / "kubectl"
+    script.write_text(
+        f"""#!/bin/bash
+case "$*" in
+  "get nodes -o json") cat {KUBE_DATA / nodes} ;;
+  "get pods -A -o json") cat {KUBE_DATA / pods} ;;
+  "apply -f -") cat > {directory / "applied.json"}; echo "pod/provision-gpu-check created" ;;
+  "get pod provision-gpu-check -o jsonpath={{.status.phase}}") printf Succeeded ;;
+  "logs provision-gpu-check") cat {KUBE_DATA / "gpu-pod-log.txt"} ;;
+  delete*) ;;
+  *) echo "unexpected: $*" >&2; exit 3 ;;
+esac
+"""
+    )
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize("state", ["healthy", "degraded"])
+def test_the_check_script_against_a_stand_in_kubectl(tmp_path: Path, state: str) -> None:
+    import json
+    import subprocess
+    import sys
+
+    _fake_kubectl(tmp_path, f"nodes-{state}.json", f"pods-{state}.json")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "k8s-check.py"), "--heads", "cp001,cp002,cp003",
+         "--workers", "gpu001,gpu002", "--gpus", "8", "--version", "1.33.5",
+         "--record", str(tmp_path / "rec")],
+        capture_output=True, text=True, check=False, timeout=60,
+        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"},
+    )  # fmt: skip
+    assert "PASS a pod with one GPU" in done.stdout, done.stdout + done.stderr
+    applied = json.loads((tmp_path / "applied.json").read_text())
+    container = applied["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert container["command"] == ["nvidia-smi", "-L"]
+    assert sorted((tmp_path / "rec").iterdir()) == sorted(
+        tmp_path / "rec" / n
+        for n in ("nodes.json", "pods.json", "gpu-pod-apply.txt", "gpu-pod-log.txt")
+    )
+    if state == "healthy":
+        assert done.returncode == 0 and "k8s-check: 4 passed, 0 failed" in done.stdout
+    else:
+        assert done.returncode == 1
+        assert "FAIL nodes\n     gpu002: not in the cluster" in done.stdout
+        assert (
+            "FAIL control plane" in done.stdout and "k8s-check: 1 passed, 3 failed" in done.stdout
+        )
