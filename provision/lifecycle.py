@@ -22,7 +22,7 @@ from provision.changes import (
 )
 from provision.cluster import Cluster, compress, pick_nodes
 from provision.errors import OperationError, UsageError
-from provision.pki import make_cluster_secrets
+from provision.pki import cluster_certificates
 from provision.preflight import DRIFT, preflight
 from provision.providers import get_provider
 from provision.providers.cloud import check_ready, saved_addresses
@@ -286,7 +286,7 @@ def _apply(
         secrets_dir = ensure_cluster_secrets(state, spec.scheduler)
         _monitoring_secrets(secrets_dir, spec)
         cluster = create_nodes(cluster, state, console)
-        make_cluster_secrets(secrets_dir, cluster)  # certificates name the nodes' addresses
+        cluster_certificates(secrets_dir, cluster)  # they name the nodes' addresses
         files = render(cluster)
         changed = write_render(files, state.build)
     console.print(f"render: {state.build} ({len(changed)} file(s) changed)")

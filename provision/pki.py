@@ -48,10 +48,17 @@ def etcd_members(cluster: Cluster) -> list[Member]:
 def make_cluster_secrets(directory: Path, cluster: Cluster) -> Path:
     """Every secret the cluster needs, made once (the etcd certificates renewed when due)."""
     make_secrets(directory, cluster.spec.scheduler)
-    kube = cluster.spec.kubernetes
-    if cluster.spec.scheduler == "kubernetes" and kube.etcd == "external":
-        make_etcd_pki(directory, etcd_members(cluster), cluster.spec.name)
+    cluster_certificates(directory, cluster)
     return directory
+
+
+def cluster_certificates(directory: Path, cluster: Cluster) -> list[str]:
+    """The certificates that name the nodes (an external etcd's), made or renewed once the
+    nodes' addresses are known; the names (re)made."""
+    spec = cluster.spec
+    if spec.scheduler != "kubernetes" or spec.kubernetes.etcd != "external":
+        return []
+    return make_etcd_pki(directory, etcd_members(cluster), spec.name)
 
 
 def make_etcd_pki(

@@ -46,17 +46,12 @@ def kubernetes_files(cluster: Cluster) -> dict[str, str]:
     return files
 
 
-def where(node: Node) -> str:
-    """How other nodes reach a node: its address where known, else its name (/etc/hosts)."""
-    return str(node.address) if node.address is not None else node.name
-
-
 def api_endpoint(cluster: Cluster) -> str:
     """host:port every node and kubectl reach the API at."""
     kube = cluster.spec.kubernetes
     if kube.ha and kube.api_address is not None:
         return f"{kube.api_address}:{HA_PORT}"
-    return f"{where(cluster.head_nodes[0])}:{API_PORT}"
+    return f"{cluster.head_nodes[0].reach}:{API_PORT}"
 
 
 def vrrp_router_id(name: str) -> int:
@@ -75,7 +70,7 @@ def kubeadm_config(cluster: Cluster) -> str:
     if kube.etcd == "external":
         etcd = {
             "external": {
-                "endpoints": [f"https://{where(n)}:{ETCD_CLIENT_PORT}" for n in heads],
+                "endpoints": [f"https://{n.reach}:{ETCD_CLIENT_PORT}" for n in heads],
                 "caFile": f"{ETCD_PKI}/ca.crt",
                 "certFile": f"{ETCD_PKI}/apiserver-etcd-client.crt",
                 "keyFile": f"{ETCD_PKI}/apiserver-etcd-client.key",
@@ -185,15 +180,15 @@ def haproxy_config(cluster: Cluster) -> str:
         "  http-check expect status 200",
         "  default-server check check-ssl verify none inter 2s fall 3 rise 2",
     ]
-    lines += [f"  server {n.name} {where(n)}:{API_PORT}" for n in cluster.head_nodes]
+    lines += [f"  server {n.name} {n.reach}:{API_PORT}" for n in cluster.head_nodes]
     return "\n".join(lines) + "\n"
 
 
 def etcd_env(cluster: Cluster, node: Node) -> str:
     """One external etcd member's settings (Debian's etcd reads /etc/default/etcd): TLS for
     clients and peers, each checked against the cluster's etcd CA."""
-    me = where(node)
-    initial = ",".join(f"{n.name}=https://{where(n)}:{ETCD_PEER_PORT}" for n in cluster.head_nodes)
+    me = node.reach
+    initial = ",".join(f"{n.name}=https://{n.reach}:{ETCD_PEER_PORT}" for n in cluster.head_nodes)
     values = [
         ("ETCD_NAME", node.name),
         ("ETCD_DATA_DIR", f"/var/lib/etcd/{cluster.spec.name}"),

@@ -48,8 +48,7 @@ def _dump(data: dict[str, Any]) -> str:
 
 
 def _target(node: Node, port: int) -> str:
-    # an address when the node has one; a cloud node before it exists has only its name
-    return f"{node.address if node.address is not None else node.name}:{port}"
+    return f"{node.reach}:{port}"
 
 
 def _static(nodes: list[tuple[Node, str]], port: int) -> list[dict[str, Any]]:

@@ -25,6 +25,12 @@ class Node:
     elastic: bool
     loc: Loc  # where in the spec this node comes from (for error messages)
 
+    @property
+    def reach(self) -> str:
+        """How other nodes reach it: its address where known, else its name (a cloud node
+        before it exists has only its name, which /etc/hosts resolves once it does)."""
+        return str(self.address) if self.address is not None else self.name
+
 
 def expand_nodes(spec: Spec) -> list[Node]:
     nodes, _ = expand_nodes_checked(spec)
