@@ -15,8 +15,7 @@ demo: setup
 	@scripts/demo.sh $(SPEC)
 
 test: setup lint typecheck image
-	$(VENV)/pytest -q
-	$(MAKE) --no-print-directory molecule
+	@scripts/test.sh
 
 lint: setup
 	$(VENV)/ruff check provision tests bench scripts
