@@ -422,8 +422,10 @@ def _play(
     run.report.run = result if run.report.run is None else _merged(run.report.run, result)
     if result.rc != 0:
         failed = ", ".join(result.failed_hosts) or "see the log"
+        # what stopped the first of them, which on a cluster is usually what stopped them all
+        why = next((result.hosts[h].failure for h in result.failed_hosts), "")
         raise OperationError(
-            f"apply failed on: {failed} (log: {result.log_dir}); "
+            f"apply failed on: {failed}{f' ({why})' if why else ''} (log: {result.log_dir}); "
             "fix the cause and run apply again, it continues where it stopped"
         )
     return result
@@ -441,7 +443,7 @@ def _merged(a: RunResult, b: RunResult) -> RunResult:
                 o.failed + r.failed,
                 o.unreachable + r.unreachable,
                 o.skipped + r.skipped,
-                o.first_failure or r.first_failure,
+                r.failure or o.failure,
             )
         hosts[host] = r
     worst = b if b.rc != 0 else a

@@ -124,3 +124,24 @@ def test_a_record_skips_only_its_hosts_and_only_for_its_fingerprint(tmp_path: Pa
     assert converged.load(state) is None
     (state.dir / converged.RECORD).write_text("{not json")
     assert converged.load(state) is None  # a broken record converges every node
+
+
+def test_a_hosts_failure_is_the_one_that_stopped_it() -> None:
+    """A failure its block rescued is followed by the rescue's own (a message naming what to
+    do): the host's result, and apply's last line, show that one."""
+    from provision.run.ansible import RunResult, _count
+
+    result = RunResult(rc=2, status="failed")
+    fetch = {"task": "Fetch the signing key", "res": {"msg": "Request failed: <urlopen error>"}}
+    say = {"task": "Say which repository", "res": {"msg": "cp001 cannot reach https://repo/"}}
+    for data in (fetch, say):
+        _count(result, {"event": "runner_on_failed", "event_data": {"host": "cp001", **data}})
+    _count(
+        result,
+        {
+            "event": "runner_on_failed",
+            "event_data": {"host": "cp002", "ignore_errors": True, **say},
+        },
+    )
+    assert result.hosts["cp001"].failure == "Say which repository: cp001 cannot reach https://repo/"
+    assert "cp002" not in result.hosts

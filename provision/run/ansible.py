@@ -28,7 +28,8 @@ class HostResult:
     failed: int = 0
     unreachable: int = 0
     skipped: int = 0
-    first_failure: str = ""
+    # the failure that stopped the host: its last (a rescued one is followed by the rescue's)
+    failure: str = ""
 
     @property
     def status(self) -> str:
@@ -231,9 +232,7 @@ def _count(result: RunResult, event: dict[str, Any]) -> None:
         return
     if kind == "runner_on_failed" and data.get("ignore_errors"):
         return
-    entry = result.hosts.setdefault(host, HostResult())
-    if not entry.first_failure:
-        entry.first_failure = failure_message(data)
+    result.hosts.setdefault(host, HostResult()).failure = failure_message(data)
 
 
 def failure_message(data: dict[str, Any]) -> str:

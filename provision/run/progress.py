@@ -101,4 +101,4 @@ def summary_table(result: RunResult) -> Table:
 
 
 def _result(r: HostResult) -> str:
-    return r.first_failure[:80] if r.status != "ok" else "ok"
+    return r.failure[:80] if r.status != "ok" else "ok"
