@@ -84,6 +84,36 @@ def drain_nodes(
         wait_for_jobs(spec_path, state_root, nodes, timeout, say)
 
 
+def drain_kubernetes_nodes(
+    spec_path: Path,
+    state_root: Path,
+    nodes: list[str],
+    timeout: float,
+    say: Callable[[str], None],
+    force: bool = False,
+) -> None:
+    """Take these workers out of a Kubernetes cluster, one at a time: cordoned and their pods
+    evicted (PodDisruptionBudgets respected, DaemonSets left), then the node deleted from the
+    API; with force, pods no controller owns are deleted too and budgets are not waited for."""
+    spec, _, _ = open_cluster(spec_path, state_root)
+    kubectl = ("" if spec.ssh.user == "root" else "sudo -n ") + (
+        "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+    )
+    extra = " --force --disable-eviction" if force else ""
+    for node in nodes:
+        name = shlex.quote(node)
+        on_head(
+            spec_path,
+            state_root,
+            f"{kubectl} drain {name} --ignore-daemonsets --delete-emptydir-data "
+            f"--timeout={int(timeout)}s{extra}",
+            timeout=timeout + 60,
+        )
+        say(f"drain: {node}: cordoned, its pods evicted")
+        on_head(spec_path, state_root, f"{kubectl} delete node {name}")
+        say(f"drain: {node}: removed from the Kubernetes cluster")
+
+
 def wait_for_jobs(
     spec_path: Path,
     state_root: Path,

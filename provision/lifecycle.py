@@ -198,32 +198,48 @@ def _drain_leaving(
         for name, node in inventory_nodes(applied.get(INVENTORY, "")).items()
         if name not in keep
     }
-    computes = sorted(name for name, node in gone.items() if node.role == "compute")
+    kubernetes = cluster.spec.scheduler == "kubernetes"
+    # Kubernetes runs pods on login nodes too: every worker is drained
+    workers = ("compute", "login") if kubernetes else ("compute",)
+    computes = sorted(name for name, node in gone.items() if node.role in workers)
     if not computes:
         return gone
     # the verb layer's drain reaches the head as `provision drain` does (imported here: it
     # builds on this module)
-    from provision.drain import drain_nodes
+    from provision.drain import drain_kubernetes_nodes, drain_nodes
 
     console.print(f"drain: {compress(computes)} leave the spec: drained before they go")
     with _Phase(report, "drain"):
         try:
-            drain_nodes(
-                spec_path,
-                state_root,
-                computes,
-                "provision apply: leaving the cluster",
-                True,
-                leaving.timeout,
-                lambda m: console.print(m, markup=False),
-                requeue=leaving.force,
-            )
+            if kubernetes:
+                drain_kubernetes_nodes(
+                    spec_path,
+                    state_root,
+                    computes,
+                    leaving.timeout,
+                    lambda m: console.print(m, markup=False),
+                    force=leaving.force,
+                )
+            else:
+                drain_nodes(
+                    spec_path,
+                    state_root,
+                    computes,
+                    "provision apply: leaving the cluster",
+                    True,
+                    leaving.timeout,
+                    lambda m: console.print(m, markup=False),
+                    requeue=leaving.force,
+                )
         except OperationError as exc:
             if not leaving.force:
-                raise OperationError(
-                    f"{exc}; nothing else was changed: let their jobs end, or run apply "
-                    "--force to requeue them"
-                ) from None
+                what = (
+                    "let their pods move (a disruption budget may hold them), or run apply "
+                    "--force to delete them"
+                    if kubernetes
+                    else "let their jobs end, or run apply --force to requeue them"
+                )
+                raise OperationError(f"{exc}; nothing else was changed: {what}") from None
             console.print(f"drain: {exc}; --force: they go anyway", markup=False)
     return gone
 

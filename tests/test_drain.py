@@ -100,3 +100,32 @@ def test_resume_gives_back_the_drained_and_leaves_the_rest(
         "resume: compute002: jobs may start there again",
         "resume: compute001: not drained or down, left as they are",
     ]
+
+
+def test_kubernetes_workers_leaving_are_drained_then_deleted(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    head = Head([])
+    monkeypatch.setattr(drain, "on_head", head)
+    said: list[str] = []
+    spec = ROOT / "examples" / "lab-k8s.yaml"
+    drain.drain_kubernetes_nodes(spec, tmp_path, ["worker002"], 600, said.append)
+    kubectl = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+    assert head.commands == [
+        f"{kubectl} drain worker002 --ignore-daemonsets --delete-emptydir-data --timeout=600s",
+        f"{kubectl} delete node worker002",
+    ]
+    assert said == [
+        "drain: worker002: cordoned, its pods evicted",
+        "drain: worker002: removed from the Kubernetes cluster",
+    ]
+    # forced: pods without a controller go too, disruption budgets are not waited for; a user
+    # that is not root reaches admin.conf through sudo
+    other = tmp_path / "k.yaml"
+    other.write_text(spec.read_text() + "ssh:\n  user: ubuntu\n")
+    head.commands.clear()
+    drain.drain_kubernetes_nodes(other, tmp_path, ["worker001"], 60, said.append, force=True)
+    assert head.commands[0] == (
+        f"sudo -n {kubectl} drain worker001 --ignore-daemonsets --delete-emptydir-data "
+        "--timeout=60s --force --disable-eviction"
+    )

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import os
+import shlex
 import stat
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 import yaml
 from cryptography import x509
@@ -25,6 +28,7 @@ from provision.render import render
 from provision.render.firewall import pool_rules, rule_lines
 from provision.render.kubernetes import vrrp_router_id
 from provision.spec import load_spec
+from provision.verify.remote import Output
 
 from .conftest import COLLECTION, ROOT
 
@@ -131,12 +135,11 @@ def _errors(tmp_path: Path, text: str) -> str:
 # --- the spec
 
 
-def test_apply_refuses_kubernetes_and_render_takes_it(tmp_path: Path) -> None:
+def test_apply_takes_kubernetes(tmp_path: Path) -> None:
     path = tmp_path / "k.yaml"
     path.write_text(_text())
-    with pytest.raises(SpecError, match="not supported yet: applying scheduler 'kubernetes'"):
-        load_spec(path)
-    assert load_spec(path, describe_only=True).scheduler == "kubernetes"
+    assert load_spec(path).scheduler == "kubernetes"
+    assert load_spec(ROOT / "examples" / "lab-k8s.yaml").kubernetes.ha
 
 
 @pytest.mark.parametrize(
@@ -188,6 +191,7 @@ def test_the_example_renders_every_kubernetes_file() -> None:
     files = render(Cluster(load_spec(K8S, describe_only=True)))
     kube = sorted(f for f in files if f.startswith("files/kubernetes/"))
     assert kube == [
+        "files/kubernetes/calico.yaml",
         "files/kubernetes/containerd/cp.toml",
         "files/kubernetes/containerd/gpu.toml",
         "files/kubernetes/etcd/cp001.env",
@@ -195,8 +199,73 @@ def test_the_example_renders_every_kubernetes_file() -> None:
         "files/kubernetes/etcd/cp003.env",
         "files/kubernetes/haproxy.cfg",
         "files/kubernetes/kubeadm.yaml",
+        "files/kubernetes/nvidia-device-plugin.yaml",
     ]
     assert not any(f.startswith("files/slurm/") for f in files)
+
+
+def _validate(text: str, version: str) -> list[str]:
+    """kubernetes-validate's complaints about each document, against the release's schemas
+    (strict: a field the release does not know is one)."""
+    problems = []
+    for doc in yaml.safe_load_all(text):
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            problems.append(f"{doc['kind']}: {str(err).splitlines()[0]}")
+    return problems
+
+
+@pytest.mark.parametrize("version", ["1.31.0", "1.32.0", "1.33.0"])
+def test_gpu_manifests_are_valid_for_each_supported_release(version: str) -> None:
+    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    text = files["files/kubernetes/nvidia-device-plugin.yaml"]
+    assert _validate(text, version) == []
+    runtime_class, daemonset = yaml.safe_load_all(text)
+    assert runtime_class["handler"] == "nvidia"
+    pod = daemonset["spec"]["template"]["spec"]
+    assert (
+        pod["nodeSelector"]
+        == runtime_class["scheduling"]["nodeSelector"]
+        == {"nvidia.com/gpu.present": "true"}
+    )
+    assert pod["runtimeClassName"] == "nvidia"
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert env == {"FAIL_ON_INIT_ERROR": "true", "MIG_STRATEGY": "none"}
+
+
+def test_the_manifest_check_sees_an_unknown_field_and_a_wrong_type() -> None:
+    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    runtime_class, daemonset = yaml.safe_load_all(
+        files["files/kubernetes/nvidia-device-plugin.yaml"]
+    )
+    runtime_class["handlers"] = runtime_class.pop("handler")
+    daemonset["spec"]["template"]["spec"]["containers"][0]["env"] = {"MIG_STRATEGY": "none"}
+    problems = _validate(yaml.safe_dump_all([runtime_class, daemonset]), "1.33.0")
+    assert len(problems) == 2
+    assert "'handlers' was unexpected" in problems[0] or "'handler' is a required" in problems[0]
+    assert problems[1].startswith("DaemonSet: ")
+
+
+def test_mig_pools_advertise_each_profile_and_cpu_clusters_get_no_plugin(tmp_path: Path) -> None:
+    mig = _text().replace("dgx-h100, count: 2", "dgx-h100, count: 2, mig: [1g.10gb, 1g.10gb]")
+    files = render(_spec(tmp_path, mig))
+    daemonset = list(yaml.safe_load_all(files["files/kubernetes/nvidia-device-plugin.yaml"]))[1]
+    env = {
+        e["name"]: e["value"] for e in daemonset["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["MIG_STRATEGY"] == "mixed"
+    cpu = _text().replace("dgx-h100", "cpu-node")
+    assert "files/kubernetes/nvidia-device-plugin.yaml" not in render(_spec(tmp_path, cpu))
+
+
+def test_calico_takes_the_pod_network_and_finds_nodes_on_the_management_network() -> None:
+    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    (installation,) = yaml.safe_load_all(files["files/kubernetes/calico.yaml"])
+    network = installation["spec"]["calicoNetwork"]
+    assert [p["cidr"] for p in network["ipPools"]] == ["10.244.0.0/16"]
+    assert network["ipPools"][0]["encapsulation"] == "VXLAN" and network["bgp"] == "Disabled"
+    assert network["nodeAddressAutodetectionV4"] == {"cidrs": ["10.30.0.0/16"]}
 
 
 def test_kubeadm_configuration_has_only_kubeadms_fields_and_types() -> None:
@@ -292,6 +361,10 @@ def test_firewall_rules_of_a_kubernetes_cluster() -> None:
     assert 'ip saddr @admin tcp dport 8443 accept comment "kube-apiserver (haproxy)"' in cp
     assert not any("2379" in line or "vrrp" in line or "6443" in line for line in gpu)
     assert 'ip saddr @head_nodes tcp dport 10250 accept comment "kubelet"' in gpu
+    # pods on a head reach the API from the pod network; Typha from every node
+    assert 'ip saddr 10.244.0.0/16 tcp dport 6443 accept comment "kube-apiserver"' in cp
+    for lines in (cp, gpu):
+        assert 'ip saddr @cluster_nodes tcp dport 5473 accept comment "calico typha"' in lines
 
 
 def test_group_vars_name_the_virtual_address() -> None:
@@ -569,3 +642,109 @@ def test_the_check_script_against_a_stand_in_kubectl(tmp_path: Path, state: str)
         assert (
             "FAIL control plane" in done.stdout and "k8s-check: 1 passed, 3 failed" in done.stdout
         )
+
+
+# --- verify, through kubectl on a head (a stand-in remote answering from tests/data/kubernetes)
+
+VERIFY_SPEC = """\
+name: kv
+os: debian12
+scheduler: kubernetes
+kubernetes: {etcd: external}
+network:
+  management: {cidr: 10.5.0.0/24}
+pools:
+  - {name: cp, role: head, profile: cpu-node, count: 3, first_address: 10.5.0.11}
+  - {name: gpu, role: compute, profile: dgx-h100, count: 2, first_address: 10.5.0.20}
+security:
+  admin_cidrs: [10.9.0.0/24]
+"""
+
+
+class _Head:
+    """A head's SSH session whose kubectl answers from recorded-form outputs."""
+
+    def __init__(self, nodes: str, pods: str, phase: str = "Succeeded", api_up: bool = True):
+        self.files = {"get nodes -o json": nodes, "get pods -A -o json": pods}
+        self.phase, self.api_up, self.applied = phase, api_up, ""
+        self.commands: list[str] = []
+
+    def run(self, command: str, sudo: bool = False, timeout: float = 60.0) -> Output:
+        from provision.verify.kubernetes import GPU_POD, KUBECTL
+
+        assert sudo and KUBECTL in command, command
+        self.commands.append(command)
+        args = command.split(KUBECTL, 1)[1].strip()
+        if not self.api_up:
+            return Output(1, "", "The connection to the server 10.5.0.11:6443 was refused\n")
+        if args in self.files:
+            return Output(0, (KUBE_DATA / self.files[args]).read_text(), "")
+        if args == "apply -f -":
+            self.applied = command.split(" | ")[0].removeprefix("echo ")
+            return Output(0, f"pod/{GPU_POD} created\n", "")
+        if args.startswith(f"get pod {GPU_POD} -o jsonpath"):
+            return Output(0, self.phase, "")
+        if args == f"logs {GPU_POD}":
+            return Output(0, (KUBE_DATA / "gpu-pod-log.txt").read_text(), "")
+        if args.startswith(f"delete pod {GPU_POD}"):
+            return Output(0, "", "")
+        raise AssertionError(f"unexpected: {command}")
+
+
+def _verify(tmp_path: Path, head: _Head) -> list[tuple[str, bool, str]]:
+    from provision.verify import VerifyContext
+    from provision.verify.kubernetes import check_kubernetes
+
+    cluster = _spec(tmp_path, VERIFY_SPEC)
+    ctx = VerifyContext(cluster, None, "")  # type: ignore[arg-type]
+    results = check_kubernetes(ctx, {"cp001": head}, gpu_wait_s=5)  # type: ignore[dict-item]
+    return [(r.check, r.passed, r.evidence) for r in results]
+
+
+def test_verify_passes_a_healthy_cluster_and_runs_a_gpu_pod(tmp_path: Path) -> None:
+    head = _Head("nodes-healthy.json", "pods-healthy.json")
+    results = _verify(tmp_path, head)
+    assert [(c, p) for c, p, _ in results] == [
+        ("kubernetes API", True),
+        ("kubernetes nodes", True),
+        ("kubernetes control plane", True),
+        ("kube-system pods", True),
+        ("a pod with one GPU", True),
+    ]
+    assert results[1][2] == "all 5 Ready"
+    # the pod asked for one GPU on the GPU workers, and was removed after
+    pod = json.loads(shlex.split(head.applied)[0])
+    assert pod["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["gpu001", "gpu002"]
+    assert "delete pod provision-verify-gpu --wait=false" in head.commands[-1]
+    assert kubernetes_validate.validate(pod, "1.33.0", strict=True) is not None
+
+
+def test_verify_names_what_is_wrong(tmp_path: Path) -> None:
+    results = _verify(tmp_path, _Head("nodes-degraded.json", "pods-degraded.json", "Failed"))
+    failed = {c: e for c, p, e in results if not p}
+    assert set(failed) == {
+        "kubernetes nodes", "kubernetes control plane", "kube-system pods", "a pod with one GPU"
+    }  # fmt: skip
+    assert "cp002: not Ready" in failed["kubernetes nodes"]
+    assert "gpu001: 7 nvidia.com/gpu allocatable, the profile has 8" in failed["kubernetes nodes"]
+    assert failed["a pod with one GPU"].startswith("the GPU pod ended Failed")
+    down = _verify(tmp_path, _Head("nodes-healthy.json", "pods-healthy.json", api_up=False))
+    assert down == [
+        (
+            "kubernetes API", False,
+            "kubectl get nodes: The connection to the server 10.5.0.11:6443 was refused",
+        )
+    ]  # fmt: skip
+
+
+def test_verify_expects_no_gpu_on_heads_and_mig_pools(tmp_path: Path) -> None:
+    from provision.verify.kubernetes import expected_nodes
+
+    mig = VERIFY_SPEC.replace("dgx-h100, count: 2", "dgx-h100, count: 2, mig: [1g.10gb]")
+    assert expected_nodes(_spec(tmp_path, VERIFY_SPEC))["gpu001"] == ("worker", 8)
+    expected = expected_nodes(_spec(tmp_path, mig))
+    assert expected["gpu001"] == ("worker", 0) and expected["cp001"] == ("control-plane", 0)

@@ -81,6 +81,22 @@ _TABLE = (
         "kubernetes_packages_version", "all", ("kubernetes_packages",),
         "kubernetes.version: kubeadm, kubelet and kubectl at it",
     ),
+    Variable(
+        "kubernetes_node_api_endpoint", "all", ("kubernetes_node",),
+        "host:port of the API the nodes join through (the virtual address, or the first head)",
+    ),
+    Variable(
+        "kubernetes_node_labels", "pool", ("kubernetes_node", "kubernetes_control_plane"),
+        "the labels a pool's kubelets register with (nvidia.com/gpu.present on GPU pools)",
+    ),
+    Variable(
+        "kubernetes_node_address", "host", ("kubernetes_node", "kubernetes_control_plane"),
+        "the node's management address, which a control-plane member's API server advertises",
+    ),
+    Variable(
+        "kubernetes_control_plane_gpu", "all", ("kubernetes_control_plane",),
+        "a pool has GPUs: NVIDIA's device plugin and the nvidia runtime class go on",
+    ),
     Variable("api_endpoint_address", "all", ("api_endpoint",), "kubernetes.api_address"),
     Variable(
         "api_endpoint_prefix", "all", ("api_endpoint",),

@@ -170,8 +170,11 @@ def _kubernetes_rules(cluster: Cluster, role: str) -> list[Rule]:
     """The API for admins and nodes; etcd, the kubelet and VRRP between the nodes that use them."""
     kube = cluster.spec.kubernetes
     rules = []
+    pods = str(kube.pod_cidr)
     if role == "head":
-        rules.append(Rule("kube-apiserver", "tcp", str(API_PORT), (ADMIN, CLUSTER)))
+        # pods on a head reach the API through its service address unmasqueraded: their source
+        # is the pod network (Calico masquerades only what leaves the node)
+        rules.append(Rule("kube-apiserver", "tcp", str(API_PORT), (ADMIN, CLUSTER, pods)))
         if kube.ha:
             rules.append(Rule("kube-apiserver (haproxy)", "tcp", str(HA_PORT), (ADMIN, CLUSTER)))
             rules.append(Rule("keepalived (VRRP)", "vrrp", "", (HEADS,)))
@@ -181,6 +184,8 @@ def _kubernetes_rules(cluster: Cluster, role: str) -> list[Rule]:
     # the API server reaches each kubelet (logs, exec, metrics)
     rules.append(Rule("kubelet", "tcp", "10250", (HEADS,)))
     rules.append(Rule("pod network (VXLAN)", "udp", "4789", (CLUSTER,)))
+    # calico-node on every node reaches Typha, which runs on some of them
+    rules.append(Rule("calico typha", "tcp", "5473", (CLUSTER,)))
     if role == "compute":
         rules.append(Rule("NodePort services", "tcp", "30000-32767", (CLUSTER,)))
     return rules

@@ -9,7 +9,7 @@ from provision.cluster import Cluster
 from provision.render import contract
 from provision.render.contract import emitted
 from provision.render.jinja import template
-from provision.render.kubernetes import vrrp_router_id
+from provision.render.kubernetes import api_endpoint, node_labels, vrrp_router_id
 from provision.render.monitoring import smtp_logins
 from provision.render.yamldata import Template, yaml_mapping, yaml_value
 from provision.spec.fabric import fabric_addresses, rails
@@ -25,9 +25,15 @@ def render_inventory(cluster: Cluster) -> str:
     fabric = spec.network.fabric
     addresses, _ = fabric_addresses(spec, cluster.profiles, lasting)
     groups: list[dict[str, Any]] = []
+    kubernetes = spec.scheduler == "kubernetes"
     for role in ("head", "login", "compute", "storage"):
         hosts = [
-            _host(n.name, ansible_host=n.address and str(n.address))
+            _host(
+                n.name,
+                ansible_host=n.address and str(n.address),
+                # a control-plane member's API server advertises it (None: kubeadm chooses)
+                kubernetes_node_address=str(n.address) if kubernetes and n.address else None,
+            )
             for n in lasting
             if n.role == role
         ]
@@ -55,6 +61,8 @@ def render_inventory(cluster: Cluster) -> str:
             gvars["provision_nvswitch"] = gpu.nvswitch
         if view.pool.mig:
             gvars["provision_mig_layout"] = list(view.pool.mig)
+        if cluster.spec.scheduler == "kubernetes" and node_labels(view):
+            gvars["kubernetes_node_labels"] = node_labels(view)
         pool_rails = rails(view.profile, fabric.kind)
         if pool_rails:
             netdevs = [r.netdev for r in pool_rails if r.netdev]
@@ -156,6 +164,9 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
         kube = spec.kubernetes
         out["provision_kubernetes_etcd"] = kube.etcd
         out["kubernetes_packages_version"] = kube.version
+        out["kubernetes_node_api_endpoint"] = api_endpoint(cluster)
+        if any(view.profile.gpu is not None for view in cluster.pools):
+            out["kubernetes_control_plane_gpu"] = True
         if kube.ha and kube.api_address is not None:
             out["provision_kubernetes_ha"] = True
             out["api_endpoint_address"] = str(kube.api_address)

@@ -1,6 +1,8 @@
 """The files of a Kubernetes cluster that the spec decides: kubeadm's cluster-wide configuration
 (with the kubelet's and kube-proxy's), containerd's configuration per pool, haproxy's in front of
-the API servers of an HA control plane, and each external etcd member's settings.
+the API servers of an HA control plane, each external etcd member's settings, Calico's
+Installation (the pod network) and, where a pool has GPUs, NVIDIA's device plugin and the
+`nvidia` runtime class.
 
 Every value here is the spec's, validated (addresses, networks, names, the pinned release) or
 this module's own; the YAML is written by a YAML library and the other files from fixed text,
@@ -12,6 +14,7 @@ are made on the nodes by the roles.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 
 import yaml
 
@@ -29,6 +32,10 @@ KUBE_PKI = "/etc/kubernetes/pki"
 # The pause image kubeadm pulls for each minor release (kubeadm config images list)
 PAUSE_IMAGE = {"1.31": "3.10", "1.32": "3.10", "1.33": "3.10"}
 NVIDIA_RUNTIME = "/usr/bin/nvidia-container-runtime"
+DEVICE_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.17.1"
+# The label the kubelet of a GPU pool's node registers with: the device plugin and the runtime
+# class select it
+GPU_LABEL = "nvidia.com/gpu.present"
 
 
 def kubernetes_files(cluster: Cluster) -> dict[str, str]:
@@ -43,7 +50,15 @@ def kubernetes_files(cluster: Cluster) -> dict[str, str]:
     if kube.etcd == "external":
         for node in cluster.head_nodes:
             files[f"files/kubernetes/etcd/{node.name}.env"] = etcd_env(cluster, node)
+    files["files/kubernetes/calico.yaml"] = calico_installation(cluster)
+    if any(view.profile.gpu is not None for view in cluster.pools):
+        files["files/kubernetes/nvidia-device-plugin.yaml"] = gpu_manifests(cluster)
     return files
+
+
+def node_labels(view: PoolView) -> list[str]:
+    """The labels each node of the pool registers with (kubelet's --node-labels)."""
+    return [f"{GPU_LABEL}=true"] if view.profile.gpu is not None else []
 
 
 def api_endpoint(cluster: Cluster) -> str:
@@ -112,8 +127,7 @@ def kubeadm_config(cluster: Cluster) -> str:
             "clusterCIDR": str(kube.pod_cidr),
         },
     ]
-    body = yaml.safe_dump_all(documents, explicit_start=True, sort_keys=False)
-    return f"# {cluster.header}\n{body}"
+    return _yaml(cluster, documents)
 
 
 def containerd_config(cluster: Cluster, view: PoolView) -> str:
@@ -210,3 +224,92 @@ def etcd_env(cluster: Cluster, node: Node) -> str:
     ]
     body = "\n".join(f"{key}={value}" for key, value in values)
     return f"# {cluster.header}\n# etcd member {node.name}\n{body}\n"
+
+
+def _yaml(cluster: Cluster, documents: Sequence[Mapping[str, object]]) -> str:
+    body = yaml.safe_dump_all(documents, explicit_start=True, sort_keys=False)
+    return f"# {cluster.header}\n{body}"
+
+
+def calico_installation(cluster: Cluster) -> str:
+    """Calico's Installation: one IPv4 pool over the spec's pod network, VXLAN between the nodes
+    (no BGP peering to set up; the firewall opens 4789/udp between nodes), each node's address
+    found on the management network."""
+    spec = cluster.spec
+    installation = {
+        "apiVersion": "operator.tigera.io/v1",
+        "kind": "Installation",
+        "metadata": {"name": "default"},
+        "spec": {
+            "calicoNetwork": {
+                "bgp": "Disabled",
+                "ipPools": [
+                    {
+                        "name": "default-ipv4-ippool",
+                        "cidr": str(spec.kubernetes.pod_cidr),
+                        "blockSize": 26,
+                        "encapsulation": "VXLAN",
+                        "natOutgoing": "Enabled",
+                        "nodeSelector": "all()",
+                    }
+                ],
+                "nodeAddressAutodetectionV4": {"cidrs": [str(spec.network.management.cidr)]},
+            },
+        },
+    }
+    return _yaml(cluster, [installation])
+
+
+def gpu_manifests(cluster: Cluster) -> str:
+    """The `nvidia` runtime class and NVIDIA's device plugin on the GPU pools' nodes: it
+    advertises nvidia.com/gpu (and each MIG profile, where a pool has MIG) to the kubelet. The
+    host's driver and container toolkit, installed by the GPU roles, are used as they are."""
+    mig = any(view.pool.mig for view in cluster.pools)
+    selector = {GPU_LABEL: "true"}
+    labels = {"app.kubernetes.io/name": "nvidia-device-plugin"}
+    runtime_class = {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": "nvidia"},
+        "handler": "nvidia",
+        "scheduling": {"nodeSelector": selector},
+    }
+    plugins = "/var/lib/kubelet/device-plugins"
+    daemonset = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "nvidia-device-plugin", "namespace": "kube-system", "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": selector,
+                    "priorityClassName": "system-node-critical",
+                    "runtimeClassName": "nvidia",
+                    "tolerations": [
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                        {"key": "CriticalAddonsOnly", "operator": "Exists"},
+                    ],
+                    "containers": [
+                        {
+                            "name": "nvidia-device-plugin",
+                            "image": DEVICE_PLUGIN_IMAGE,
+                            "env": [
+                                {"name": "FAIL_ON_INIT_ERROR", "value": "true"},
+                                {"name": "MIG_STRATEGY", "value": "mixed" if mig else "none"},
+                            ],
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                            "volumeMounts": [{"name": "device-plugins", "mountPath": plugins}],
+                        }
+                    ],
+                    "volumes": [{"name": "device-plugins", "hostPath": {"path": plugins}}],
+                },
+            },
+        },
+    }
+    return _yaml(cluster, [runtime_class, daemonset])

@@ -965,12 +965,12 @@ class Spec(Model):
     os: OsName = Field(description="operating system every node runs")
     scheduler: SchedulerKind = Field(
         default="slurm",
-        description="workload manager (kubernetes: render and plan only; apply refuses it)",
+        description="workload manager: Slurm, or Kubernetes (kubeadm, Calico, the device plugin)",
     )
     slurm: SlurmSettings = Field(default=SlurmSettings(), description="Slurm settings")
     kubernetes: KubernetesSettings = Field(
         default=KubernetesSettings(),
-        description="Kubernetes settings (render and plan only; apply refuses them)",
+        description="Kubernetes settings (scheduler kubernetes)",
     )
     network: Networks = Field(description="management, out-of-band and fabric networks")
     pools: list[Pool] = Field(min_length=1, description="groups of identical nodes")

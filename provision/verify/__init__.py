@@ -4,6 +4,7 @@ the evidence. Parsers of command output are pure functions in provision/parsers/
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -119,6 +120,28 @@ def in_parallel(
     return results
 
 
+def tcp_state(address: str, port: int, timeout: float = 1.5) -> str:
+    """open, refused (nothing listens: the firewall let it through), filtered (dropped), or
+    unreachable, for a TCP connection from this machine."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except TimeoutError:
+        return "filtered"
+    except OSError as exc:
+        return f"unreachable ({exc.strerror or exc})"
+
+
+def probe_ports(probes: list[tuple[Node, int]]) -> dict[tuple[Node, int], str]:
+    """Each (node, port)'s tcp_state from this machine, all at once: a filtered port costs a
+    whole timeout."""
+    with ThreadPoolExecutor(max_workers=min(64, len(probes) or 1)) as pool:
+        states = pool.map(lambda probe: tcp_state(str(probe[0].address), probe[1]), probes)
+        return dict(zip(probes, states, strict=True))
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:200]
@@ -198,7 +221,7 @@ def verify_cluster(
     """Every check, on a cluster that may be running jobs. Under Slurm the nodes to load-test
     (NCCL, ib_write_bw, the test job) are held in a reservation verify makes and removes: the
     idle ones, or with `maintenance` all of them once their jobs end (up to `wait_s`)."""
-    from provision.verify import fabric, gpu, slurm
+    from provision.verify import fabric, gpu, kubernetes, slurm
 
     nodes = [n for n in cluster.lasting_nodes if n.address is not None]
     rendered = state.build / "files" / "hosts"
@@ -226,6 +249,9 @@ def verify_cluster(
             results += fabric.check_fabric_bandwidth(
                 ctx, remotes, [n for n in nodes if ctx.may_load(n)]
             )
+        if cluster.spec.scheduler == "kubernetes":
+            results += kubernetes.check_kubernetes(ctx, remotes)
+            results += kubernetes.check_kubernetes_ports(ctx)
         if hold is not None:
             results += slurm.check_munge_same_key(ctx, remotes, nodes)
             results += slurm.check_scheduler(ctx, remotes, hold)

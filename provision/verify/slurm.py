@@ -5,10 +5,8 @@ allows."""
 from __future__ import annotations
 
 import shlex
-import socket
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from provision.cluster import compress
@@ -21,7 +19,7 @@ from provision.parsers.slurm import (
 )
 from provision.spec.nodes import Node
 from provision.spec.ports import service_ports
-from provision.verify import CheckResult, VerifyContext
+from provision.verify import CheckResult, VerifyContext, probe_ports
 from provision.verify.remote import Remote
 
 IDLE_WAIT_S = 90  # nodes register with slurmctld on their own schedule after a restart
@@ -288,19 +286,13 @@ def check_ports(ctx: VerifyContext, remotes: dict[str, Remote]) -> list[CheckRes
     From the head: slurmd's port open on every compute node."""
     results = []
     ports = service_ports(ctx.cluster.spec)
-    closed_ports = [ports.slurmctld_first, ports.slurmd, ports.slurmdbd, ports.mariadb]
+    closed_ports = [
+        int(p) for p in (ports.slurmctld_first, ports.slurmd, ports.slurmdbd, ports.mariadb)
+    ]
     nodes = [n for n in ctx.cluster.lasting_nodes if n.address is not None]
-    ssh_port = ports.ssh
+    ssh_port = int(ports.ssh)
     probes = [(n, p) for n in nodes for p in [ssh_port, *closed_ports]]
-    # a filtered port costs a whole timeout: probe them all at once
-    with ThreadPoolExecutor(max_workers=min(64, len(probes) or 1)) as pool:
-        states = dict(
-            zip(
-                probes,
-                pool.map(lambda np: _tcp_open(str(np[0].address), int(np[1])), probes),
-                strict=True,
-            )
-        )
+    states = probe_ports(probes)
     for node in nodes:
         ssh = states[(node, ssh_port)]
         results.append(CheckResult("ssh from workstation", node.name, ssh == "open", ssh))
@@ -331,15 +323,3 @@ def check_ports(ctx: VerifyContext, remotes: dict[str, Remote]) -> list[CheckRes
                 )
             )
     return results
-
-
-def _tcp_open(address: str, port: int, timeout: float = 1.5) -> str:
-    try:
-        with socket.create_connection((address, port), timeout=timeout):
-            return "open"
-    except ConnectionRefusedError:
-        return "refused"
-    except TimeoutError:
-        return "filtered"
-    except OSError as exc:
-        return f"unreachable ({exc.strerror or exc})"
