@@ -15,7 +15,8 @@ demo: setup
 	@scripts/demo.sh $(SPEC)
 
 test: setup lint typecheck image
-	@scripts/test.sh
+	$(VENV)/pytest -q
+	$(MAKE) --no-print-directory molecule
 
 lint: setup
 	$(VENV)/ruff check provision tests bench scripts
