@@ -81,7 +81,7 @@ def main() -> int:
         runs = []
         for _ in range(5):
             started = time.perf_counter()
-            cluster = Cluster(load_spec(spec_path, describe_only=kubernetes))
+            cluster = Cluster(load_spec(spec_path))
             loaded = time.perf_counter()
             files = render(cluster)
             rendered = time.perf_counter()

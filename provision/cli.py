@@ -21,7 +21,7 @@ from provision.assets import example
 from provision.errors import ProvisionError, SpecError
 
 if TYPE_CHECKING:
-    from provision.spec.models import Spec
+    pass
 
 P = ParamSpec("P")
 
@@ -127,9 +127,8 @@ def validate(spec: SpecArg = DEFAULT_SPEC) -> None:
     from provision.cluster import Cluster
     from provision.spec import load_spec
 
-    cluster = Cluster(load_spec(spec, describe_only=True))
+    cluster = Cluster(load_spec(spec))
     out.print(f"{spec}: valid: {cluster.describe()}", markup=False)
-    _apply_refuses(spec, cluster.spec)
 
 
 @app.command()
@@ -153,7 +152,7 @@ def render(
     from provision.spec import load_spec
     from provision.state import State, command_line
 
-    loaded = load_spec(spec, describe_only=True)
+    loaded = load_spec(spec)
     files = render_files(Cluster(loaded))
     if out_dir is not None:
         target = out_dir
@@ -166,15 +165,6 @@ def render(
     out.print(f"rendered {len(files)} files into {target} ({len(changed)} changed)", markup=False)
     for path in changed:
         out.print(f"  {path}", markup=False)
-
-
-def _apply_refuses(path: Path, spec: Spec) -> None:
-    """Say what in a spec that validates and renders apply cannot build yet."""
-    from provision.spec.unbuilt import apply_only
-
-    for loc, msg in apply_only(spec):
-        key = ".".join(str(k) for k in loc)
-        out.print(f"{path}: {key}: apply refuses this spec: {msg}", markup=False)
 
 
 @app.command()
@@ -198,7 +188,7 @@ def plan(
     from provision.spec import load_spec
     from provision.state import State
 
-    loaded = load_spec(spec, describe_only=True)
+    loaded = load_spec(spec)
     cluster = Cluster(loaded)
     root = _state_root(state_dir)
     p = make_plan(cluster, State(root, loaded.name))
@@ -208,7 +198,6 @@ def plan(
         return
     out.print(f"[bold]{cluster.describe()}[/bold]")
     print_plan(p, cluster, out, diff)
-    _apply_refuses(spec, loaded)
 
 
 @app.command()

@@ -82,7 +82,7 @@ def test_rails_take_the_profiles_names_or_ib_n() -> None:
 
 
 def test_nccl_settings_come_from_the_fabric() -> None:
-    cluster = Cluster(load_spec(ROOT / "examples" / "k8s.yaml", describe_only=True))
+    cluster = Cluster(load_spec(ROOT / "examples" / "k8s.yaml"))
     view = next(v for v in cluster.pools if v.profile.gpu)
     settings = {k: v for k, v, _ in nccl_settings(cluster, view)}
     assert settings["NCCL_IB_HCA"] == "=mlx5_0,mlx5_1"

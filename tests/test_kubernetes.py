@@ -102,7 +102,7 @@ def kubeadm_problems(text: str) -> list[str]:
 def _spec(tmp_path: Path, text: str) -> Cluster:
     path = tmp_path / "k.yaml"
     path.write_text(text)
-    return Cluster(load_spec(path, describe_only=True))
+    return Cluster(load_spec(path))
 
 
 BASE = """\
@@ -128,7 +128,7 @@ def _errors(tmp_path: Path, text: str) -> str:
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     with pytest.raises(SpecError) as caught:
-        load_spec(path, describe_only=True)
+        load_spec(path)
     return "\n".join(str(i) for i in caught.value.issues)
 
 
@@ -188,7 +188,7 @@ def test_lab_nodes_never_get_the_api_address(tmp_path: Path) -> None:
 
 
 def test_the_example_renders_every_kubernetes_file() -> None:
-    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    files = render(Cluster(load_spec(K8S)))
     kube = sorted(f for f in files if f.startswith("files/kubernetes/"))
     assert kube == [
         "files/kubernetes/calico.yaml",
@@ -218,7 +218,7 @@ def _validate(text: str, version: str) -> list[str]:
 
 @pytest.mark.parametrize("version", ["1.31.0", "1.32.0", "1.33.0"])
 def test_gpu_manifests_are_valid_for_each_supported_release(version: str) -> None:
-    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    files = render(Cluster(load_spec(K8S)))
     text = files["files/kubernetes/nvidia-device-plugin.yaml"]
     assert _validate(text, version) == []
     runtime_class, daemonset = yaml.safe_load_all(text)
@@ -235,7 +235,7 @@ def test_gpu_manifests_are_valid_for_each_supported_release(version: str) -> Non
 
 
 def test_the_manifest_check_sees_an_unknown_field_and_a_wrong_type() -> None:
-    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    files = render(Cluster(load_spec(K8S)))
     runtime_class, daemonset = yaml.safe_load_all(
         files["files/kubernetes/nvidia-device-plugin.yaml"]
     )
@@ -260,7 +260,7 @@ def test_mig_pools_advertise_each_profile_and_cpu_clusters_get_no_plugin(tmp_pat
 
 
 def test_calico_takes_the_pod_network_and_finds_nodes_on_the_management_network() -> None:
-    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    files = render(Cluster(load_spec(K8S)))
     (installation,) = yaml.safe_load_all(files["files/kubernetes/calico.yaml"])
     network = installation["spec"]["calicoNetwork"]
     assert [p["cidr"] for p in network["ipPools"]] == ["10.244.0.0/16"]
@@ -269,7 +269,7 @@ def test_calico_takes_the_pod_network_and_finds_nodes_on_the_management_network(
 
 
 def test_kubeadm_configuration_has_only_kubeadms_fields_and_types() -> None:
-    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    files = render(Cluster(load_spec(K8S)))
     text = files["files/kubernetes/kubeadm.yaml"]
     assert kubeadm_problems(text) == []
     cluster, kubelet, proxy = yaml.safe_load_all(text)
@@ -309,7 +309,7 @@ def test_stacked_etcd_and_one_head(tmp_path: Path) -> None:
 
 
 def test_containerd_per_pool() -> None:
-    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    files = render(Cluster(load_spec(K8S)))
     gpu, cp = (
         files["files/kubernetes/containerd/gpu.toml"],
         files["files/kubernetes/containerd/cp.toml"],
@@ -324,14 +324,12 @@ def test_containerd_per_pool() -> None:
 
 
 def test_containerd_in_the_lab_uses_the_native_snapshotter() -> None:
-    files = render(
-        Cluster(load_spec(ROOT / "molecule" / "kubernetes" / "cluster.yaml", describe_only=True))
-    )
+    files = render(Cluster(load_spec(ROOT / "molecule" / "kubernetes" / "cluster.yaml")))
     assert 'snapshotter = "native"' in files["files/kubernetes/containerd/head.toml"]
 
 
 def test_haproxy_and_etcd_name_every_head() -> None:
-    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    files = render(Cluster(load_spec(K8S)))
     haproxy = files["files/kubernetes/haproxy.cfg"]
     assert "bind *:8443" in haproxy
     # its own user in a chroot, logging to the journal (no /dev/log in the chroot)
@@ -353,7 +351,7 @@ def test_haproxy_and_etcd_name_every_head() -> None:
 
 
 def test_firewall_rules_of_a_kubernetes_cluster() -> None:
-    cluster = Cluster(load_spec(K8S, describe_only=True))
+    cluster = Cluster(load_spec(K8S))
     rules = pool_rules(cluster)
     cp, gpu = rule_lines(rules["cp"]), rule_lines(rules["gpu"])
     assert 'ip saddr @head_nodes ip protocol vrrp accept comment "keepalived (VRRP)"' in cp
@@ -368,7 +366,7 @@ def test_firewall_rules_of_a_kubernetes_cluster() -> None:
 
 
 def test_group_vars_name_the_virtual_address() -> None:
-    files = render(Cluster(load_spec(K8S, describe_only=True)))
+    files = render(Cluster(load_spec(K8S)))
     group = yaml.safe_load(files["inventory/group_vars/all.yml"].replace("!unsafe ", ""))
     assert group["api_endpoint_address"] == "10.30.0.10"
     assert group["api_endpoint_router_id"] == vrrp_router_id("k8s")
@@ -439,7 +437,7 @@ def test_a_loose_etcd_key_is_refused(tmp_path: Path) -> None:
 
 
 def test_members_are_the_heads() -> None:
-    cluster = Cluster(load_spec(K8S, describe_only=True))
+    cluster = Cluster(load_spec(K8S))
     assert etcd_members(cluster) == [Member(f"cp00{n}", (f"10.30.0.1{n}",)) for n in (1, 2, 3)]
 
 

@@ -52,7 +52,7 @@ from provision.cluster import Cluster
 from provision.spec import load_spec
 out = {}
 for path in sys.argv[1:]:
-    spec = load_spec(path, unbuilt="unbuilt" in path, describe_only=True)
+    spec = load_spec(path, unbuilt="unbuilt" in path)
     for rel, text in render(Cluster(spec)).items():
         out[path + ":" + rel] = hashlib.sha256(text.encode()).hexdigest()
 print(json.dumps(out, sort_keys=True))

@@ -22,7 +22,7 @@ LINE_RE = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+): (?:(?P<path>[^:]+): )?(?P
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_examples_load(example: Path) -> None:
-    spec = load_spec(example, describe_only=True)
+    spec = load_spec(example)
     assert expand_nodes(spec)
 
 

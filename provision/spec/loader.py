@@ -21,21 +21,18 @@ M = TypeVar("M", bound=BaseModel)
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
 
-def load_spec(path: Path | str, *, unbuilt: bool = False, describe_only: bool = False) -> Spec:
+def load_spec(path: Path | str, *, unbuilt: bool = False) -> Spec:
     """Read, validate and cross-check a cluster spec. Raises SpecError listing every issue.
 
     Fields whose feature is not built yet are refused unless `unbuilt` (tests of the parts
-    written so far); with `describe_only` (validate, render, plan) those apply cannot build yet
-    are accepted (see spec/unbuilt.py)."""
+    written so far; see spec/unbuilt.py)."""
     from provision.spec.checks import check_spec  # checks import the loader's profile catalogue
     from provision.spec.unbuilt import check_unbuilt
 
     path = Path(path)
     doc = read_yaml(path)
     spec = validate_document(doc, Spec, str(path))
-    problems = ([] if unbuilt else check_unbuilt(spec, describe_only=describe_only)) + check_spec(
-        spec
-    )
+    problems = ([] if unbuilt else check_unbuilt(spec)) + check_spec(spec)
     if problems:
         raise SpecError([issue_at(doc, str(path), loc, msg) for loc, msg in problems])
     return spec

@@ -4,10 +4,6 @@ supported yet", naming what to do instead. The change that builds a feature remo
 Tests of the parts already written for those features (the elastic pools' slurm.conf lines, the
 Kubernetes firewall rules) load their specs with `load_spec(path, unbuilt=True)`; the command
 line never does.
-
-Some features are described before they are built: `validate`, `render` and `plan` accept them
-(`load_spec(path, describe_only=True)`) so their files can be read and checked, and every
-command that acts on a cluster refuses them (APPLY_ONLY).
 """
 
 from __future__ import annotations
@@ -18,8 +14,8 @@ from provision.spec.nodes import Loc
 Problem = tuple[Loc, str]
 
 
-def check_unbuilt(spec: Spec, *, describe_only: bool = False) -> list[Problem]:
-    problems: list[Problem] = [] if describe_only else apply_only(spec)
+def check_unbuilt(spec: Spec) -> list[Problem]:
+    problems: list[Problem] = []
     if spec.scheduler == "kubernetes":
         problems.extend(_kubernetes(spec))
     if spec.monitoring is not None and spec.os == "rocky9":
@@ -55,13 +51,6 @@ def check_unbuilt(spec: Spec, *, describe_only: bool = False) -> list[Problem]:
                 )
             )
     return problems
-
-
-def apply_only(spec: Spec) -> list[Problem]:
-    """What render and plan describe but apply cannot build yet: nothing at present (the
-    Kubernetes roles are built); a feature written before its roles goes here."""
-    del spec
-    return []
 
 
 def _kubernetes(spec: Spec) -> list[Problem]:
