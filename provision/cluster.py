@@ -76,6 +76,11 @@ class Cluster:
         return [n for n in self.nodes if n.role == "head"]
 
     @cached_property
+    def has_gpus(self) -> bool:
+        """A pool's profile has GPUs."""
+        return any(view.profile.gpu is not None for view in self.pools)
+
+    @cached_property
     def lasting_nodes(self) -> list[Node]:
         """Nodes that live as long as the cluster: everything but elastic burst nodes."""
         return [n for n in self.nodes if not n.elastic]

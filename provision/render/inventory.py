@@ -165,7 +165,7 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
         out["provision_kubernetes_etcd"] = kube.etcd
         out["kubernetes_packages_version"] = kube.version
         out["kubernetes_node_api_endpoint"] = api_endpoint(cluster)
-        if any(view.profile.gpu is not None for view in cluster.pools):
+        if cluster.has_gpus:
             out["kubernetes_control_plane_gpu"] = True
         if kube.ha and kube.api_address is not None:
             out["provision_kubernetes_ha"] = True

@@ -51,7 +51,7 @@ def kubernetes_files(cluster: Cluster) -> dict[str, str]:
         for node in cluster.head_nodes:
             files[f"files/kubernetes/etcd/{node.name}.env"] = etcd_env(cluster, node)
     files["files/kubernetes/calico.yaml"] = calico_installation(cluster)
-    if any(view.profile.gpu is not None for view in cluster.pools):
+    if cluster.has_gpus:
         files["files/kubernetes/nvidia-device-plugin.yaml"] = gpu_manifests(cluster)
     return files
 

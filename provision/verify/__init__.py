@@ -142,6 +142,18 @@ def probe_ports(probes: list[tuple[Node, int]]) -> dict[tuple[Node, int], str]:
         return dict(zip(probes, states, strict=True))
 
 
+def closed_ports(
+    check: str, node: Node, states: dict[tuple[Node, int], str], ports: list[int]
+) -> CheckResult:
+    """Passes when none of the node's `ports` answered open from this machine."""
+    found = {p: states[(node, p)] for p in ports}
+    leaks = [p for p, state in found.items() if state == "open"]
+    evidence = ", ".join(f"{p} {state}" for p, state in found.items())
+    return CheckResult(
+        check, node.name, not leaks, ("closed: " if not leaks else "OPEN: ") + evidence
+    )
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:200]
@@ -228,7 +240,7 @@ def verify_cluster(
     ctx = VerifyContext(cluster, state, rendered.read_text() if rendered.exists() else "")
     remotes, results = connect_all(cluster, state, key_file, nodes)
     node_checks = list(COMMON_CHECKS)
-    if any(v.profile.gpu for v in cluster.pools):
+    if cluster.has_gpus:
         node_checks.append(gpu.check_gpus)
     on_fabric = any(rails(v.profile, cluster.spec.network.fabric.kind) for v in cluster.pools)
     if on_fabric:

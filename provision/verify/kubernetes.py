@@ -12,7 +12,7 @@ import time
 from provision.cluster import Cluster
 from provision.parsers import kubernetes as kp
 from provision.render.kubernetes import API_PORT, ETCD_CLIENT_PORT, HA_PORT
-from provision.verify import CheckResult, VerifyContext, probe_ports
+from provision.verify import CheckResult, VerifyContext, closed_ports, probe_ports
 from provision.verify.remote import Remote
 
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
@@ -148,15 +148,6 @@ def check_kubernetes_ports(ctx: VerifyContext) -> list[CheckResult]:
             ok = all(state in ("open", "refused") for state in opened.values())
             evidence = ", ".join(f"{p} {state}" for p, state in opened.items())
             results.append(CheckResult("kubernetes API from workstation", node.name, ok, evidence))
-        closed = {p: states[(node, p)] for p in [KUBELET_PORT, ETCD_CLIENT_PORT]}
-        leaks = [p for p, state in closed.items() if state == "open"]
-        evidence = ", ".join(f"{p} {state}" for p, state in closed.items())
-        results.append(
-            CheckResult(
-                "kubelet and etcd from workstation",
-                node.name,
-                not leaks,
-                ("closed: " if not leaks else "OPEN: ") + evidence,
-            )
-        )
+        closed = [KUBELET_PORT, ETCD_CLIENT_PORT]
+        results.append(closed_ports("kubelet and etcd from workstation", node, states, closed))
     return results

@@ -19,7 +19,7 @@ from provision.parsers.slurm import (
 )
 from provision.spec.nodes import Node
 from provision.spec.ports import service_ports
-from provision.verify import CheckResult, VerifyContext, probe_ports
+from provision.verify import CheckResult, VerifyContext, closed_ports, probe_ports
 from provision.verify.remote import Remote
 
 IDLE_WAIT_S = 90  # nodes register with slurmctld on their own schedule after a restart
@@ -286,27 +286,17 @@ def check_ports(ctx: VerifyContext, remotes: dict[str, Remote]) -> list[CheckRes
     From the head: slurmd's port open on every compute node."""
     results = []
     ports = service_ports(ctx.cluster.spec)
-    closed_ports = [
+    ports_shut = [
         int(p) for p in (ports.slurmctld_first, ports.slurmd, ports.slurmdbd, ports.mariadb)
     ]
     nodes = [n for n in ctx.cluster.lasting_nodes if n.address is not None]
     ssh_port = int(ports.ssh)
-    probes = [(n, p) for n in nodes for p in [ssh_port, *closed_ports]]
+    probes = [(n, p) for n in nodes for p in [ssh_port, *ports_shut]]
     states = probe_ports(probes)
     for node in nodes:
         ssh = states[(node, ssh_port)]
         results.append(CheckResult("ssh from workstation", node.name, ssh == "open", ssh))
-        opened = {p: states[(node, p)] for p in closed_ports}
-        leaks = [p for p, state in opened.items() if state == "open"]
-        evidence = ", ".join(f"{p} {state}" for p, state in opened.items())
-        results.append(
-            CheckResult(
-                "slurm ports from workstation",
-                node.name,
-                not leaks,
-                ("closed: " if not leaks else "OPEN: ") + evidence,
-            )
-        )
+        results.append(closed_ports("slurm ports from workstation", node, states, ports_shut))
     head = _head(ctx, remotes)
     if head is not None:
         for node in ctx.cluster.lasting_nodes:
