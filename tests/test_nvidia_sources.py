@@ -345,3 +345,41 @@ def test_installed_counts_only_packages_the_facts_name() -> None:
     assert installed("munge", facts) and installed(["munge", "chrony"], facts)
     assert not installed(["munge", "slurmd"], facts)
     assert not installed("munge", {})  # no package facts read: install as ever
+
+
+@pytest.mark.parametrize("kubernetes", [False, True])
+def test_the_dcgm_exporter_names_the_pod_using_a_gpu_on_kubernetes(kubernetes: bool) -> None:
+    """Under Kubernetes the host's exporter maps each GPU to its pod (--kubernetes, through the
+    kubelet's pod-resources socket, root's only): it runs as root, sandboxed, instead of as a
+    dynamic user; one exporter per node, no second one as a DaemonSet on the same port."""
+    unit = (ROLES / "dcgm" / "templates" / "dcgm-exporter.service.j2").read_text()
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    variables = {"dcgm_exporter_port": 9400, "dcgm_exporter_kubernetes": kubernetes}
+    text = Templar(loader=DataLoader(), variables=variables).template(
+        trust_as_template(unit.replace("{{ ansible_managed }}", "managed"))
+    )
+    exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+    assert exec_start.endswith(" --kubernetes") is kubernetes
+    assert ("DynamicUser=true" in text) is not kubernetes
+    assert ("ProtectSystem=strict" in text) is kubernetes
+
+
+def test_kubernetes_gpu_clusters_with_an_exporter_map_gpus_to_pods(tmp_path: Path) -> None:
+    from provision.cluster import Cluster
+    from provision.render import render
+    from provision.spec import load_spec
+
+    spec = ROOT / "examples" / "k8s.yaml"
+    files = render(Cluster(load_spec(spec)))
+    assert "dcgm_exporter_kubernetes: true" in files["inventory/group_vars/all.yml"]
+    # without an exporter, or on Slurm, nothing to map
+    text = spec.read_text()
+    start = text.index("nvidia:\n")
+    without = tmp_path / "k8s.yaml"
+    without.write_text(text[:start] + text[text.index("security:") :])
+    files = render(Cluster(load_spec(without)))
+    assert "dcgm_exporter_kubernetes" not in files["inventory/group_vars/all.yml"]
+    slurm = render(Cluster(load_spec(ROOT / "examples" / "dgx-superpod.yaml")))
+    assert "dcgm_exporter_kubernetes" not in slurm["inventory/group_vars/all.yml"]

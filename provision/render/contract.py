@@ -160,6 +160,10 @@ _TABLE = (
     Variable("dcgm_exporter_url", "all", ("dcgm",), "nvidia.dcgm_exporter_url"),
     Variable("dcgm_exporter_sha256", "all", ("dcgm",), "nvidia.dcgm_exporter_sha256"),
     Variable(
+        "dcgm_exporter_kubernetes", "all", ("dcgm",),
+        "scheduler kubernetes: GPU metrics name the pod using the GPU",
+    ),
+    Variable(
         "provision_nvidia_container_toolkit", "all", ("playbooks/site",),
         "nvidia.container_toolkit",
     ),

@@ -167,6 +167,8 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
         out["kubernetes_node_api_endpoint"] = api_endpoint(cluster)
         if cluster.has_gpus:
             out["kubernetes_control_plane_gpu"] = True
+            if spec.nvidia.dcgm and spec.nvidia.dcgm_exporter_url:
+                out["dcgm_exporter_kubernetes"] = True
         if kube.ha and kube.api_address is not None:
             out["provision_kubernetes_ha"] = True
             out["api_endpoint_address"] = str(kube.api_address)
