@@ -1,6 +1,7 @@
 """What a new render changes on a running cluster, from the render of the last apply: nodes
-that join or leave, and what the Slurm daemons must do for the new configuration (nothing,
-re-read it with `scontrol reconfigure`, or restart). Plan reports it; apply acts on it.
+that join or leave, what the Slurm daemons must do for the new configuration (nothing,
+re-read it with `scontrol reconfigure`, or restart), and a Kubernetes release that moves. Plan
+reports it; apply acts on it.
 
 Conservative by design: a slurm.conf change is a reconfigure only when every changed key is on
 the RECONFIGURE list (keys slurm.conf(5) of Slurm 21.08 to 24.05 applies on `scontrol
@@ -12,12 +13,19 @@ separate processes and slurmctld saves its state).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
 from provision.burst.hostlist import expand
 from provision.cluster import compress
+from provision.errors import SpecError
+from provision.spec.loader import issue_at
+from provision.spec.yamlfile import read_yaml
+
+if TYPE_CHECKING:
+    from provision.cluster import Cluster
 
 SLURM_FILES = ("files/slurm/slurm.conf", "files/slurm/gres.conf", "files/slurm/cgroup.conf")
 INVENTORY = "inventory/hosts.yml"
@@ -130,6 +138,26 @@ class StorageChange:
 
 
 @dataclass(frozen=True)
+class KubernetesUpgrade:
+    """kubernetes.version moves on a running cluster: the heads upgrade the control plane one at
+    a time (kubeadm upgrade apply on the first, upgrade node on the others), then each worker
+    upgrades once drained (provision apply --batch N)."""
+
+    before: str
+    after: str
+    heads: tuple[str, ...]
+    workers: tuple[str, ...]  # those the cluster had; new ones join at the release
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "from": self.before,
+            "to": self.after,
+            "heads": list(self.heads),
+            "workers": list(self.workers),
+        }
+
+
+@dataclass(frozen=True)
 class Changes:
     added: tuple[str, ...]  # lasting nodes that join
     removed: tuple[str, ...]  # lasting nodes that leave
@@ -138,10 +166,12 @@ class Changes:
     nodes: dict[str, InventoryNode] = field(default_factory=dict)
     driver: DriverChange | None = None
     storage: StorageChange | None = None
+    kubernetes: KubernetesUpgrade | None = None
 
     def to_json(self) -> dict[str, Any]:
         driver = self.driver
         return {
+            "kubernetes_upgrade": self.kubernetes.to_json() if self.kubernetes else None,
             "storage": self.storage.to_json() if self.storage else None,
             "nodes_added": list(self.added),
             "nodes_removed": list(self.removed),
@@ -214,6 +244,80 @@ def driver_change(old: dict[str, str], new: dict[str, str]) -> DriverChange | No
     if not why or not nodes:
         return None
     return DriverChange(why, nodes, bool(after.get("nvidia_driver_reboot")))
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def kubernetes_upgrade(old: dict[str, str], new: dict[str, str]) -> KubernetesUpgrade | None:
+    """The Kubernetes release the last apply left and the one the spec asks for, where they
+    differ, with the nodes of both renders that move."""
+    key = "kubernetes_packages_version"
+    before = (yaml.load(old.get(GROUP_VARS, ""), Loader=_Loader) or {}).get(key)
+    after = (yaml.load(new.get(GROUP_VARS, ""), Loader=_Loader) or {}).get(key)
+    if not before or not after or before == after:
+        return None
+    old_nodes = inventory_nodes(old.get(INVENTORY, ""))
+    staying = {
+        name: node
+        for name, node in inventory_nodes(new.get(INVENTORY, "")).items()
+        if name in old_nodes
+    }
+    heads = tuple(sorted(n for n, node in staying.items() if node.role == "head"))
+    workers = tuple(sorted(n for n, node in staying.items() if node.role in ("compute", "login")))
+    return KubernetesUpgrade(str(before), str(after), heads, workers)
+
+
+def refuse_unsupported_changes(spec_path: Path, old: dict[str, str], cluster: Cluster) -> None:
+    """SpecError (exit 2, each at its key) where the spec asks a running Kubernetes cluster for
+    what apply cannot do to it: a release kubeadm cannot upgrade it to, or heads that join or
+    leave its control plane. Before anything is changed."""
+    spec = cluster.spec
+    if spec.scheduler != "kubernetes" or INVENTORY not in old:
+        return
+    problems: list[tuple[list[str | int], str]] = []
+    before = (yaml.load(old.get(GROUP_VARS, ""), Loader=_Loader) or {}).get(
+        "kubernetes_packages_version"
+    )
+    if before:
+        why = upgrade_refusal(KubernetesUpgrade(str(before), spec.kubernetes.version, (), ()))
+        if why is not None:
+            problems.append((["kubernetes", "version"], why))
+    had = sorted(n for n, node in inventory_nodes(old[INVENTORY]).items() if node.role == "head")
+    heads = sorted(n.name for n in cluster.head_nodes)
+    if had and had != heads:
+        pool = next(i for i, p in enumerate(spec.pools) if p.role == "head")
+        problems.append(
+            (
+                ["pools", pool],
+                f"not supported yet: heads joining or leaving a running Kubernetes control "
+                f"plane ({compress(had)} -> {compress(heads)}): the API servers' certificates"
+                + (" and the external etcd's members" if spec.kubernetes.etcd == "external" else "")
+                + " would not follow; keep the heads as they are",
+            )
+        )
+    if problems:
+        doc = read_yaml(spec_path)
+        raise SpecError([issue_at(doc, str(spec_path), key, why) for key, why in problems])
+
+
+def upgrade_refusal(upgrade: KubernetesUpgrade) -> str | None:
+    """Why kubeadm cannot take the cluster from one release to the other, or None: it goes
+    forward only, one minor release at a time (patch releases within a minor freely)."""
+    before, after = _release(upgrade.before), _release(upgrade.after)
+    if after < before:
+        return (
+            f"the cluster runs {upgrade.before}: kubeadm cannot go back to {upgrade.after} "
+            "(restore etcd from a backup taken at that release instead)"
+        )
+    if after[1] > before[1] + 1:
+        step = f"{before[0]}.{before[1] + 1}"
+        return (
+            f"the cluster runs {upgrade.before}: kubeadm upgrades one minor release at a time, "
+            f"apply a {step} release first, then {upgrade.after}"
+        )
+    return None
 
 
 def _pool_vars(text: str) -> dict[str, dict[str, Any]]:
@@ -353,4 +457,5 @@ def changes(old: dict[str, str], new: dict[str, str]) -> Changes:
         nodes={**before, **after},
         driver=driver_change(old, new) if old else None,
         storage=storage_change(old, new) if old else None,
+        kubernetes=kubernetes_upgrade(old, new) if old else None,
     )

@@ -182,16 +182,20 @@ def plan(
     """Show what apply would create and change, the peak power and the cloud cost."""
     import json
 
+    from provision.changes import refuse_unsupported_changes
     from provision.cluster import Cluster
     from provision.drain import running_jobs
     from provision.plan import ask_leaving_jobs, make_plan, plan_json, print_plan
+    from provision.render import read_render
     from provision.spec import load_spec
     from provision.state import State
 
     loaded = load_spec(spec)
     cluster = Cluster(loaded)
     root = _state_root(state_dir)
-    p = make_plan(cluster, State(root, loaded.name))
+    state = State(root, loaded.name)
+    refuse_unsupported_changes(spec, read_render(state.applied), cluster)
+    p = make_plan(cluster, state)
     ask_leaving_jobs(p, lambda nodes: running_jobs(spec, root, nodes))
     if as_json:
         print(json.dumps(plan_json(p, cluster), indent=1, sort_keys=True))

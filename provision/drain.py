@@ -1,6 +1,6 @@
-"""`provision drain` and `provision resume`: take compute nodes out of Slurm's scheduling and
-wait until no job runs on them, or give them back. Run on the first head over SSH, as an
-operator would with scontrol."""
+"""`provision drain` and `provision resume`: take compute nodes out of the scheduler's hands and
+wait until no job (Slurm) or pod (Kubernetes) runs on them, or give them back. Run on the first
+head over SSH, as an operator would with scontrol or kubectl."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from provision.cluster import compress, pick_nodes
 from provision.errors import OperationError, UsageError
 from provision.lifecycle import open_cluster, ssh_argv
+from provision.parsers.kubernetes import KubeNode, parse_nodes
 
 POLL_S = 5.0
 
@@ -49,9 +50,23 @@ def drain(
     say: Callable[[str], None],
 ) -> list[str]:
     """Drain the spec's compute nodes these names give; with wait, until no job runs there."""
-    _, cluster, _ = open_cluster(spec_path, state_root)
+    spec, cluster, _ = open_cluster(spec_path, state_root)
     nodes = pick_nodes(cluster, names, spec_path)
-    drain_nodes(spec_path, state_root, nodes, _reason(reason), wait, timeout, say)
+    why = _reason(reason)
+    if spec.scheduler == "kubernetes":
+        # kubectl drain waits for the evictions itself; without --wait, it is a cordon
+        if wait:
+            evict(spec_path, state_root, nodes, timeout, say)
+        else:
+            on_head(
+                spec_path,
+                state_root,
+                f"{kubectl(spec_path, state_root)} cordon "
+                + " ".join(shlex.quote(n) for n in nodes),
+            )
+            say(f"drain: {compress(nodes)}: cordoned, no new pod is scheduled there")
+        return nodes
+    drain_nodes(spec_path, state_root, nodes, why, wait, timeout, say)
     return nodes
 
 
@@ -84,6 +99,47 @@ def drain_nodes(
         wait_for_jobs(spec_path, state_root, nodes, timeout, say)
 
 
+def kubectl(spec_path: Path, state_root: Path) -> str:
+    """kubectl as the cluster's administrator on the first head (through sudo when the SSH
+    user is not root)."""
+    spec, _, _ = open_cluster(spec_path, state_root)
+    return ("" if spec.ssh.user == "root" else "sudo -n ") + (
+        "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+    )
+
+
+def kube_nodes(spec_path: Path, state_root: Path) -> dict[str, KubeNode]:
+    """The nodes the Kubernetes API knows, by name."""
+    shown = on_head(spec_path, state_root, f"{kubectl(spec_path, state_root)} get nodes -o json")
+    try:
+        return {n.name: n for n in parse_nodes(shown)}
+    except ValueError as exc:
+        raise OperationError(f"kubectl get nodes: not a node list ({exc})") from None
+
+
+def evict(
+    spec_path: Path,
+    state_root: Path,
+    nodes: list[str],
+    timeout: float,
+    say: Callable[[str], None],
+    force: bool = False,
+) -> None:
+    """Cordon these Kubernetes nodes and evict their pods (PodDisruptionBudgets respected,
+    DaemonSets left); with force, pods no controller owns are deleted too and budgets are not
+    waited for."""
+    names = " ".join(shlex.quote(n) for n in nodes)
+    extra = " --force --disable-eviction" if force else ""
+    on_head(
+        spec_path,
+        state_root,
+        f"{kubectl(spec_path, state_root)} drain {names} --ignore-daemonsets "
+        f"--delete-emptydir-data --timeout={int(timeout)}s{extra}",
+        timeout=timeout + 60,
+    )
+    say(f"drain: {compress(nodes)}: cordoned, {'its' if len(nodes) == 1 else 'their'} pods evicted")
+
+
 def drain_kubernetes_nodes(
     spec_path: Path,
     state_root: Path,
@@ -93,25 +149,23 @@ def drain_kubernetes_nodes(
     force: bool = False,
 ) -> None:
     """Take these workers out of a Kubernetes cluster, one at a time: cordoned and their pods
-    evicted (PodDisruptionBudgets respected, DaemonSets left), then the node deleted from the
-    API; with force, pods no controller owns are deleted too and budgets are not waited for."""
-    spec, _, _ = open_cluster(spec_path, state_root)
-    kubectl = ("" if spec.ssh.user == "root" else "sudo -n ") + (
-        "kubectl --kubeconfig /etc/kubernetes/admin.conf"
-    )
-    extra = " --force --disable-eviction" if force else ""
+    evicted, then the node deleted from the API."""
     for node in nodes:
-        name = shlex.quote(node)
+        evict(spec_path, state_root, [node], timeout, say, force)
         on_head(
             spec_path,
             state_root,
-            f"{kubectl} drain {name} --ignore-daemonsets --delete-emptydir-data "
-            f"--timeout={int(timeout)}s{extra}",
-            timeout=timeout + 60,
+            f"{kubectl(spec_path, state_root)} delete node {shlex.quote(node)}",
         )
-        say(f"drain: {node}: cordoned, its pods evicted")
-        on_head(spec_path, state_root, f"{kubectl} delete node {name}")
         say(f"drain: {node}: removed from the Kubernetes cluster")
+
+
+def uncordon(
+    spec_path: Path, state_root: Path, nodes: list[str], say: Callable[[str], None]
+) -> None:
+    names = " ".join(shlex.quote(n) for n in nodes)
+    on_head(spec_path, state_root, f"{kubectl(spec_path, state_root)} uncordon {names}")
+    say(f"resume: {compress(nodes)}: pods may be scheduled there again")
 
 
 def wait_for_jobs(
@@ -163,8 +217,17 @@ def out_of_service(state: str) -> bool:
 def resume(spec_path: Path, state_root: Path, names: str, say: Callable[[str], None]) -> list[str]:
     """Resume the nodes that are drained, draining or down (Slurm refuses the others); the
     nodes resumed."""
-    _, cluster, _ = open_cluster(spec_path, state_root)
+    spec, cluster, _ = open_cluster(spec_path, state_root)
     nodes = pick_nodes(cluster, names, spec_path)
+    if spec.scheduler == "kubernetes":
+        known = kube_nodes(spec_path, state_root)
+        cordoned = [n for n in nodes if n in known and known[n].unschedulable]
+        others = [n for n in nodes if n not in cordoned]
+        if cordoned:
+            uncordon(spec_path, state_root, cordoned, say)
+        if others:
+            say(f"resume: {compress(others)}: not cordoned, left as they are")
+        return cordoned
     states = node_states(spec_path, state_root, nodes)
     out = [n for n in nodes if out_of_service(states.get(n, ""))]
     rest = [n for n in nodes if n not in out]
@@ -241,6 +304,56 @@ class SlurmBatchSteps:
             f"scontrol update NodeName={compress(nodes)} State=RESUME",
         )
         self.say(f"resume: {compress(nodes)}: jobs may start there again")
+
+
+@dataclass
+class KubernetesBatchSteps:
+    """The steps of a rolling change on a Kubernetes cluster, through kubectl on the first head:
+    a batch is cordoned and its pods evicted, changed, checked Ready at the release, and
+    uncordoned."""
+
+    spec_path: Path
+    state_root: Path
+    change: Callable[[list[str]], None]
+    say: Callable[[str], None]
+    release: str  # kubernetes.version: each node's kubelet is at it afterwards
+    drain_timeout: float = 3600
+    force: bool = False
+    back_timeout: float = 600
+    poll_s: float = POLL_S
+
+    def drain(self, batch: list[str]) -> list[str]:
+        before = kube_nodes(self.spec_path, self.state_root)
+        kept = [n for n in batch if n in before and before[n].unschedulable]
+        if kept:
+            self.say(f"rolling: {compress(kept)} cordoned already: left so afterwards")
+        evict(self.spec_path, self.state_root, batch, self.drain_timeout, self.say, self.force)
+        return [n for n in batch if n not in kept]
+
+    def verify(self, batch: list[str]) -> None:
+        """Every node of the batch Ready, its kubelet at the release."""
+        deadline = time.monotonic() + self.back_timeout
+        while True:
+            known = kube_nodes(self.spec_path, self.state_root)
+            bad = {}
+            for n in batch:
+                node = known.get(n)
+                if node is None:
+                    bad[n] = "unknown to the API"
+                elif not node.ready:
+                    bad[n] = "not Ready"
+                elif node.kubelet_version.lstrip("v") != self.release:
+                    bad[n] = f"kubelet {node.kubelet_version or 'unknown'}"
+            if not bad:
+                self.say(f"rolling: {compress(batch)}: Ready at {self.release}")
+                return
+            if time.monotonic() >= deadline:
+                shown = ", ".join(f"{n} {s}" for n, s in sorted(bad.items()))
+                raise OperationError(f"not back after {self.back_timeout:.0f}s: {shown}")
+            time.sleep(self.poll_s)
+
+    def resume(self, nodes: list[str]) -> None:
+        uncordon(self.spec_path, self.state_root, nodes, self.say)
 
 
 def _answering(state: str, reason: str) -> bool:

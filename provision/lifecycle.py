@@ -18,6 +18,8 @@ from provision.changes import (
     SLURM_ACTION,
     InventoryNode,
     inventory_nodes,
+    kubernetes_upgrade,
+    refuse_unsupported_changes,
     slurm_change,
 )
 from provision.cluster import Cluster, compress, pick_nodes
@@ -171,6 +173,7 @@ def apply(
         try:
             # the render of the last successful apply: what leaves, what the daemons must do
             applied = read_render(state.applied)
+            refuse_unsupported_changes(spec_path, applied, cluster)
             gone = _drain_leaving(spec_path, state_root, cluster, applied, console, leaving, report)
             run = _Run(spec_path, state_root, console, report, leaving, scope, hosts)
             _apply(spec, cluster, state, applied, run, verify)
@@ -336,6 +339,22 @@ def _apply(
     extra_vars["slurm_config_change"] = SLURM_ACTION[slurm.action]
     if slurm.action in ("reconfigure", "restart"):
         console.print(f"slurm: {slurm.action}: {'; '.join(slurm.why)}", markup=False)
+    upgrade = kubernetes_upgrade(applied, files)
+    if upgrade is not None:
+        waiting = [w for w in upgrade.workers if w in run.hosts]
+        console.print(
+            f"kubernetes: {upgrade.before} -> {upgrade.after}: the control plane first, one "
+            "head at a time"
+            + (
+                "; then the workers, a drained batch at a time"
+                if rolling
+                else f"; the kubelets of {compress(waiting)} stay at {upgrade.before} until "
+                "apply --batch N drains and upgrades them (verify names them until then)"
+                if waiting
+                else ""
+            ),
+            markup=False,
+        )
     # nodes no job can be running on, which a role may reboot (the NVIDIA driver's): new ones
     # here; in a rolling change, each batch once drained
     new_nodes = [h for h in run.hosts if h not in known]
@@ -514,15 +533,20 @@ def _roll(
 ) -> None:
     """A rolling change: first the nodes no job runs on (heads, logins: the controller goes
     before the slurmds, as a Slurm upgrade needs; nodes new to the cluster), then the compute
-    nodes the cluster already had, a batch at a time (provision/rolling.py)."""
-    from provision.drain import SlurmBatchSteps, on_head
+    nodes the cluster already had, a batch at a time (provision/rolling.py). Under Kubernetes
+    the heads go first (the control plane before any kubelet, as kubeadm's upgrade needs), then
+    the workers, compute and login, in drained batches."""
+    from provision.drain import KubernetesBatchSteps, SlurmBatchSteps, on_head
 
     roles = {n.name: n.role for n in cluster.lasting_nodes}
-    rolled = [h for h in run.hosts if roles[h] == "compute" and h not in new_nodes]
+    kubernetes = cluster.spec.scheduler == "kubernetes"
+    # Kubernetes runs pods on the login nodes too (the workers' play)
+    batched = ("compute", "login") if kubernetes else ("compute",)
+    rolled = [h for h in run.hosts if roles[h] in batched and h not in new_nodes]
     first = [h for h in run.hosts if h not in rolled]
     size = batch_size(run.scope.batch or "1", len(rolled))
     # a reconfigure is made once every node has the new files, not before the batches
-    reconfigure = action == "reconfigure"
+    reconfigure = action == "reconfigure" and not kubernetes
     if reconfigure:
         extra_vars = {**extra_vars, "slurm_config_change": "none"}
 
@@ -537,14 +561,26 @@ def _roll(
             _play(state, key, run, first, extra_vars)
         if rolled:
             say(f"rolling: {compress(rolled)} in batches of {size}")
-            steps = SlurmBatchSteps(
-                run.spec_path,
-                run.state_root,
-                change,
-                say,
-                drain_timeout=run.leaving.timeout,
-                requeue=run.leaving.force,
-            )
+            steps: SlurmBatchSteps | KubernetesBatchSteps
+            if kubernetes:
+                steps = KubernetesBatchSteps(
+                    run.spec_path,
+                    run.state_root,
+                    change,
+                    say,
+                    cluster.spec.kubernetes.version,
+                    drain_timeout=run.leaving.timeout,
+                    force=run.leaving.force,
+                )
+            else:
+                steps = SlurmBatchSteps(
+                    run.spec_path,
+                    run.state_root,
+                    change,
+                    say,
+                    drain_timeout=run.leaving.timeout,
+                    requeue=run.leaving.force,
+                )
             roll(rolled, size, steps, say)
     if reconfigure:
         on_head(run.spec_path, run.state_root, "scontrol reconfigure")

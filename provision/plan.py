@@ -251,9 +251,27 @@ def _running(plan: Plan, cluster: Cluster, console: Console) -> None:
         "restart": f"slurm: restart slurmctld on {heads} and slurmd on "
         f"{compress(computes) if computes else 'no node'} (running jobs go on)",
     }[run.slurm.action]
-    console.print(f"running cluster: {what}", markup=False)
-    for why in run.slurm.why:
-        console.print(f"  {why}", markup=False)
+    if cluster.spec.scheduler == "slurm":
+        console.print(f"running cluster: {what}", markup=False)
+        for why in run.slurm.why:
+            console.print(f"  {why}", markup=False)
+    upgrade = run.kubernetes
+    if upgrade is not None:
+        workers = compress(list(upgrade.workers)) if upgrade.workers else ""
+        console.print(
+            f"running cluster: Kubernetes {upgrade.before} -> {upgrade.after}: the control "
+            f"plane first, on {compress(list(upgrade.heads)) or 'no head'} one at a time "
+            "(kubeadm upgrade apply on the first, upgrade node on the others, then their "
+            "kubelets)"
+            + (
+                f"; then {workers}: each drained, upgraded and given back, a batch at a time "
+                f"with apply --batch N (a plain apply leaves their kubelets at "
+                f"{upgrade.before}, which the control plane still serves)"
+                if workers
+                else ""
+            ),
+            markup=False,
+        )
     driver = run.driver
     if driver is not None:
         nodes = compress(list(driver.nodes))

@@ -38,6 +38,7 @@ def test_the_same_render_changes_nothing(tmp_path: Path) -> None:
         "slurm": {"action": "none", "why": []},
         "nvidia_driver": None,
         "storage": None,
+        "kubernetes_upgrade": None,
     }
 
 

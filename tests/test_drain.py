@@ -4,11 +4,12 @@ tests/integration/test_lab.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from provision import drain
+from provision import drain, rolling
 from provision.cluster import Cluster, pick_nodes
 from provision.errors import OperationError, UsageError
 from provision.spec import load_spec
@@ -129,3 +130,110 @@ def test_kubernetes_workers_leaving_are_drained_then_deleted(
         f"sudo -n {kubectl} drain worker001 --ignore-daemonsets --delete-emptydir-data "
         "--timeout=60s --force --disable-eviction"
     )
+
+
+def _node(name: str, version: str, ready: bool = True, cordoned: bool = False) -> dict[str, object]:
+    """One node as `kubectl get nodes -o json` gives it (the fields read)."""
+    return {
+        "metadata": {"name": name, "labels": {}},
+        "spec": {"unschedulable": True} if cordoned else {},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "nodeInfo": {"kubeletVersion": f"v{version}"},
+        },
+    }
+
+
+class KubeHead:
+    """Answers kubectl on the head: each `get nodes` returns the next of `lists`."""
+
+    def __init__(self, lists: list[list[dict[str, object]]]) -> None:
+        self.lists = lists
+        self.commands: list[str] = []
+
+    def __call__(self, spec: Path, root: Path, command: str, timeout: float = 60) -> str:
+        self.commands.append(command.replace(KUBECTL, "kubectl"))
+        if command.endswith("get nodes -o json"):
+            return json.dumps({"items": self.lists.pop(0)})
+        return ""
+
+
+KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+K8S = ROOT / "examples" / "lab-k8s.yaml"
+
+
+def test_a_kubernetes_batch_is_evicted_changed_checked_at_the_release_and_uncordoned(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    head = KubeHead(
+        [
+            # before: worker002 was cordoned by an operator
+            [_node("worker001", "1.32.9"), _node("worker002", "1.32.9", cordoned=True)],
+            # after the change: worker002 not Ready yet, then both back at the release
+            [_node("worker001", "1.33.5"), _node("worker002", "1.32.9", ready=False)],
+            [_node("worker001", "1.33.5"), _node("worker002", "1.33.5", cordoned=True)],
+        ]
+    )
+    monkeypatch.setattr(drain, "on_head", head)
+    changed: list[list[str]] = []
+    said: list[str] = []
+    steps = drain.KubernetesBatchSteps(
+        K8S, tmp_path, changed.append, said.append, "1.33.5", drain_timeout=900, poll_s=0
+    )
+    assert rolling.roll(["worker001", "worker002"], 2, steps, said.append) == 1
+    assert changed == [["worker001", "worker002"]]
+    assert head.commands == [
+        "kubectl get nodes -o json",
+        "kubectl drain worker001 worker002 --ignore-daemonsets --delete-emptydir-data "
+        "--timeout=900s",
+        "kubectl get nodes -o json",
+        "kubectl get nodes -o json",
+        # only the node the roll cordoned is given back
+        "kubectl uncordon worker001",
+    ]
+    assert said[1:] == [
+        "rolling: worker002 cordoned already: left so afterwards",
+        "drain: worker[001-002]: cordoned, their pods evicted",
+        "rolling: worker[001-002]: Ready at 1.33.5",
+        "resume: worker001: pods may be scheduled there again",
+        "rolling: batch 1/1: worker[001-002] changed and serving",
+    ]
+
+
+def test_a_kubernetes_batch_not_back_at_the_release_stops_the_roll(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    stuck = [_node("worker001", "1.32.9")]
+    monkeypatch.setattr(drain, "on_head", KubeHead([stuck] * 50))
+    steps = drain.KubernetesBatchSteps(
+        K8S, tmp_path, lambda _b: None, lambda _m: None, "1.33.5", back_timeout=0.05, poll_s=0.01
+    )
+    with pytest.raises(
+        OperationError,
+        match=r"batch 1/2 \(worker001\) failed: not back after "
+        r"0s: worker001 kubelet v1.32.9; it stays drained, worker002 not changed",
+    ):
+        rolling.roll(["worker001", "worker002"], 1, steps, lambda _m: None)
+
+
+def test_drain_and_resume_of_kubernetes_workers_cordon_and_uncordon(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    head = KubeHead([[_node("worker001", "1.33.5", cordoned=True), _node("worker002", "1.33.5")]])
+    monkeypatch.setattr(drain, "on_head", head)
+    said: list[str] = []
+    drain.drain(K8S, tmp_path, "worker001", None, False, 60, said.append)
+    drain.drain(K8S, tmp_path, "worker002", None, True, 60, said.append)
+    assert drain.resume(K8S, tmp_path, "worker", said.append) == ["worker001"]
+    assert head.commands == [
+        "kubectl cordon worker001",
+        "kubectl drain worker002 --ignore-daemonsets --delete-emptydir-data --timeout=60s",
+        "kubectl get nodes -o json",
+        "kubectl uncordon worker001",
+    ]
+    assert said == [
+        "drain: worker001: cordoned, no new pod is scheduled there",
+        "drain: worker002: cordoned, its pods evicted",
+        "resume: worker001: pods may be scheduled there again",
+        "resume: worker002: not cordoned, left as they are",
+    ]

@@ -519,6 +519,18 @@ def test_the_packages_are_pinned_to_the_release() -> None:
     install = next(t for t in tasks if t["name"].startswith("Install kubeadm"))
     names = _expr(_packages_templar("1.33.5"), install["ansible.builtin.apt"]["name"])
     assert names == ["kubeadm=1.33.5-*", "kubelet=1.33.5-*", "kubectl=1.33.5-*"]
+    # a node that runs an older release: only kubeadm moves, the kubelet and kubectl follow
+    # once kubeadm upgraded the node (kubelet.yml); one whose kubelet was removed is new again
+    for status, moved in (
+        ("ii 1.32.9-1.1", ["kubeadm=1.33.5-*"]),
+        ("rc 1.32.9-1.1", ["kubeadm=1.33.5-*", "kubelet=1.33.5-*", "kubectl=1.33.5-*"]),
+        ("", ["kubeadm=1.33.5-*", "kubelet=1.33.5-*", "kubectl=1.33.5-*"]),
+    ):
+        templar = _packages_templar("1.33.5", _kubernetes_packages_kubelet={"stdout": status})
+        assert _expr(templar, install["ansible.builtin.apt"]["name"]) == moved, status
+    later = yaml.safe_load((role / "tasks" / "kubelet.yml").read_text())
+    names = _expr(_packages_templar("1.33.5"), later[0]["ansible.builtin.apt"]["name"])
+    assert names == ["kubelet=1.33.5-*", "kubectl=1.33.5-*"]
     defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
     from provision.spec.models import KubernetesSettings
 

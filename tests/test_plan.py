@@ -212,3 +212,83 @@ def test_plan_says_which_nodes_apply_would_probe_and_skip(tmp_path: Path) -> Non
     grown.write_text(spec_path.read_text().replace("count: 2", "count: 3"))
     plan = make_plan(Cluster(load_spec(grown)), state)
     assert plan.probed == [] and "changed since the last converge" in plan.converge_why
+
+
+def test_plan_says_how_a_kubernetes_release_moves(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from provision.plan import plan_json, print_plan
+
+    spec = ROOT / "examples" / "lab-k8s.yaml"
+    older = tmp_path / "older" / "lab-k8s.yaml"
+    older.parent.mkdir()
+    older.write_text(spec.read_text().replace('version: "1.33.5"', 'version: "1.32.9"'))
+    cluster, state = _applied_then(tmp_path, older, '"1.32.9"', '"1.33.5"')
+    plan = make_plan(cluster, state)
+    console = Console(record=True, width=400)
+    print_plan(plan, cluster, console)
+    text = console.export_text()
+    assert (
+        "running cluster: Kubernetes 1.32.9 -> 1.33.5: the control plane first, on "
+        "cp[001-003] one at a time"
+    ) in text
+    assert "then worker[001-002]: each drained, upgraded and given back" in text
+    # a Kubernetes cluster has no Slurm daemons to speak of
+    assert "slurm:" not in text
+    assert plan_json(plan, cluster)["running_cluster"]["kubernetes_upgrade"] == {
+        "from": "1.32.9",
+        "to": "1.33.5",
+        "heads": ["cp001", "cp002", "cp003"],
+        "workers": ["worker001", "worker002"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "message"),
+    [
+        (
+            "1.31.4",
+            "1.33.5",
+            "the cluster runs 1.31.4: kubeadm upgrades one minor release at a time, apply a "
+            "1.32 release first, then 1.33.5",
+        ),
+        ("1.33.5", "1.32.9", "the cluster runs 1.33.5: kubeadm cannot go back to 1.32.9"),
+    ],
+)
+def test_plan_and_apply_refuse_a_release_kubeadm_cannot_reach(
+    tmp_path: Path, before: str, after: str, message: str
+) -> None:
+    spec = ROOT / "examples" / "lab-k8s.yaml"
+    older = tmp_path / "older" / "lab-k8s.yaml"
+    older.parent.mkdir()
+    older.write_text(spec.read_text().replace('version: "1.33.5"', f'version: "{before}"'))
+    _applied_then(tmp_path, older, f'"{before}"', f'"{after}"')
+    changed = tmp_path / "lab-k8s.yaml"
+    for command in ("plan", "apply"):
+        r = run_provision(
+            command, str(changed), "--state-dir", str(tmp_path / "state"), cwd=tmp_path
+        )
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert r.stderr == f"{changed}:16: kubernetes.version: {message}" + (
+            " (restore etcd from a backup taken at that release instead)\n"
+            if "back" in message
+            else "\n"
+        ), r.stderr
+
+
+def test_heads_joining_a_running_kubernetes_control_plane_are_refused(tmp_path: Path) -> None:
+    spec = ROOT / "examples" / "lab-k8s.yaml"
+    _applied_then(tmp_path, spec, "    count: 3\n", "    count: 4\n")
+    changed = tmp_path / "lab-k8s.yaml"
+    r = run_provision("apply", str(changed), "--state-dir", str(tmp_path / "state"), cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr == (
+        f"{changed}:25: pools[0]: not supported yet: heads joining or leaving a running "
+        "Kubernetes control plane (cp[001-003] -> cp[001-004]): the API servers' certificates "
+        "and the external etcd's members would not follow; keep the heads as they are\n"
+    )
+    # workers may come and go
+    _applied_then(tmp_path, spec, "    count: 2\n", "    count: 3\n")
+    r = run_provision("plan", str(changed), "--state-dir", str(tmp_path / "state"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "running cluster: nodes joining: worker003" in r.stdout

@@ -1,9 +1,11 @@
-"""Rolling changes (provision/rolling.py and drain.SlurmBatchSteps): the order of the steps per
-batch, where a failed batch leaves the cluster, and what the head is asked; the CLI's refusals.
+"""Rolling changes (provision/rolling.py, drain.SlurmBatchSteps, a Kubernetes cluster's order):
+the order of the steps per batch, where a failed batch leaves the cluster, and what the head is
+asked; the CLI's refusals.
 Live: tests/integration/test_lab.py (a rolling slurmd restart under a job array)."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -198,3 +200,71 @@ def test_bad_scope_is_one_line_and_exit_2(args: list[str], message: str, tmp_pat
     assert r.returncode == 2, r.stdout + r.stderr
     assert message in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert not (tmp_path / "lab").exists()  # refused before anything was made
+
+
+def test_a_kubernetes_roll_upgrades_the_heads_then_drained_worker_batches(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """apply --batch on a Kubernetes cluster: the heads (the control plane, before any kubelet)
+    and new nodes in one run, then the workers the cluster had, compute and login, through
+    KubernetesBatchSteps (kubectl drain and uncordon), never Slurm's."""
+    from rich.console import Console
+
+    from provision import lifecycle
+    from provision.cluster import Cluster
+    from provision.spec import load_spec
+    from provision.state import State
+
+    spec_path = ROOT / "examples" / "lab-k8s.yaml"
+    cluster = Cluster(load_spec(spec_path))
+    plays: list[tuple[list[str] | None, object]] = []
+    monkeypatch.setattr(
+        lifecycle,
+        "_play",
+        lambda _s, _k, _r, limit, extra, *_a, **_kw: plays.append(
+            (limit, extra.get("provision_drained"))
+        ),
+    )
+    made: list[tuple[str, float, bool]] = []
+
+    class Steps:
+        def __init__(self, spec, root, change, say, release, drain_timeout, force) -> None:  # type: ignore[no-untyped-def]
+            made.append((release, drain_timeout, force))
+            self.change = change
+
+        def drain(self, batch: list[str]) -> list[str]:
+            plays.append((["drain", *batch], None))
+            return batch
+
+        def verify(self, batch: list[str]) -> None:
+            plays.append((["verify", *batch], None))
+
+        def resume(self, nodes: list[str]) -> None:
+            plays.append((["resume", *nodes], None))
+
+    monkeypatch.setattr(drain, "KubernetesBatchSteps", Steps)
+    monkeypatch.setattr(drain, "SlurmBatchSteps", None)  # never Slurm's
+    hosts = [n.name for n in cluster.lasting_nodes]
+    run = lifecycle._Run(
+        spec_path,
+        tmp_path,
+        Console(file=io.StringIO()),
+        lifecycle.ApplyReport(),
+        lifecycle.Leaving(timeout=300, force=True),
+        lifecycle.Scope(batch="1"),
+        hosts,
+    )
+    state = State(tmp_path, cluster.spec.name)
+    lifecycle._roll(cluster, state, None, run, {"provision_drained": []}, [], "restart")
+    assert made == [("1.33.5", 300, True)]
+    assert plays == [
+        (["cp001", "cp002", "cp003"], []),
+        (["drain", "worker001"], None),
+        (["worker001"], ["worker001"]),
+        (["verify", "worker001"], None),
+        (["resume", "worker001"], None),
+        (["drain", "worker002"], None),
+        (["worker002"], ["worker002"]),
+        (["verify", "worker002"], None),
+        (["resume", "worker002"], None),
+    ]

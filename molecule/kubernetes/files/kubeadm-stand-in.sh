@@ -2,7 +2,8 @@
 # kubeadm's stand-in in Molecule's kubernetes scenario (no kubeadm can be installed here): it does
 # what the kubernetes_control_plane and kubernetes_node roles depend on (tokens and keys in
 # kubeadm's forms; on init and join, the files kubeadm writes: the cluster CA, admin.conf,
-# kubelet.conf) and records each call and the configuration it was given, for verify to check.
+# kubelet.conf; on init and upgrade apply, the cluster's release, which the kubectl stand-in
+# gives back) and records each call and the configuration it was given, for verify to check.
 # Certificate keys are masked in the call log.
 set -euo pipefail
 rec=/var/lib/kubeadm-stand-in
@@ -23,6 +24,7 @@ case "$1 ${2:-}" in
   "init --config")
     private "$3"
     cp "$3" "$rec/init.yaml"
+    sed -nE 's/^kubernetesVersion: v//p' "$3" > "$rec/release"
     mkdir -p /etc/kubernetes/pki
     openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=kubernetes \
       -keyout /etc/kubernetes/pki/ca.key -out /etc/kubernetes/pki/ca.crt 2>/dev/null
@@ -36,5 +38,7 @@ case "$1 ${2:-}" in
     mkdir -p /etc/kubernetes
     if grep -q certificateKey "$3"; then install -m 0600 /dev/null /etc/kubernetes/admin.conf; fi
     install -m 0600 /dev/null /etc/kubernetes/kubelet.conf ;;
+  "upgrade apply") echo "${3#v}" > "$rec/release" ;;
+  "upgrade node") ;;
   *) echo "kubeadm stand-in: not expected: $*" >&2; exit 2 ;;
 esac

@@ -1,7 +1,8 @@
 #!/bin/bash
 # kubectl's stand-in in Molecule's kubernetes scenario: the API answers ready once admin.conf
-# exists; diff compares a manifest with the one last applied (0 the same, 1 differs) and apply
-# keeps it, recording the call.
+# exists; kubeadm-config holds the release the kubeadm stand-in recorded; diff compares a
+# manifest with the one last applied (0 the same, 1 differs) and apply keeps it, recording the
+# call.
 set -euo pipefail
 rec=/var/lib/kubectl-stand-in
 mkdir -p "$rec/applied"
@@ -9,6 +10,11 @@ config=""
 if [ "$1" = --kubeconfig ]; then config=$2; shift 2; fi
 [ -f "$config" ] || { echo "kubectl stand-in: no kubeconfig $config" >&2; exit 1; }
 file=${*: -1}
+case "$*" in
+  "-n kube-system get configmap kubeadm-config "*)
+    echo "kubernetesVersion: v$(cat /var/lib/kubeadm-stand-in/release)"
+    exit 0 ;;
+esac
 case "$1" in
   get) [ "$*" = "get --raw /readyz" ] && echo ok ;;
   diff)
