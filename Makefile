@@ -15,7 +15,7 @@ demo: setup
 	@scripts/demo.sh $(SPEC)
 
 test: setup lint typecheck image
-	$(VENV)/pytest -q
+	$(VENV)/pytest -q --durations=25
 	$(MAKE) --no-print-directory molecule
 
 lint: setup

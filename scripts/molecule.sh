@@ -4,6 +4,11 @@
 # Each scenario's log is .molecule-<scenario>.log; the first failure's tail is printed, and the
 # exit code is 1 if any scenario failed.
 set -uo pipefail
+# Mitogen's strategy, as apply runs the roles: one Python interpreter per container for a whole
+# playbook instead of one per task, through `podman exec` (mitogen_podman)
+if strategy=$(python3 -c 'import ansible_mitogen, os; print(os.path.join(os.path.dirname(ansible_mitogen.__file__), "plugins", "strategy"))' 2>/dev/null); then
+  export ANSIBLE_STRATEGY_PLUGINS=$strategy ANSIBLE_STRATEGY=mitogen_linear
+fi
 lane() {
   for s in "$@"; do
     start=$(date +%s)
