@@ -22,9 +22,10 @@ lane() {
     fi
   done
 }
-# the longest first in each lane; measured (s): kubernetes 1221, nvidia 255 | slurm 725,
-# storage 429, fabric 249, common 166. munge's and the firewall's checks run in the slurm and
-# kubernetes scenarios
+# the longest first in each lane; measured side by side under Mitogen (s): kubernetes 557,
+# nvidia 200 | slurm 427, storage 183, fabric 137, common 76: 823 s in all (1,642 s under
+# Ansible's own strategy). munge's and the firewall's checks run in the slurm and kubernetes
+# scenarios
 lane kubernetes nvidia & a=$!
 lane slurm storage fabric common & b=$!
 status=0
