@@ -279,23 +279,19 @@ class SlurmBatchSteps:
     def verify(self, batch: list[str]) -> None:
         """slurmd on every node of the batch registered again and answering (a node that
         rebooted comes back as down+drain or drained; `*` marks one not answering)."""
-        deadline = time.monotonic() + self.back_timeout
         query = f"sinfo -h -N -n {compress(batch)} -o '%N|%T|%E'"
-        while True:
+
+        def problems() -> dict[str, str]:
             shown = on_head(self.spec_path, self.state_root, query)
             states = {n: (s, r) for n, s, r in (ln.split("|", 2) for ln in shown.splitlines())}
-            bad = {
+            return {
                 n: " ".join(states.get(n, ("unknown to Slurm", ""))).strip()
                 for n in batch
                 if n not in states or not _answering(*states[n])
             }
-            if not bad:
-                self.say(f"rolling: {compress(batch)}: slurmd answering")
-                return
-            if time.monotonic() >= deadline:
-                shown = ", ".join(f"{n} {s}" for n, s in sorted(bad.items()))
-                raise OperationError(f"not back after {self.back_timeout:.0f}s: {shown}")
-            time.sleep(self.poll_s)
+
+        _wait_back(problems, self.back_timeout, self.poll_s)
+        self.say(f"rolling: {compress(batch)}: slurmd answering")
 
     def resume(self, nodes: list[str]) -> None:
         on_head(
@@ -332,8 +328,8 @@ class KubernetesBatchSteps:
 
     def verify(self, batch: list[str]) -> None:
         """Every node of the batch Ready, its kubelet at the release."""
-        deadline = time.monotonic() + self.back_timeout
-        while True:
+
+        def problems() -> dict[str, str]:
             known = kube_nodes(self.spec_path, self.state_root)
             bad = {}
             for n in batch:
@@ -344,16 +340,24 @@ class KubernetesBatchSteps:
                     bad[n] = "not Ready"
                 elif node.kubelet_version.lstrip("v") != self.release:
                     bad[n] = f"kubelet {node.kubelet_version or 'unknown'}"
-            if not bad:
-                self.say(f"rolling: {compress(batch)}: Ready at {self.release}")
-                return
-            if time.monotonic() >= deadline:
-                shown = ", ".join(f"{n} {s}" for n, s in sorted(bad.items()))
-                raise OperationError(f"not back after {self.back_timeout:.0f}s: {shown}")
-            time.sleep(self.poll_s)
+            return bad
+
+        _wait_back(problems, self.back_timeout, self.poll_s)
+        self.say(f"rolling: {compress(batch)}: Ready at {self.release}")
 
     def resume(self, nodes: list[str]) -> None:
         uncordon(self.spec_path, self.state_root, nodes, self.say)
+
+
+def _wait_back(problems: Callable[[], dict[str, str]], timeout: float, poll_s: float) -> None:
+    """Until `problems` finds none (node -> what is wrong with it); OperationError naming them
+    after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while bad := problems():
+        if time.monotonic() >= deadline:
+            shown = ", ".join(f"{n} {s}" for n, s in sorted(bad.items()))
+            raise OperationError(f"not back after {timeout:.0f}s: {shown}")
+        time.sleep(poll_s)
 
 
 def _answering(state: str, reason: str) -> bool:
