@@ -1,8 +1,8 @@
 #!/bin/bash
 # kubectl's stand-in in Molecule's kubernetes scenario: the API answers ready once admin.conf
-# exists; kubeadm-config holds the release the kubeadm stand-in recorded; diff compares a
-# manifest with the one last applied (0 the same, 1 differs) and apply keeps it, recording the
-# call.
+# exists; kubeadm-config holds the release the kubeadm stand-in recorded; drain and uncordon are
+# recorded; diff compares a manifest with the one last applied (0 the same, 1 differs) and apply
+# keeps it, recording the call.
 set -euo pipefail
 rec=/var/lib/kubectl-stand-in
 mkdir -p "$rec/applied"
@@ -21,6 +21,8 @@ case "$1" in
     cmp -s "$file" "$rec/applied/$(basename "$file")" && exit 0
     diff -u "$rec/applied/$(basename "$file")" "$file" 2>/dev/null || true
     exit 1 ;;
+  drain|uncordon)
+    echo "$(date +%s.%N) $*" >> "$rec/nodes" ;;
   apply)
     cp "$file" "$rec/applied/"
     echo "$(date +%s.%N) $*" >> "$rec/calls"
