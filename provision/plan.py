@@ -261,8 +261,8 @@ def _running(plan: Plan, cluster: Cluster, console: Console) -> None:
         console.print(
             f"running cluster: Kubernetes {upgrade.before} -> {upgrade.after}: the control "
             f"plane first, on {compress(list(upgrade.heads)) or 'no head'} one at a time "
-            "(kubeadm upgrade apply on the first, upgrade node on the others, then their "
-            "kubelets)"
+            "(kubeadm upgrade apply on the first, upgrade node on the others, then each "
+            "drained, its kubelet moved and uncordoned)"
             + (
                 f"; then {workers}: each drained, upgraded and given back, a batch at a time "
                 f"with apply --batch N (a plain apply leaves their kubelets at "

@@ -230,7 +230,8 @@ def test_plan_says_how_a_kubernetes_release_moves(tmp_path: Path) -> None:
     text = console.export_text()
     assert (
         "running cluster: Kubernetes 1.32.9 -> 1.33.5: the control plane first, on "
-        "cp[001-003] one at a time"
+        "cp[001-003] one at a time (kubeadm upgrade apply on the first, upgrade node on the "
+        "others, then each drained, its kubelet moved and uncordoned); then worker[001-002]"
     ) in text
     assert "then worker[001-002]: each drained, upgraded and given back" in text
     # a Kubernetes cluster has no Slurm daemons to speak of
