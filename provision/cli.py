@@ -10,7 +10,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, ParamSpec
+from typing import Annotated, ParamSpec
 
 import typer
 from rich.console import Console
@@ -19,9 +19,6 @@ from rich.table import Table
 from provision import __version__
 from provision.assets import example
 from provision.errors import ProvisionError, SpecError
-
-if TYPE_CHECKING:
-    pass
 
 P = ParamSpec("P")
 
