@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 SLURM_FILES = ("files/slurm/slurm.conf", "files/slurm/gres.conf", "files/slurm/cgroup.conf")
 INVENTORY = "inventory/hosts.yml"
 GROUP_VARS = "inventory/group_vars/all.yml"
+# the rendered variable that holds kubernetes.version
+RELEASE = "kubernetes_packages_version"
 # what makes the NVIDIA driver's role install another kernel module (a reboot to load it)
 DRIVER_VARS = ("nvidia_driver_version", "nvidia_driver_modules", "provision_nvidia_source")
 ROLE_GROUPS = ("head", "login", "compute", "storage")
@@ -224,10 +226,14 @@ def inventory_nodes(text: str) -> dict[str, InventoryNode]:
     }
 
 
+def _group_vars(files: dict[str, str]) -> dict[str, Any]:
+    """The cluster-wide variables of a render (inventory/group_vars/all.yml); {} without one."""
+    return dict(yaml.load(files.get(GROUP_VARS, ""), Loader=_Loader) or {})
+
+
 def driver_change(old: dict[str, str], new: dict[str, str]) -> DriverChange | None:
     """The driver settings that changed, and the GPU nodes of both renders they reach."""
-    before = yaml.load(old.get(GROUP_VARS, ""), Loader=_Loader) or {}
-    after = yaml.load(new.get(GROUP_VARS, ""), Loader=_Loader) or {}
+    before, after = _group_vars(old), _group_vars(new)
     why = tuple(
         f"{key}: {before.get(key, '(unset)')} -> {after.get(key, '(unset)')}"
         for key in DRIVER_VARS
@@ -253,9 +259,8 @@ def _release(version: str) -> tuple[int, ...]:
 def kubernetes_upgrade(old: dict[str, str], new: dict[str, str]) -> KubernetesUpgrade | None:
     """The Kubernetes release the last apply left and the one the spec asks for, where they
     differ, with the nodes of both renders that move."""
-    key = "kubernetes_packages_version"
-    before = (yaml.load(old.get(GROUP_VARS, ""), Loader=_Loader) or {}).get(key)
-    after = (yaml.load(new.get(GROUP_VARS, ""), Loader=_Loader) or {}).get(key)
+    before = _group_vars(old).get(RELEASE)
+    after = _group_vars(new).get(RELEASE)
     if not before or not after or before == after:
         return None
     old_nodes = inventory_nodes(old.get(INVENTORY, ""))
@@ -277,11 +282,9 @@ def refuse_unsupported_changes(spec_path: Path, old: dict[str, str], cluster: Cl
     if spec.scheduler != "kubernetes" or INVENTORY not in old:
         return
     problems: list[tuple[list[str | int], str]] = []
-    before = (yaml.load(old.get(GROUP_VARS, ""), Loader=_Loader) or {}).get(
-        "kubernetes_packages_version"
-    )
+    before = _group_vars(old).get(RELEASE)
     if before:
-        why = upgrade_refusal(KubernetesUpgrade(str(before), spec.kubernetes.version, (), ()))
+        why = upgrade_refusal(str(before), spec.kubernetes.version)
         if why is not None:
             problems.append((["kubernetes", "version"], why))
     had = sorted(n for n, node in inventory_nodes(old[INVENTORY]).items() if node.role == "head")
@@ -302,20 +305,20 @@ def refuse_unsupported_changes(spec_path: Path, old: dict[str, str], cluster: Cl
         raise SpecError([issue_at(doc, str(spec_path), key, why) for key, why in problems])
 
 
-def upgrade_refusal(upgrade: KubernetesUpgrade) -> str | None:
-    """Why kubeadm cannot take the cluster from one release to the other, or None: it goes
-    forward only, one minor release at a time (patch releases within a minor freely)."""
-    before, after = _release(upgrade.before), _release(upgrade.after)
+def upgrade_refusal(running: str, wanted: str) -> str | None:
+    """Why kubeadm cannot take the cluster from the release it runs to the one wanted, or None:
+    it goes forward only, one minor release at a time (patch releases within a minor freely)."""
+    before, after = _release(running), _release(wanted)
     if after < before:
         return (
-            f"the cluster runs {upgrade.before}: kubeadm cannot go back to {upgrade.after} "
+            f"the cluster runs {running}: kubeadm cannot go back to {wanted} "
             "(restore etcd from a backup taken at that release instead)"
         )
     if after[1] > before[1] + 1:
         step = f"{before[0]}.{before[1] + 1}"
         return (
-            f"the cluster runs {upgrade.before}: kubeadm upgrades one minor release at a time, "
-            f"apply a {step} release first, then {upgrade.after}"
+            f"the cluster runs {running}: kubeadm upgrades one minor release at a time, "
+            f"apply a {step} release first, then {wanted}"
         )
     return None
 
@@ -396,10 +399,7 @@ def slurm_change(old: dict[str, str], new: dict[str, str]) -> SlurmChange:
         return SlurmChange("none")
     why: list[str] = []
     restart = False
-    versions = [
-        (yaml.load(files.get(GROUP_VARS, ""), Loader=_Loader) or {}).get("slurm_version")
-        for files in (old, new)
-    ]
+    versions = [_group_vars(files).get("slurm_version") for files in (old, new)]
     if versions[0] != versions[1]:
         before, after = (v or "the source's newest" for v in versions)
         why.append(f"software.slurm: {before} -> {after} (the packages change: a restart)")
