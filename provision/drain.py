@@ -61,8 +61,7 @@ def drain(
             on_head(
                 spec_path,
                 state_root,
-                f"{kubectl(spec_path, state_root)} cordon "
-                + " ".join(shlex.quote(n) for n in nodes),
+                f"{kubectl(spec_path, state_root)} cordon {shlex.join(nodes)}",
             )
             say(f"drain: {compress(nodes)}: cordoned, no new pod is scheduled there")
         return nodes
@@ -128,12 +127,11 @@ def evict(
     """Cordon these Kubernetes nodes and evict their pods (PodDisruptionBudgets respected,
     DaemonSets left); with force, pods no controller owns are deleted too and budgets are not
     waited for."""
-    names = " ".join(shlex.quote(n) for n in nodes)
     extra = " --force --disable-eviction" if force else ""
     on_head(
         spec_path,
         state_root,
-        f"{kubectl(spec_path, state_root)} drain {names} --ignore-daemonsets "
+        f"{kubectl(spec_path, state_root)} drain {shlex.join(nodes)} --ignore-daemonsets "
         f"--delete-emptydir-data --timeout={int(timeout)}s{extra}",
         timeout=timeout + 60,
     )
@@ -163,8 +161,7 @@ def drain_kubernetes_nodes(
 def uncordon(
     spec_path: Path, state_root: Path, nodes: list[str], say: Callable[[str], None]
 ) -> None:
-    names = " ".join(shlex.quote(n) for n in nodes)
-    on_head(spec_path, state_root, f"{kubectl(spec_path, state_root)} uncordon {names}")
+    on_head(spec_path, state_root, f"{kubectl(spec_path, state_root)} uncordon {shlex.join(nodes)}")
     say(f"resume: {compress(nodes)}: pods may be scheduled there again")
 
 
