@@ -6,7 +6,8 @@
         --version 1.33.5 [--stacked-etcd] [--gpu-image IMAGE] [--record DIR]
 
 Checks: every node there and Ready, with its role, at the release, workers schedulable with the
-profile's GPUs allocatable (nvidia.com/gpu); kubeadm's static pods Running on every head (etcd
+profile's GPUs allocatable (nvidia.com/gpu) and labelled by GPU feature discovery
+(nvidia.com/gpu.product, nvidia.com/gpu.count); kubeadm's static pods Running on every head (etcd
 too when stacked); every kube-system pod Running and ready; a pod asking for one GPU runs
 `nvidia-smi -L` to completion on a worker and sees exactly one GPU. --record DIR keeps every
 command's raw output, so a run on a real cluster can become test data (tests/data/kubernetes/).

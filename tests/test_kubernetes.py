@@ -221,22 +221,34 @@ def test_gpu_manifests_are_valid_for_each_supported_release(version: str) -> Non
     files = render(Cluster(load_spec(K8S)))
     text = files["files/kubernetes/nvidia-device-plugin.yaml"]
     assert _validate(text, version) == []
-    runtime_class, daemonset = yaml.safe_load_all(text)
+    runtime_class, daemonset, discovery = yaml.safe_load_all(text)
     assert runtime_class["handler"] == "nvidia"
     pod = daemonset["spec"]["template"]["spec"]
+    gfd = discovery["spec"]["template"]["spec"]
     assert (
         pod["nodeSelector"]
+        == gfd["nodeSelector"]
         == runtime_class["scheduling"]["nodeSelector"]
         == {"nvidia.com/gpu.present": "true"}
     )
-    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["runtimeClassName"] == gfd["runtimeClassName"] == "nvidia"
     env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
     assert env == {"FAIL_ON_INIT_ERROR": "true", "MIG_STRATEGY": "none"}
+    # feature discovery writes its labels where Node Feature Discovery's worker reads them
+    (container,) = gfd["containers"]
+    assert container["command"] == ["/usr/bin/gpu-feature-discovery"]
+    assert container["image"] == pod["containers"][0]["image"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    paths = {v["name"]: v["hostPath"]["path"] for v in gfd["volumes"]}
+    features = "/etc/kubernetes/node-feature-discovery/features.d"
+    assert mounts == paths == {"output-dir": features, "host-sys": "/sys"}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["MIG_STRATEGY"] == "none" and env["GFD_SLEEP_INTERVAL"] == "60s"
 
 
 def test_the_manifest_check_sees_an_unknown_field_and_a_wrong_type() -> None:
     files = render(Cluster(load_spec(K8S)))
-    runtime_class, daemonset = yaml.safe_load_all(
+    runtime_class, daemonset, _ = yaml.safe_load_all(
         files["files/kubernetes/nvidia-device-plugin.yaml"]
     )
     runtime_class["handlers"] = runtime_class.pop("handler")
@@ -250,11 +262,11 @@ def test_the_manifest_check_sees_an_unknown_field_and_a_wrong_type() -> None:
 def test_mig_pools_advertise_each_profile_and_cpu_clusters_get_no_plugin(tmp_path: Path) -> None:
     mig = _text().replace("dgx-h100, count: 2", "dgx-h100, count: 2, mig: [1g.10gb, 1g.10gb]")
     files = render(_spec(tmp_path, mig))
-    daemonset = list(yaml.safe_load_all(files["files/kubernetes/nvidia-device-plugin.yaml"]))[1]
-    env = {
-        e["name"]: e["value"] for e in daemonset["spec"]["template"]["spec"]["containers"][0]["env"]
-    }
-    assert env["MIG_STRATEGY"] == "mixed"
+    documents = list(yaml.safe_load_all(files["files/kubernetes/nvidia-device-plugin.yaml"]))
+    for daemonset in documents[1:]:  # the plugin and feature discovery
+        pod = daemonset["spec"]["template"]["spec"]
+        env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+        assert env["MIG_STRATEGY"] == "mixed", daemonset["metadata"]["name"]
     cpu = _text().replace("dgx-h100", "cpu-node")
     assert "files/kubernetes/nvidia-device-plugin.yaml" not in render(_spec(tmp_path, cpu))
 
@@ -591,12 +603,34 @@ def test_a_degraded_cluster_names_every_problem() -> None:
     ]
 
 
+def test_feature_discovery_must_count_the_profiles_gpus() -> None:
+    from provision.parsers import kubernetes as kp
+
+    text = (KUBE_DATA / "nodes-healthy.json").read_text()
+    nodes = kp.parse_nodes(text)
+    assert (nodes[3].gpu_product, nodes[3].gpu_count) == ("NVIDIA-H100-80GB-HBM3", 8)
+    count = '"nvidia.com/gpu.count": '
+    four = kp.parse_nodes(text.replace(f'{count}"8"', f'{count}"4"'))
+    assert kp.node_findings(four, EXPECTED) == [
+        f"gpu00{i}: GPU feature discovery counts 4 GPUs (nvidia.com/gpu.count), the profile has 8"
+        for i in (1, 2)
+    ]
+    # a MIG pool (its GPUs expected as 0 whole ones) and the heads are not asked for labels
+    mig = {**EXPECTED, "gpu001": ("worker", 0), "gpu002": ("worker", 0)}
+    assert [p for p in kp.node_findings(four, mig) if "feature discovery" in p] == []
+
+
 def test_a_cordoned_worker_and_a_list_that_is_not_one() -> None:
     from provision.parsers import kubernetes as kp
 
     nodes = kp.parse_nodes((KUBE_DATA / "nodes-degraded.json").read_text())
     cordoned = {"gpu003": ("worker", 8)}
-    assert "gpu003: cordoned (unschedulable)" in kp.node_findings(nodes, cordoned)
+    assert kp.node_findings(nodes, cordoned)[-2:] == [
+        "gpu003: cordoned (unschedulable)",
+        # registered with the GPU label, its GPUs advertised, but never labelled by feature
+        # discovery (Node Feature Discovery missing, or feature discovery failing there)
+        "gpu003: no nvidia.com/gpu.product label (GPU feature discovery has not labelled it)",
+    ]
     with pytest.raises(ValueError, match="not a kubectl list"):
         kp.parse_nodes('{"kind": "Node"}')
 

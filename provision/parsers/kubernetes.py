@@ -9,6 +9,9 @@ import json
 from dataclasses import dataclass
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# the labels GPU feature discovery gives a GPU node (through Node Feature Discovery)
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 ROLE_LABEL = "node-role.kubernetes.io/"
 # the static pods kubeadm runs on each control-plane node (etcd only when stacked)
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -23,6 +26,8 @@ class KubeNode:
     gpus_capacity: int
     gpus_allocatable: int
     kubelet_version: str
+    gpu_product: str = ""  # GPU feature discovery's labels; empty where it has not labelled
+    gpu_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,8 @@ def parse_nodes(text: str) -> list[KubeNode]:
                 gpus_capacity=_count(_get(item, "status", "capacity", GPU_RESOURCE)),
                 gpus_allocatable=_count(_get(item, "status", "allocatable", GPU_RESOURCE)),
                 kubelet_version=str(_get(item, "status", "nodeInfo", "kubeletVersion") or ""),
+                gpu_product=str(labels.get(GPU_PRODUCT_LABEL) or ""),
+                gpu_count=_count(labels.get(GPU_COUNT_LABEL)),
             )
         )
     return sorted(nodes, key=lambda n: n.name)
@@ -107,7 +114,8 @@ def node_findings(
 ) -> list[str]:
     """What is wrong with the nodes against {name: (role, GPUs)}: role 'control-plane' or
     'worker'. Empty when every expected node is there, Ready, schedulable where it should take
-    work, with the right role, its GPUs allocatable, and at the release."""
+    work, with the right role, its GPUs allocatable and labelled by GPU feature discovery
+    (product and count), and at the release."""
     found = {n.name: n for n in nodes}
     problems = [f"{name}: not in the cluster" for name in sorted(set(expected) - set(found))]
     problems += [
@@ -131,6 +139,15 @@ def node_findings(
             problems.append(
                 f"{name}: {node.gpus_allocatable} {GPU_RESOURCE} allocatable, "
                 f"the profile has {gpus}{capacity}"
+            )
+        if gpus and not node.gpu_product:
+            problems.append(
+                f"{name}: no {GPU_PRODUCT_LABEL} label (GPU feature discovery has not labelled it)"
+            )
+        elif gpus and node.gpu_count != gpus:
+            problems.append(
+                f"{name}: GPU feature discovery counts {node.gpu_count} GPUs "
+                f"({GPU_COUNT_LABEL}), the profile has {gpus}"
             )
         if version is not None and node.kubelet_version != f"v{version}":
             problems.append(

@@ -1,8 +1,8 @@
 """The files of a Kubernetes cluster that the spec decides: kubeadm's cluster-wide configuration
 (with the kubelet's and kube-proxy's), containerd's configuration per pool, haproxy's in front of
 the API servers of an HA control plane, each external etcd member's settings, Calico's
-Installation (the pod network) and, where a pool has GPUs, NVIDIA's device plugin and the
-`nvidia` runtime class.
+Installation (the pod network) and, where a pool has GPUs, NVIDIA's device plugin, GPU feature
+discovery and the `nvidia` runtime class.
 
 Every value here is the spec's, validated (addresses, networks, names, the pinned release) or
 this module's own; the YAML is written by a YAML library and the other files from fixed text,
@@ -33,9 +33,12 @@ KUBE_PKI = "/etc/kubernetes/pki"
 PAUSE_IMAGE = {"1.31": "3.10", "1.32": "3.10", "1.33": "3.10"}
 NVIDIA_RUNTIME = "/usr/bin/nvidia-container-runtime"
 DEVICE_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.17.1"
-# The label the kubelet of a GPU pool's node registers with: the device plugin and the runtime
-# class select it
+# The label the kubelet of a GPU pool's node registers with: the device plugin, GPU feature
+# discovery and the runtime class select it
 GPU_LABEL = "nvidia.com/gpu.present"
+# Where GPU feature discovery writes its labels on the host, and Node Feature Discovery's worker
+# (the role applies its pinned release) reads them from to label the node
+NFD_FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 
 
 def kubernetes_files(cluster: Cluster) -> dict[str, str]:
@@ -261,9 +264,11 @@ def calico_installation(cluster: Cluster) -> str:
 
 
 def gpu_manifests(cluster: Cluster) -> str:
-    """The `nvidia` runtime class and NVIDIA's device plugin on the GPU pools' nodes: it
-    advertises nvidia.com/gpu (and each MIG profile, where a pool has MIG) to the kubelet. The
-    host's driver and container toolkit, installed by the GPU roles, are used as they are."""
+    """The `nvidia` runtime class, NVIDIA's device plugin and GPU feature discovery on the GPU
+    pools' nodes. The plugin advertises nvidia.com/gpu (and each MIG profile, where a pool has
+    MIG) to the kubelet; feature discovery labels each node with what its GPUs are
+    (nvidia.com/gpu.product, .count, .memory, the driver's and CUDA's versions, MIG's state).
+    The host's driver and container toolkit, installed by the GPU roles, are used as they are."""
     mig = any(view.pool.mig for view in cluster.pools)
     selector = {GPU_LABEL: "true"}
     labels = {"app.kubernetes.io/name": "nvidia-device-plugin"}
@@ -312,4 +317,57 @@ def gpu_manifests(cluster: Cluster) -> str:
             },
         },
     }
-    return _yaml(cluster, [runtime_class, daemonset])
+    return _yaml(cluster, [runtime_class, daemonset, _feature_discovery(mig)])
+
+
+def _feature_discovery(mig: bool) -> dict[str, object]:
+    """GPU feature discovery (the device plugin's image, its second program): every minute it
+    writes the node's GPU labels to a file that Node Feature Discovery's worker turns into the
+    node's labels. Privileged, as NVIDIA ships it: it reads MIG's capability devices and the
+    machine's type from /sys."""
+    labels = {"app.kubernetes.io/name": "gpu-feature-discovery"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "gpu-feature-discovery", "namespace": "kube-system", "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {GPU_LABEL: "true"},
+                    "priorityClassName": "system-node-critical",
+                    "runtimeClassName": "nvidia",
+                    "tolerations": [
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                        {"key": "CriticalAddonsOnly", "operator": "Exists"},
+                    ],
+                    "containers": [
+                        {
+                            "name": "gpu-feature-discovery",
+                            "image": DEVICE_PLUGIN_IMAGE,
+                            "command": ["/usr/bin/gpu-feature-discovery"],
+                            "env": [
+                                {"name": "GFD_FAIL_ON_INIT_ERROR", "value": "true"},
+                                {"name": "GFD_SLEEP_INTERVAL", "value": "60s"},
+                                {"name": "MIG_STRATEGY", "value": "mixed" if mig else "none"},
+                            ],
+                            "securityContext": {"privileged": True},
+                            "volumeMounts": [
+                                {"name": "output-dir", "mountPath": NFD_FEATURES_DIR},
+                                {"name": "host-sys", "mountPath": "/sys", "readOnly": True},
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {
+                            "name": "output-dir",
+                            "hostPath": {"path": NFD_FEATURES_DIR, "type": "DirectoryOrCreate"},
+                        },
+                        {"name": "host-sys", "hostPath": {"path": "/sys", "type": "Directory"}},
+                    ],
+                },
+            },
+        },
+    }

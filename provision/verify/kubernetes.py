@@ -1,7 +1,8 @@
 """Verify of a Kubernetes cluster, through kubectl on the first head that answers: every node
-Ready with its role and release and its GPUs allocatable, kubeadm's control-plane pods on every
-head, every kube-system pod healthy, a pod asking for one GPU running nvidia-smi to completion;
-and from this machine, the API open and the kubelet and etcd closed (the firewall)."""
+Ready with its role and release and its GPUs allocatable and labelled by GPU feature discovery,
+kubeadm's control-plane pods on every head, every kube-system pod healthy, a pod asking for one
+GPU running nvidia-smi to completion; and from this machine, the API open and the kubelet and
+etcd closed (the firewall)."""
 
 from __future__ import annotations
 

@@ -2,10 +2,15 @@
 # kubectl's stand-in in Molecule's kubernetes scenario: the API answers ready once admin.conf
 # exists; kubeadm-config holds the release the kubeadm stand-in recorded; drain and uncordon are
 # recorded; diff compares a manifest with the one last applied (0 the same, 1 differs) and apply
-# keeps it, recording the call.
+# keeps it, recording the call; kustomize prints a stand-in of what it would build.
 set -euo pipefail
 rec=/var/lib/kubectl-stand-in
 mkdir -p "$rec/applied"
+if [ "$1" = kustomize ]; then
+  command -v git > /dev/null || { echo "kubectl stand-in: kustomize needs git" >&2; exit 1; }
+  echo "# the manifests built from $2 stand in here"
+  exit 0
+fi
 config=""
 if [ "$1" = --kubeconfig ]; then config=$2; shift 2; fi
 [ -f "$config" ] || { echo "kubectl stand-in: no kubeconfig $config" >&2; exit 1; }
