@@ -19,7 +19,7 @@ from .fakehttp import JsonFake
 TOKEN = "eyJ0eXAi.fake-token"
 SUBSCRIPTION = "00000000-1111-2222-3333-444444444444"
 ARM_RESOURCE = "https://management.azure.com/"
-VM_KEYS = {"location", "tags", "properties"}
+VM_KEYS = {"location", "tags", "properties", "plan"}
 VM_PROPERTIES = {
     "virtualMachineScaleSet",
     "hardwareProfile",
@@ -92,7 +92,6 @@ def scale_set(group: str, name: str, subnet: str, nsg: str, ppg: str) -> dict[st
                         }
                     ],
                 },
-                "securityProfile": {"encryptionAtHost": True},
             },
         },
     }

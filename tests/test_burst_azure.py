@@ -79,7 +79,7 @@ def test_resume_makes_a_named_vm_per_node_in_the_scale_set(
     assert props["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
     nic = props["networkProfile"]["networkInterfaceConfigurations"][0]
     assert nic["name"] == "az-h100-001-primary" and nic["properties"]["deleteOption"] == "Delete"
-    assert props["securityProfile"] == {"encryptionAtHost": True}
+    assert "securityProfile" not in props and "plan" not in body  # an Ubuntu image: no plan
     assert props["proximityPlacementGroup"]["id"].endswith("/ppg")
     ips = [
         arm.nics[f"{n}-primary"]["properties"]["ipConfigurations"][0]["properties"][
@@ -94,6 +94,15 @@ def test_resume_makes_a_named_vm_per_node_in_the_scale_set(
     metadata = [p for m, p, _ in arm.requests if p.startswith("/metadata/")]
     assert len(metadata) == 2
     assert [line.split(" (")[0] for line in log] == [f"{n} resume ok" for n in nodes]
+
+
+def test_a_vm_from_an_image_sold_under_a_plan_names_the_plan(
+    config: BurstConfig, arm: FakeARM, scontrol: Path
+) -> None:
+    plan = {"name": "9-base", "product": "rockylinux-x86_64", "publisher": "resf"}
+    arm.scale_sets["burst-azh100"]["plan"] = plan
+    assert programs.resume(config, ["az-h100-001"], lambda _m: None) == 0
+    assert _puts(arm)["az-h100-001"]["plan"] == plan  # type: ignore[index]
 
 
 def test_suspend_deletes_the_nodes_vms(config: BurstConfig, arm: FakeARM, scontrol: Path) -> None:

@@ -1,6 +1,8 @@
 """The cloud programs under Pulumi's mocks (no Pulumi CLI and no cloud can be reached here), with
-policy-style assertions on every resource they would create; the checks that stop apply before
-anything is created; and the toolkit without the cloud SDKs installed."""
+the clouds' own rules for what they accept enforced on every resource (tests/cloud_rules.py: a
+program the cloud would refuse fails here) and policy-style assertions on what they would
+create; the checks that stop apply before anything is created; and the toolkit without the cloud
+SDKs installed."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from provision.cluster import Cluster
 from provision.errors import OperationError
 from provision.render import render_inventory
 
+from . import cloud_rules
 from .conftest import ROOT, load_any
 from .conftest import run_provision as provision
 
@@ -44,15 +47,25 @@ class Recorder(pulumi.runtime.Mocks):  # type: ignore[misc]
 
     def __init__(self) -> None:
         self.made: list[Made] = []
+        self.refused: list[str] = []  # what the cloud would refuse at `pulumi up`
         self.count = 0
+        self._templates: dict[str, int] = {}  # launch template id: its network interfaces
 
     def new_resource(self, args: Any) -> tuple[str, dict[str, Any]]:
         self.made.append(Made(args.typ, args.name, dict(args.inputs)))
+        self.refused += cloud_rules.refusals(args.typ, args.name, dict(args.inputs))
         self.count += 1
         out = dict(args.inputs)
         private, public = f"10.40.9.{self.count}", f"198.51.100.{self.count}"
         if args.typ == "aws:ec2/instance:Instance":
-            out |= {"privateIp": private, "publicIp": public}
+            out |= {"privateIp": private, "primaryNetworkInterfaceId": f"eni-{self.count}"}
+            # EC2 gives a public address only to an instance with one interface
+            nics = self._templates.get(str(args.inputs["launchTemplate"]["id"]), 1)
+            out["publicIp"] = public if nics == 1 else ""
+        elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
+            self._templates[f"{args.name}-id"] = len(args.inputs["networkInterfaces"])
+        elif args.typ == "aws:ec2/eip:Eip":
+            out["publicIp"] = public
         elif args.typ == "gcp:compute/instanceFromTemplate:InstanceFromTemplate":
             out["networkInterfaces"] = [
                 {"networkIp": private, "accessConfigs": [{"natIp": public}]}
@@ -66,14 +79,19 @@ class Recorder(pulumi.runtime.Mocks):  # type: ignore[misc]
         return f"{args.name}-id", out
 
     def call(self, args: Any) -> dict[str, Any]:
-        return {"id": "ami-0123456789abcdef0"} if args.token.endswith("getAmi") else {}
+        if args.token.endswith("getAmi"):  # Debian's AMIs boot from /dev/xvda, the others sda1
+            owner = args.args["owners"][0]
+            root = "/dev/xvda" if owner == "136693071363" else "/dev/sda1"
+            return {"id": "ami-0123456789abcdef0", "rootDeviceName": root}
+        return {}
 
     def of(self, suffix: str) -> list[Made]:
         return [m for m in self.made if m.typ.lower().endswith(suffix.lower())]
 
 
-def build(spec_path: Path) -> tuple[Recorder, Cluster, dict[str, Any]]:
-    """Run the three clouds' components for a spec under mocks; their outputs, resolved."""
+def build(spec_path: Path, refusals: bool = False) -> tuple[Recorder, Cluster, dict[str, Any]]:
+    """Run the three clouds' components for a spec under mocks; their outputs, resolved. A
+    resource the cloud would refuse fails it, unless `refusals` (the recorder keeps them)."""
     from provision.providers.cloud import component
 
     recorder = Recorder()
@@ -89,6 +107,7 @@ def build(spec_path: Path) -> tuple[Recorder, Cluster, dict[str, Any]]:
         return pulumi.Output.all(**nodes).apply(outputs.update)
 
     program()
+    assert refusals or recorder.refused == [], "\n".join(recorder.refused)
     return recorder, cluster, outputs
 
 
@@ -143,14 +162,29 @@ def test_instance_types_and_counts_match_the_profiles(made: Any) -> None:
 
 
 def test_efa_and_nic_layout_per_type(made: Any) -> None:
-    rec, cluster, _ = made
+    rec, cluster, outputs = made
     assert len(rec.of("LaunchTemplate")) == len(_pools(cluster, "aws"))
     for template in rec.of("LaunchTemplate"):
         nics = template.inputs["networkInterfaces"]
-        want = {"p5.48xlarge": 32, "p4d.24xlarge": 4}[template.inputs["instanceType"]]
-        assert len(nics) == want and {n["interfaceType"] for n in nics} == {"efa"}
+        kind = template.inputs["instanceType"]
+        want = {"p5.48xlarge": 32, "p4d.24xlarge": 4}[kind]
+        assert len(nics) == want
+        # P5: the primary EFA with its address, the other 31 cards EFA only (AWS's P5 guide)
+        others = "efa-only" if kind.startswith("p5") else "efa"
+        assert [n["interfaceType"] for n in nics] == ["efa"] + [others] * (want - 1)
         assert [n["networkCardIndex"] for n in nics] == list(range(want))
         assert [n["deviceIndex"] for n in nics] == [0] + [1] * (want - 1)
+        assert not any("associatePublicIpAddress" in n for n in nics)
+    # each lasting node of those types is reached at an Elastic IP on its primary interface
+    lasting = [n for v in _pools(cluster, "aws") for n in v.nodes if not n.elastic]
+    eips = rec.of("ec2/eip:Eip")
+    assert sorted(e.name for e in eips) == sorted(
+        f"{cluster.spec.name}-{n.name}-eip" for n in lasting
+    )
+    for eip in eips:
+        assert eip.inputs["domain"] == "vpc" and eip.inputs["networkInterface"].startswith("eni-")
+    for node in lasting:
+        assert outputs["aws"][node.name]["public"].startswith("198.51.100."), node.name
     for template in rec.of("instanceTemplate:InstanceTemplate"):
         nics = template.inputs["networkInterfaces"]
         assert len(nics) == 5 and {n["nicType"] for n in nics} == {"GVNIC"}  # a3-highgpu-8g
@@ -185,17 +219,132 @@ def test_every_resource_names_its_cluster(made: Any) -> None:
 def test_root_disks_are_encrypted(made: Any) -> None:
     rec, _, _ = made
     for template in rec.of("LaunchTemplate"):
-        ebs = template.inputs["blockDeviceMappings"][0]["ebs"]
-        assert ebs["encrypted"] == "true"
+        (root,) = template.inputs["blockDeviceMappings"]
+        assert root["ebs"]["encrypted"] == "true"
+        assert root["deviceName"] == "/dev/sda1"  # the Ubuntu image's own (the mock's getAmi)
+    # Azure encrypts managed disks at rest with platform keys; encryption at host is not asked
+    # for (refused where the subscription has not registered it: cloud_rules)
     for vm in rec.of("compute:VirtualMachine") + rec.of("VirtualMachineScaleSet"):
-        profile = (
-            vm.inputs.get("securityProfile")
-            or vm.inputs["virtualMachineProfile"]["securityProfile"]
+        profile = vm.inputs.get("virtualMachineProfile", vm.inputs)
+        assert "securityProfile" not in profile
+        assert profile["storageProfile"]["osDisk"]["managedDisk"]["storageAccountType"] == (
+            "Premium_LRS"
         )
-        assert profile["encryptionAtHost"] is True
     # GCP encrypts every disk at rest with Google's keys; no template turns that off
     for template in rec.of("instanceTemplate:InstanceTemplate"):
         assert "diskEncryptionKey" not in template.inputs["disks"][0]
+
+
+def _variant(tmp_path: Path, name: str, *edits: tuple[str, str]) -> Path:
+    text = SPECS[0].read_text()
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_efa_traffic_is_allowed_both_ways_and_containers_reach_the_metadata(made: Any) -> None:
+    rec, _, _ = made
+    for sg in rec.of("ec2/securityGroup:SecurityGroup"):
+        own = [r for r in sg.inputs["ingress"] if r.get("self")]
+        out = [r for r in sg.inputs["egress"] if r.get("self")]
+        assert own and out and own[0]["protocol"] == out[0]["protocol"] == "-1"
+        assert "'" not in sg.inputs["description"]
+    for template in rec.of("LaunchTemplate"):
+        metadata = template.inputs["metadataOptions"]
+        assert metadata == {"httpTokens": "required", "httpPutResponseHopLimit": 2}
+
+
+def test_debian_nodes_keep_the_images_root_device(tmp_path: Path) -> None:
+    spec = _variant(
+        tmp_path,
+        "debian",
+        ("os: ubuntu22.04", "os: debian12"),
+        # Azure's GPU VMs take Ubuntu only (the spec refuses Debian there)
+        (
+            "  - {name: aza100, role: compute, profile: azure-nd-a100-v4, provider: azure, "
+            "region: eastus,\n     count: 2}\n",
+            "",
+        ),
+    )
+    rec, _, _ = build(spec)
+    for template in rec.of("LaunchTemplate"):
+        assert template.inputs["blockDeviceMappings"][0]["deviceName"] == "/dev/xvda"
+
+
+def test_long_names_fit_compute_engine_and_stay_apart(tmp_path: Path) -> None:
+    cluster = "c" * 40 + "-research-cluster"  # 57 characters, a valid host name
+    spec = _variant(
+        tmp_path,
+        "long",
+        ("name: cloudy", f"name: {cluster}"),
+        ("name: gcph100", "name: gcph100trainingpoolwithlongname"),
+    )
+    rec, built, _ = build(spec)  # the rules (cloud_rules) hold for every name
+    names = [m.inputs.get("name") or m.name for m in rec.made if m.typ.startswith("gcp:compute")]
+    assert len(names) == len(set(names))
+    template = rec.of("instanceTemplate:InstanceTemplate")[0].inputs["name"]
+    full = f"{cluster}-gcph100trainingpoolwithlongname"
+    assert len(template) == 63 and template[:54] == full[:54] and template[54] == "-"
+    # bursting finds the template by the same name (provision/burst/gcp.py)
+    from provision.burst.config import cloud_template
+
+    assert cloud_template(built.spec.name, "gcph100trainingpoolwithlongname") == template
+
+
+def test_an_image_sold_under_a_plan_is_named_with_it(tmp_path: Path) -> None:
+    profile = (
+        "profiles:\n  azure-d32:\n    description: Azure D32s v5, CPU only\n"
+        "    providers: [azure]\n    instance_type: Standard_D32s_v5\n"
+        "    cpu: {model: Xeon 8370C, sockets: 1, cores_per_socket: 16, threads_per_core: 2}\n"
+        "    memory_gib: 128\n    max_power_w: 600\n"
+    )
+    spec = _variant(
+        tmp_path,
+        "rocky",
+        ("os: ubuntu22.04", "os: rocky9"),
+        ("profile: azure-nd-a100-v4", "profile: azure-d32"),
+        ("security:", profile + "security:"),
+    )
+    rec, cluster, _ = build(spec)
+    (vm, *_) = rec.of("compute:VirtualMachine")
+    assert vm.inputs["plan"] == {
+        "name": "9-base",
+        "product": "rockylinux-x86_64",
+        "publisher": "resf",
+    }
+    from provision.providers.cloud.layout import describe, layout
+
+    lines = describe(layout(cluster, "azure", KEY))
+    assert any(
+        "az vm image terms accept --urn resf:rockylinux-x86_64:9-base:latest" in x for x in lines
+    )
+
+
+def test_the_rules_refuse_what_the_clouds_refuse() -> None:
+    """The mocks' rules themselves, on resources as an unfixed program made them."""
+    sg = {"description": "the cluster's rule set", "ingress": [{"description": "ssh"}]}
+    assert cloud_rules.refusals("aws:ec2/securityGroup:SecurityGroup", "x", sg)
+    sg["description"] = "x" * 256
+    assert cloud_rules.refusals("aws:ec2/securityGroup:SecurityGroup", "x", sg)
+    nics = [{"associatePublicIpAddress": "true"}, {}]
+    lt = {"name": "c-p5", "networkInterfaces": nics}
+    assert cloud_rules.refusals("aws:ec2/launchTemplate:LaunchTemplate", "c-p5", lt)
+    assert not cloud_rules.refusals(
+        "aws:ec2/launchTemplate:LaunchTemplate", "c", {"networkInterfaces": nics[:1]}
+    )
+    gcp = "gcp:compute/instanceFromTemplate:InstanceFromTemplate"
+    assert cloud_rules.refusals(gcp, "n", {"name": "node1"})  # no zone
+    assert not cloud_rules.refusals(gcp, "n", {"name": "node1", "zone": "us-central1-a"})
+    assert cloud_rules.refusals("gcp:compute/network:Network", "a" * 56, {})  # 56 + 8 > 63
+    assert cloud_rules.refusals("gcp:compute/network:Network", "Net", {})
+    vm = {
+        "storageProfile": {"imageReference": {"publisher": "resf", "offer": "rockylinux-x86_64"}},
+        "securityProfile": {"encryptionAtHost": True},
+    }
+    assert len(cloud_rules.refusals("azure-native:compute:VirtualMachine", "v", vm)) == 2
 
 
 def _world_open(rec: Recorder) -> list[str]:

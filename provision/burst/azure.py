@@ -1,6 +1,7 @@
 """Burst nodes as Azure VMs made in the pool's Flexible scale set from its VM profile (the
 cluster's Pulumi stack made the scale set with capacity 0: size, image, disk, accelerated
-networking, security group, proximity placement group, encryption at host).
+networking, security group, proximity placement group, and the image's Marketplace plan where
+it has one).
 
 The standard library only: the token and the subscription come from the head's managed
 identity through the instance metadata service, and Resource Manager is plain JSON over HTTPS.
@@ -131,11 +132,14 @@ class AzureBackend(Backend):
             properties["proximityPlacementGroup"] = scale_set["properties"][
                 "proximityPlacementGroup"
             ]
-        return {
+        body = {
             "location": scale_set["location"],
             "tags": {**self.cloud.tags, TAG_NODE: node},
             "properties": properties,
         }
+        if "plan" in scale_set:  # a Marketplace image sold under a plan: each VM names it
+            body["plan"] = scale_set["plan"]
+        return body
 
     def _provisioned(self, node: str) -> dict[str, Any]:
         """Wait until the VM is provisioned or failed; the VM with its instance view."""

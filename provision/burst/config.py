@@ -8,6 +8,7 @@ identity (the SDK's own chain: instance profile, or a credentials file root read
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +30,23 @@ TAG_POOL = "provision-pool"
 TAG_NODE = "provision-node"
 
 
+# the shortest limit on those names: a Compute Engine name (63), an Azure scale set's (64)
+CLOUD_NAME_MAX = 63
+
+
+def fit_name(name: str, limit: int = CLOUD_NAME_MAX) -> str:
+    """`name` where it fits in `limit` characters; else its start and a hash of all of it, so
+    two long names stay apart and the same one always gives the same."""
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: limit - 9].rstrip('-')}-{digest}"
+
+
 def cloud_template(cluster: str, pool: str) -> str:
     """The name of what the cluster's stack makes for a pool to start instances from (AWS
-    launch template, GCP instance template, Azure scale set)."""
-    return f"{cluster}-{pool}"
+    launch template, GCP instance template, Azure scale set); one every cloud takes."""
+    return fit_name(f"{cluster}-{pool}")
 
 
 def cloud_group(cluster: str) -> str:

@@ -96,6 +96,15 @@ def _check_pools(spec: Spec) -> list[Problem]:
                         f", not on '{pool.provider}': change the provider or the profile",
                     )
                 )
+            if pool.provider == "azure" and profile.gpu and spec.os in ("debian12", "rocky9"):
+                problems.append(
+                    (
+                        ("os",),
+                        f"Azure's GPU VMs (pool '{pool.name}', {pool.profile}) support Ubuntu "
+                        f"(Microsoft's Ubuntu-HPC images), not {spec.os}: use ubuntu22.04 or "
+                        "ubuntu24.04",
+                    )
+                )
             have = profile.gpu.count if profile.gpu else 0
             if pool.gpus is not None and pool.gpus != have:
                 problems.append(
@@ -152,6 +161,11 @@ def _check_pools(spec: Spec) -> list[Problem]:
                     )
             if pool.region is None:
                 problems.append((at, f"{pool.provider} pools need 'region'"))
+            if pool.provider == "gcp" and pool.zone is None:
+                # Compute Engine makes an instance in one zone, and refuses one without it
+                problems.append(
+                    (at, "gcp pools need 'zone' (their instances live in one: us-central1-a)")
+                )
         elif pool.region is not None or pool.zone is not None:
             problems.append(
                 (

@@ -554,7 +554,9 @@ class Pool(Model):
         description="MIG layout applied to every GPU of the pool at boot, e.g. seven 1g.10gb",
     )
     region: CloudPlace | None = Field(default=None, description="cloud region (cloud providers)")
-    zone: CloudPlace | None = Field(default=None, description="cloud zone (cloud providers)")
+    zone: CloudPlace | None = Field(
+        default=None, description="cloud zone (cloud providers; gcp pools need one)"
+    )
 
     @property
     def size(self) -> int:

@@ -1,10 +1,16 @@
 """The cluster's AWS side as one Pulumi component: a VPC, its subnet and route to the internet, a
 key pair, and per pool a security group from the cluster's rule set, a cluster placement group
 (GPU pools), a launch template (EFA interfaces where the type has them, encrypted root volume)
-and the pool's lasting instances. Burst nodes reuse the launch template later."""
+and the pool's lasting instances. Burst nodes reuse the launch template later.
+
+EC2's rules the program keeps (tests/cloud_rules.py holds them for the mocks): descriptions only
+in EC2's character set; no public address asked of a template with several network interfaces
+(InvalidParameterCombination): a lasting node of such a type gets an Elastic IP on its primary
+interface instead, as ParallelCluster gives its multi-card head node."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pulumi
@@ -13,7 +19,15 @@ import pulumi_aws as aws
 from provision.burst.config import cloud_template
 from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, CloudPool
 
-# Official images of each OS (owner account, name pattern)
+# the characters EC2 takes in a security group's and a rule's description
+_EC2_TEXT = re.compile(r"[^a-zA-Z0-9. _\-:/()#,@\[\]+=&;{}!$*]")
+# IMDSv2 answers a container on the node too: a PUT crosses one more hop (the bridge)
+_METADATA_HOPS = 2
+
+
+def ec2_text(text: str) -> str:
+    """A description EC2 takes: its own characters only, at most 255."""
+    return _EC2_TEXT.sub("", text)[:255]
 
 
 class AwsCluster(pulumi.ComponentResource):
@@ -75,7 +89,7 @@ class AwsCluster(pulumi.ComponentResource):
         self.nodes: dict[str, dict[str, pulumi.Output[str]]] = {}
         self.templates: dict[str, pulumi.Output[str]] = {}
         for pool in layout.pools:
-            self._pool(layout, pool, vpc, subnet, key, image.id, here)
+            self._pool(layout, pool, vpc, subnet, key, image, here)
         self.register_outputs({"nodes": self.nodes, "templates": self.templates})
 
     def _pool(
@@ -85,7 +99,7 @@ class AwsCluster(pulumi.ComponentResource):
         vpc: aws.ec2.Vpc,
         subnet: aws.ec2.Subnet,
         key: aws.ec2.KeyPair,
-        image_id: pulumi.Output[str],
+        image: pulumi.Output[Any],
         here: pulumi.ResourceOptions,
     ) -> None:
         tags = layout.tags(pool.name)
@@ -103,13 +117,15 @@ class AwsCluster(pulumi.ComponentResource):
         template = aws.ec2.LaunchTemplate(
             layout.name(pool.name, "lt"),
             name=cloud_template(layout.cluster, pool.name),
-            image_id=image_id,
+            image_id=image.id,
             instance_type=pool.instance_type,
             key_name=key.key_name,
             network_interfaces=_interfaces(pool, subnet, group),
             block_device_mappings=[
                 aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
-                    device_name="/dev/sda1",
+                    # the image's own root device (Debian's /dev/xvda, Ubuntu's /dev/sda1):
+                    # another name would add a spare volume and leave the root as it was
+                    device_name=image.root_device_name,
                     ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
                         volume_size=ROOT_GB,
                         volume_type="gp3",
@@ -118,7 +134,9 @@ class AwsCluster(pulumi.ComponentResource):
                     ),
                 )
             ],
-            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(http_tokens="required"),
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_tokens="required", http_put_response_hop_limit=_METADATA_HOPS
+            ),
             tag_specifications=[
                 aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=tags)
                 for kind in ("instance", "volume", "network-interface")
@@ -137,7 +155,17 @@ class AwsCluster(pulumi.ComponentResource):
                 tags={**tags, "Name": node},
                 opts=here,
             )
-            self.nodes[node] = {"private": instance.private_ip, "public": instance.public_ip}
+            public = instance.public_ip
+            if pool.efa > 1:  # the template asks no public address: one on the first interface
+                address = aws.ec2.Eip(
+                    layout.name(node, "eip"),
+                    domain="vpc",
+                    network_interface=instance.primary_network_interface_id,
+                    tags={**tags, "Name": node},
+                    opts=here,
+                )
+                public = address.public_ip
+            self.nodes[node] = {"private": instance.private_ip, "public": public}
 
 
 def _security_group(
@@ -147,14 +175,15 @@ def _security_group(
     tags: dict[str, str],
     here: pulumi.ResourceOptions,
 ) -> aws.ec2.SecurityGroup:
-    """The pool's ingress from the cluster's rule set, all traffic among its own members."""
+    """The pool's ingress from the cluster's rule set; all traffic among its own members, both
+    ways (EFA's traffic is allowed by the group's own rules, not by addresses)."""
     return aws.ec2.SecurityGroup(
         layout.name(pool.name, "sg"),
         vpc_id=vpc.id,
-        description=f"{layout.cluster} pool {pool.name}: the cluster's rule set",
+        description=ec2_text(f"{layout.cluster} pool {pool.name}: cluster rule set"),
         ingress=[
             aws.ec2.SecurityGroupIngressArgs(
-                description=rule.description,
+                description=ec2_text(rule.description),
                 protocol=rule.protocol,
                 from_port=rule.from_port,
                 to_port=rule.to_port,
@@ -167,7 +196,8 @@ def _security_group(
         egress=[
             aws.ec2.SecurityGroupEgressArgs(
                 protocol="-1", from_port=0, to_port=0, cidr_blocks=["0.0.0.0/0"]
-            )
+            ),
+            aws.ec2.SecurityGroupEgressArgs(protocol="-1", from_port=0, to_port=0, self=True),
         ],
         tags=tags,
         opts=here,
@@ -178,16 +208,21 @@ def _interfaces(
     pool: CloudPool, subnet: aws.ec2.Subnet, group: aws.ec2.SecurityGroup
 ) -> list[aws.ec2.LaunchTemplateNetworkInterfaceArgs]:
     """One interface, or one EFA per network card where the type has them (32 on p5.48xlarge):
-    card 0 holds the primary interface and the public address."""
+    card 0 holds the primary interface (EFA with its IP address). On P5 the other cards carry
+    EFA only, no IP address (efa-only), as AWS's P5 guide lays them out; on P4d each is a
+    full EFA. A public address is asked for only where there is one interface (EC2 refuses it
+    on several)."""
+    efa_only = pool.instance_type.startswith("p5")
+    cards = pool.efa or 1
     return [
         aws.ec2.LaunchTemplateNetworkInterfaceArgs(
             device_index=0 if card == 0 else 1,
             network_card_index=card if pool.efa else None,
-            interface_type="efa" if pool.efa else None,
+            interface_type=(None if not pool.efa else "efa-only" if card and efa_only else "efa"),
             subnet_id=subnet.id,
             security_groups=[group.id],
-            associate_public_ip_address="true" if card == 0 else None,
+            associate_public_ip_address="true" if cards == 1 else None,
             delete_on_termination="true",
         )
-        for card in range(pool.efa or 1)
+        for card in range(cards)
     ]

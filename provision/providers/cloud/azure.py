@@ -1,7 +1,13 @@
 """The cluster's Azure side as one Pulumi component: a resource group, a virtual network and
 subnet, per pool a network security group from the cluster's rule set and a proximity placement
-group, virtual machines for lasting nodes (encryption at host, accelerated networking) and, for
-burst pools, a scale set of capacity 0 that bursting grows."""
+group, virtual machines for lasting nodes (accelerated networking) and, for burst pools, a scale
+set of capacity 0 that bursting grows.
+
+Azure's rules the program keeps (tests/cloud_rules.py holds them for the mocks): a Marketplace
+image sold under a plan (Rocky Linux) is named with its plan; encryption at host is not asked
+for, as Azure refuses it in a subscription that has not registered the feature
+(Microsoft.Compute/EncryptionAtHost). Managed disks are encrypted at rest all the same (Azure's
+server-side encryption, platform keys)."""
 
 from __future__ import annotations
 
@@ -11,7 +17,13 @@ import pulumi
 import pulumi_azure_native as az
 
 from provision.burst.config import cloud_group, cloud_template
-from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, CloudPool
+from provision.providers.cloud.layout import (
+    AZURE_PLAN_OS,
+    IMAGES,
+    ROOT_GB,
+    CloudLayout,
+    CloudPool,
+)
 
 
 class AzureCluster(pulumi.ComponentResource):
@@ -48,6 +60,11 @@ class AzureCluster(pulumi.ComponentResource):
         publisher, offer, sku = IMAGES[os_name]["azure"]
         self.image = az.compute.ImageReferenceArgs(
             publisher=publisher, offer=offer, sku=sku, version="latest"
+        )
+        self.plan = (
+            az.compute.PlanArgs(name=sku, product=offer, publisher=publisher)
+            if os_name in AZURE_PLAN_OS
+            else None
         )
         # Azure refuses "root" as the admin account
         self.user = layout.admin_user if layout.admin_user != "root" else "azureuser"
@@ -183,7 +200,7 @@ class AzureCluster(pulumi.ComponentResource):
                     az.compute.NetworkInterfaceReferenceArgs(id=nic.id, primary=True)
                 ]
             ),
-            security_profile=_SECURITY,
+            plan=self.plan,
             proximity_placement_group=az.compute.SubResourceArgs(id=where.ppg.id),
             tags=where.tags,
             opts=where.opts,
@@ -207,6 +224,7 @@ class AzureCluster(pulumi.ComponentResource):
             resource_group_name=where.group.name,
             location=where.group.location,
             sku=vmss.SkuArgs(name=pool.instance_type, tier="Standard", capacity=0),
+            plan=self.plan,
             # Flexible: bursting creates named VMs in it from this profile, one per node
             orchestration_mode=vmss.OrchestrationMode.FLEXIBLE,
             platform_fault_domain_count=1,
@@ -245,7 +263,6 @@ class AzureCluster(pulumi.ComponentResource):
                         )
                     ],
                 ),
-                security_profile=_SECURITY,
             ),
             tags=where.tags,
             opts=where.opts,
@@ -264,6 +281,5 @@ class _Where:
     opts: pulumi.ResourceOptions
 
 
-# every machine, lasting or burst: a Premium SSD root of ROOT_GB, encrypted at the host
+# every machine, lasting or burst: a Premium SSD root of ROOT_GB
 _DISK_TYPE = "Premium_LRS"
-_SECURITY = az.compute.SecurityProfileArgs(encryption_at_host=True)

@@ -8,13 +8,22 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
-from provision.burst.config import cloud_template
+from provision.burst.config import cloud_template, fit_name
 from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, CloudPool
+
+# Compute Engine names are at most 63 characters; Pulumi names a resource from its own name
+# plus "-" and 7 characters
+AUTONAMED_MAX = 63 - 8
 
 
 def extra_nic_range(i: int) -> str:
     """The subnetwork of extra NIC i (each NIC of a GCP VM needs its own VPC network)."""
     return f"172.{16 + i}.0.0/16"
+
+
+def _name(layout: CloudLayout, *parts: str) -> str:
+    """A resource's name that Compute Engine takes once Pulumi has added its suffix."""
+    return fit_name(layout.name(*parts), AUTONAMED_MAX)
 
 
 def _labels(layout: CloudLayout, pool: str | None = None) -> dict[str, str]:
@@ -28,17 +37,17 @@ class GcpCluster(pulumi.ComponentResource):
         super().__init__("provision:gcp:Cluster", layout.cluster, None, opts)
         region = next((p.region for p in layout.pools if p.region), None)
         provider = gcp.Provider(
-            layout.name("gcp"),
+            _name(layout, "gcp"),
             region=region,
             default_labels=_labels(layout),
             opts=pulumi.ResourceOptions(parent=self),
         )
         here = pulumi.ResourceOptions(parent=self, provider=provider)
         network = gcp.compute.Network(
-            layout.name("net"), auto_create_subnetworks=False, mtu=8896, opts=here
+            _name(layout, "net"), auto_create_subnetworks=False, mtu=8896, opts=here
         )
         subnet = gcp.compute.Subnetwork(
-            layout.name("subnet"),
+            _name(layout, "subnet"),
             network=network.id,
             ip_cidr_range=layout.cidr,
             region=region,
@@ -47,11 +56,11 @@ class GcpCluster(pulumi.ComponentResource):
         extra = []
         for i in range(max((p.extra_nics for p in layout.pools), default=0)):
             net = gcp.compute.Network(
-                layout.name(f"gpunet{i}"), auto_create_subnetworks=False, mtu=8896, opts=here
+                _name(layout, f"gpunet{i}"), auto_create_subnetworks=False, mtu=8896, opts=here
             )
             extra.append(
                 gcp.compute.Subnetwork(
-                    layout.name(f"gpusubnet{i}"),
+                    _name(layout, f"gpusubnet{i}"),
                     network=net.id,
                     ip_cidr_range=extra_nic_range(i),
                     region=region,
@@ -59,7 +68,7 @@ class GcpCluster(pulumi.ComponentResource):
                 )
             )
             gcp.compute.Firewall(
-                layout.name(f"gpunet{i}-internal"),
+                _name(layout, f"gpunet{i}-internal"),
                 network=net.id,
                 direction="INGRESS",
                 source_ranges=[extra_nic_range(i)],
@@ -85,12 +94,12 @@ class GcpCluster(pulumi.ComponentResource):
         region: str | None,
         here: pulumi.ResourceOptions,
     ) -> None:
-        tag = layout.name(pool.name)
+        tag = _name(layout, pool.name)
         _firewall_rules(layout, pool, network, tag, here)
         policy_link = None
         if pool.gpus:
             policy = gcp.compute.ResourcePolicy(
-                layout.name(pool.name, "compact"),
+                _name(layout, pool.name, "compact"),
                 region=region,
                 group_placement_policy=gcp.compute.ResourcePolicyGroupPlacementPolicyArgs(
                     collocation="COLLOCATED"
@@ -99,7 +108,7 @@ class GcpCluster(pulumi.ComponentResource):
             )
             policy_link = policy.self_link
         template = gcp.compute.InstanceTemplate(
-            layout.name(pool.name, "tpl"),
+            _name(layout, pool.name, "tpl"),
             # a fixed name: bursting makes instances from it by name (provision/burst/gcp.py)
             name=cloud_template(layout.cluster, pool.name),
             machine_type=pool.instance_type,
@@ -130,7 +139,7 @@ class GcpCluster(pulumi.ComponentResource):
         self.templates[pool.name] = template.self_link
         for node in pool.nodes:
             instance = gcp.compute.InstanceFromTemplate(
-                layout.name(node),
+                _name(layout, node),
                 name=node,
                 zone=pool.zone,
                 source_instance_template=template.self_link_unique,
@@ -161,7 +170,7 @@ def _firewall_rules(
             else f"{rule.from_port}-{rule.to_port}"
         )
         gcp.compute.Firewall(
-            layout.name(pool.name, f"in{n}"),
+            _name(layout, pool.name, f"in{n}"),
             network=network.id,
             description=rule.description,
             direction="INGRESS",

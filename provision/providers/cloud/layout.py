@@ -35,6 +35,9 @@ IMAGES: dict[str, dict[str, tuple[str, ...]]] = {
     },
 }
 ROOT_GB = 200
+# Azure Marketplace images sold under a purchase plan (the VM names it, and the subscription
+# accepts its terms once: `az vm image terms accept --urn publisher:offer:sku:latest`)
+AZURE_PLAN_OS = frozenset({"rocky9"})
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class CloudLayout:
     admin_user: str
     ssh_public_key: str
     pools: tuple[CloudPool, ...]
+    os_name: str = "ubuntu22.04"
 
     def tags(self, pool: str | None = None) -> dict[str, str]:
         out = {TAG_CLUSTER: self.cluster}
@@ -127,7 +131,9 @@ def layout(cluster: Cluster, provider: str, ssh_public_key: str) -> CloudLayout:
                 ingress=tuple(ingress),
             )
         )
-    return CloudLayout(spec.name, provider, cidr, spec.ssh.user, ssh_public_key, tuple(pools))
+    return CloudLayout(
+        spec.name, provider, cidr, spec.ssh.user, ssh_public_key, tuple(pools), spec.os
+    )
 
 
 NETWORK = {
@@ -144,6 +150,12 @@ def describe(shape: CloudLayout) -> list[str]:
         extra = max((p.extra_nics for p in shape.pools), default=0)
         if extra:
             lines[0] += f"; {extra} more networks for the extra NICs"
+    if shape.provider == "azure" and shape.os_name in AZURE_PLAN_OS:
+        urn = ":".join(IMAGES[shape.os_name]["azure"])
+        lines.append(
+            f"azure: the image {urn} is sold under a Marketplace plan: accept its terms once "
+            f"per subscription (az vm image terms accept --urn {urn}:latest)"
+        )
     for pool in shape.pools:
         parts = [f"{len(pool.ingress)} ingress rules"]
         if pool.gpus:
@@ -160,6 +172,8 @@ def describe(shape: CloudLayout) -> list[str]:
             nics += f", {1 + pool.extra_nics} gVNIC" if pool.extra_nics else ""
             parts.append(f"{template} {pool.instance_type}{nics}")
         parts.append(f"{len(pool.nodes)} instance(s)")
+        if shape.provider == "aws" and pool.efa > 1 and pool.nodes:
+            parts[-1] += " with an Elastic IP each"  # EC2 gives multi-card ones no address
         if pool.elastic:
             parts.append(f"{pool.elastic} on demand")
         lines.append(f"{shape.provider} pool {pool.name}: " + ", ".join(parts))

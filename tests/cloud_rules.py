@@ -1,0 +1,95 @@
+"""The clouds' own rules for what they accept, as the Pulumi mocks in tests/test_cloud.py enforce
+them: each rule is one the cloud's API refuses a resource for at `pulumi up` (the mocks alone
+accept anything). Each function takes a resource's type and inputs, as Pulumi's mocks see them,
+and returns why the cloud would refuse it, if it would.
+
+Sources, each rule: EC2's CreateSecurityGroup and IpPermission (GroupDescription and rule
+descriptions: a-zA-Z0-9, spaces and ._-:/()#,@[]+=&;{}!$*, at most 255 characters); EC2's
+launch templates (a public address cannot be asked for on a template with several network
+interfaces: InvalidParameterCombination); Compute Engine's resource names (RFC 1035: a
+lower-case letter, then lower-case letters, digits and '-', not ending with '-', at most 63;
+Pulumi's auto-naming adds '-' and 7 characters) and zonal instances (a zone is required); Azure's
+Marketplace images that carry a purchase plan (the VM must name the plan) and encryption at host
+(refused unless the subscription registered Microsoft.Compute/EncryptionAtHost, which a stack
+cannot know).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+AWS_TEXT = re.compile(r"[a-zA-Z0-9. _\-:/()#,@\[\]+=&;{}!$*]{0,255}")
+GCP_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+GCP_AUTONAME_SUFFIX = 8  # "-" and 7 random characters
+# Azure Marketplace images that need a purchase plan on the VM: (publisher, offer)
+AZURE_PLAN_IMAGES = {("resf", "rockylinux-x86_64")}
+
+
+def refusals(typ: str, name: str, inputs: dict[str, Any]) -> list[str]:
+    """Why the cloud would refuse this resource; empty when it would make it."""
+    if typ == "aws:ec2/securityGroup:SecurityGroup":
+        return _aws_security_group(inputs)
+    if typ == "aws:ec2/launchTemplate:LaunchTemplate":
+        return _aws_launch_template(inputs)
+    if typ.startswith("gcp:") and not typ.startswith("gcp:index"):
+        return _gcp(typ, name, inputs)
+    if typ in (
+        "azure-native:compute:VirtualMachine",
+        "azure-native:compute:VirtualMachineScaleSet",
+    ):
+        return _azure_machine(inputs)
+    return []
+
+
+def _aws_security_group(inputs: dict[str, Any]) -> list[str]:
+    texts = [inputs.get("description", "")]
+    texts += [r.get("description", "") for r in inputs.get("ingress", [])]
+    texts += [r.get("description", "") for r in inputs.get("egress", [])]
+    return [
+        f"EC2 refuses the description {text!r} (InvalidParameterValue: characters or length)"
+        for text in texts
+        if not AWS_TEXT.fullmatch(text)
+    ]
+
+
+def _aws_launch_template(inputs: dict[str, Any]) -> list[str]:
+    nics = inputs.get("networkInterfaces", [])
+    if len(nics) > 1 and any("associatePublicIpAddress" in n for n in nics):
+        return [
+            f"EC2 refuses a public address on {inputs.get('name')}, a template with "
+            f"{len(nics)} network interfaces (InvalidParameterCombination)"
+        ]
+    return []
+
+
+def _gcp(typ: str, name: str, inputs: dict[str, Any]) -> list[str]:
+    problems = []
+    given = inputs.get("name")
+    physical = given if given else name
+    limit = 63 if given else 63 - GCP_AUTONAME_SUFFIX
+    if not GCP_NAME.fullmatch(physical) or len(physical) > limit:
+        problems.append(
+            f"Compute Engine refuses the name {physical!r} ({len(physical)} characters"
+            f"{'' if given else ' before Pulumi adds 8'}; at most 63, RFC 1035)"
+        )
+    if typ == "gcp:compute/instanceFromTemplate:InstanceFromTemplate" and not inputs.get("zone"):
+        problems.append(f"Compute Engine refuses the instance {physical!r} without a zone")
+    return problems
+
+
+def _azure_machine(inputs: dict[str, Any]) -> list[str]:
+    profile = inputs.get("virtualMachineProfile", inputs)
+    image = profile.get("storageProfile", {}).get("imageReference", {})
+    problems = []
+    if (image.get("publisher"), image.get("offer")) in AZURE_PLAN_IMAGES and not inputs.get("plan"):
+        problems.append(
+            f"Azure refuses the Marketplace image {image.get('publisher')}:"
+            f"{image.get('offer')} without its purchase plan (VMMarketplaceInvalidInput)"
+        )
+    if profile.get("securityProfile", {}).get("encryptionAtHost"):
+        problems.append(
+            "Azure refuses encryption at host unless the subscription registered "
+            "Microsoft.Compute/EncryptionAtHost (InvalidParameter)"
+        )
+    return problems
