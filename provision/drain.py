@@ -16,6 +16,7 @@ from provision.cluster import compress, pick_nodes
 from provision.errors import OperationError, UsageError
 from provision.lifecycle import open_cluster, ssh_argv
 from provision.parsers.kubernetes import KubeNode, parse_nodes
+from provision.spec.nodes import login_user
 
 POLL_S = 5.0
 
@@ -99,10 +100,11 @@ def drain_nodes(
 
 
 def kubectl(spec_path: Path, state_root: Path) -> str:
-    """kubectl as the cluster's administrator on the first head (through sudo when the SSH
+    """kubectl as the cluster's administrator on the first head (through sudo when its login
     user is not root)."""
-    spec, _, _ = open_cluster(spec_path, state_root)
-    return ("" if spec.ssh.user == "root" else "sudo -n ") + (
+    spec, cluster, _ = open_cluster(spec_path, state_root)
+    user = login_user(spec, cluster.head_nodes[0].provider)
+    return ("" if user == "root" else "sudo -n ") + (
         "kubectl --kubeconfig /etc/kubernetes/admin.conf"
     )
 

@@ -40,6 +40,7 @@ from provision.run.wheel import build_wheel
 from provision.secrets import ensure_cluster_secrets, monitoring_secrets
 from provision.spec import Spec, load_spec
 from provision.spec.models import CLOUD_PROVIDERS, PROVIDER_ORDER
+from provision.spec.nodes import login_user
 from provision.sshkeys import host_key_options, private_key
 from provision.state import State, command_line
 from provision.verify import CheckResult, verify_cluster
@@ -644,7 +645,8 @@ def ssh_argv(spec_path: Path, state_root: Path, node_name: str, command: list[st
     if address is None:
         why = "elastic nodes exist only while Slurm has them up" if node.elastic else "run apply"
         raise UsageError(f"{node_name} has no known address yet: {why}")
-    argv = ["ssh", *host_key_options(state), "-p", str(spec.ssh.port), "-l", spec.ssh.user]
+    user = login_user(spec, node.provider)
+    argv = ["ssh", *host_key_options(state), "-p", str(spec.ssh.port), "-l", user]
     key = private_key(spec, state)
     if key is not None:
         argv += ["-i", str(key.resolve()), "-o", "IdentitiesOnly=yes"]

@@ -21,7 +21,7 @@ from provision.errors import OperationError
 from provision.render import render_inventory
 
 from . import cloud_rules
-from .conftest import ROOT, load_any
+from .conftest import ROOT, load_any, load_rendered
 from .conftest import run_provision as provision
 
 pulumi = pytest.importorskip("pulumi")  # a dev install has it: the check is for a bare install
@@ -321,6 +321,45 @@ def test_an_image_sold_under_a_plan_is_named_with_it(tmp_path: Path) -> None:
     assert any(
         "az vm image terms accept --urn resf:rockylinux-x86_64:9-base:latest" in x for x in lines
     )
+
+
+def test_each_cloud_logs_in_as_its_images_user_or_a_non_root_one(tmp_path: Path) -> None:
+    """ssh.user root: AWS's images let in their own user (Ubuntu's ubuntu, Debian's admin),
+    Azure refuses root as a VM's administrator, Google's images refuse root over SSH."""
+    from provision.lifecycle import ssh_argv
+    from provision.spec.nodes import login_user
+
+    spec = _variant(tmp_path, "root", ("  user: ubuntu", "  user: root"))
+    rec, cluster, _ = build(spec)
+    inventory = load_rendered(render_inventory(cluster))["all"]  # type: ignore[index]
+    assert inventory["vars"]["ansible_user"] == "root" and "ansible_become" not in inventory["vars"]
+    groups = inventory["children"]
+    login = {
+        p: {k: v for k, v in (groups[f"provider_{p}"].get("vars") or {}).items()}
+        for p in ("static", "aws", "gcp", "azure")
+    }
+    assert login == {
+        "static": {},
+        "aws": {"ansible_user": "ubuntu", "ansible_become": True},
+        "gcp": {"ansible_user": "provision", "ansible_become": True},
+        "azure": {"ansible_user": "azureuser", "ansible_become": True},
+    }
+    # the key goes to that user: GCP's metadata, Azure's administrator (AWS: the key pair)
+    (template,) = rec.of("instanceTemplate:InstanceTemplate")
+    assert template.inputs["metadata"]["ssh-keys"] == f"provision:{KEY}"
+    for vm in rec.of("compute:VirtualMachine"):
+        assert vm.inputs["osProfile"]["adminUsername"] == "azureuser"
+        (key,) = vm.inputs["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"]
+        assert key["path"] == "/home/azureuser/.ssh/authorized_keys"
+    # `provision ssh` logs in the same way
+    node = next(n for n in cluster.nodes if n.provider == "aws")
+    saved = tmp_path / "state" / cluster.spec.name / "cloud-aws.json"
+    saved.parent.mkdir(parents=True)
+    saved.write_text(json.dumps({"nodes": {node.name: {"public": "198.51.100.7"}}}))
+    argv = ssh_argv(spec, tmp_path / "state", node.name, ["true"])
+    assert argv[argv.index("-l") + 1] == "ubuntu" and "198.51.100.7" in argv
+    debian = cluster.spec.model_copy(update={"os": "debian12"})
+    assert login_user(debian, "aws") == "admin" and login_user(debian, "static") == "root"
 
 
 def test_the_rules_refuse_what_the_clouds_refuse() -> None:

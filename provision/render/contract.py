@@ -27,10 +27,13 @@ class Variable:
 
 _TABLE = (
     # connection: Ansible itself reads these
-    Variable("ansible_user", "connection", (), "ssh.user"),
+    Variable(
+        "ansible_user", "connection", (),
+        "ssh.user; on a cloud's nodes the image's user (AWS) or a non-root one (Azure, GCP)",
+    ),
     Variable("ansible_port", "connection", (), "ssh.port"),
     Variable("ansible_python_interpreter", "connection", (), "/usr/bin/python3 on every OS"),
-    Variable("ansible_become", "connection", (), "sudo when ssh.user is not root"),
+    Variable("ansible_become", "connection", (), "sudo when the login user is not root"),
     Variable("ansible_host", "host", (), "the node's management address"),
     # the cluster
     Variable("provision_cluster", "all", ("common",), "name, in the marker of managed blocks"),

@@ -13,6 +13,7 @@ from provision.render.kubernetes import api_endpoint, node_labels, vrrp_router_i
 from provision.render.monitoring import smtp_logins
 from provision.render.yamldata import Template, yaml_mapping, yaml_value
 from provision.spec.fabric import fabric_addresses, rails
+from provision.spec.nodes import login_user
 from provision.spec.storage import export_clients, served_by, split_source
 
 # Where the roles install the rendered nftables sets file on each node.
@@ -85,7 +86,16 @@ def render_inventory(cluster: Cluster) -> str:
         )
     for provider in sorted({p.pool.provider for p in cluster.pools}):
         hosts = [_host(n.name) for n in lasting if n.provider == provider]
-        groups.append({"name": f"provider_{provider}", "vars": [], "hosts": hosts})
+        # a cloud's image decides the login user (AWS), or refuses root (Azure, GCP)
+        user = login_user(spec, provider)
+        login = {} if user == spec.ssh.user else {"ansible_user": user, "ansible_become": True}
+        groups.append(
+            {
+                "name": f"provider_{provider}",
+                "vars": _pairs(emitted(login, "connection")),
+                "hosts": hosts,
+            }
+        )
     all_vars = {
         "ansible_user": spec.ssh.user,
         "ansible_port": spec.ssh.port,

@@ -773,7 +773,12 @@ class Security(Model):
 
 
 class SshAccess(Model):
-    user: UserName = Field(default="root", description="user Ansible logs in as (sudo if not root)")
+    user: UserName = Field(
+        default="root",
+        description="user Ansible logs in as (sudo if not root); on AWS nodes the image's own "
+        "(ubuntu, admin on Debian, rocky), on Azure and GCP azureuser and provision in place "
+        "of root",
+    )
     port: int = Field(default=22, ge=1, le=65535, description="SSH port")
     private_key_file: str | None = Field(
         default=None, description="path to the private key; the lab generates its own"

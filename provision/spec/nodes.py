@@ -13,6 +13,29 @@ LAB_FIRST_HOST_OFFSET = 11
 
 Loc = tuple[str | int, ...]
 
+# The user each OS's official AWS image lets in with the instance's key pair (cloud-init's
+# default user); root logs in on none of them
+AWS_LOGIN = {
+    "ubuntu22.04": "ubuntu",
+    "ubuntu24.04": "ubuntu",
+    "debian12": "admin",
+    "rocky9": "rocky",
+}
+# The account the cluster's stack makes on Azure and GCP VMs when ssh.user is root: Azure
+# refuses root as a VM's administrator, and Google's images refuse root over SSH
+CLOUD_ADMIN = {"azure": "azureuser", "gcp": "provision"}
+
+
+def login_user(spec: Spec, provider: str) -> str:
+    """The user Ansible, verify and `provision ssh` log in as on a node of this provider:
+    ssh.user, except where the cloud's image decides (AWS) or refuses root (Azure, GCP). Not
+    root means sudo."""
+    if provider == "aws":
+        return AWS_LOGIN[spec.os]
+    if provider in CLOUD_ADMIN and spec.ssh.user == "root":
+        return CLOUD_ADMIN[provider]
+    return spec.ssh.user
+
 
 @dataclass(frozen=True)
 class Node:

@@ -16,7 +16,7 @@ from rich.console import Console
 from provision.cluster import Cluster
 from provision.parsers import node as parsers
 from provision.spec.fabric import rails
-from provision.spec.nodes import Node
+from provision.spec.nodes import Node, login_user
 from provision.state import State
 from provision.verify.remote import Remote
 
@@ -53,8 +53,9 @@ def connect_all(
     spec = cluster.spec
 
     def attempt(node: Node) -> tuple[Node, Remote | None, CheckResult]:
+        user = login_user(spec, node.provider)
         remote = Remote(
-            node.name, str(node.address), spec.ssh.user, spec.ssh.port, key_file, state.known_hosts
+            node.name, str(node.address), user, spec.ssh.port, key_file, state.known_hosts
         )
         try:
             remote.connect()
@@ -73,7 +74,7 @@ def connect_all(
                 "ssh",
                 node.name,
                 True,
-                f"{spec.ssh.user}@{node.address} in {remote.connect_seconds:.2f}s",
+                f"{user}@{node.address} in {remote.connect_seconds:.2f}s",
             ),
         )
 

@@ -66,8 +66,8 @@ class AzureCluster(pulumi.ComponentResource):
             if os_name in AZURE_PLAN_OS
             else None
         )
-        # Azure refuses "root" as the admin account
-        self.user = layout.admin_user if layout.admin_user != "root" else "azureuser"
+        # the user the inventory logs in as (Azure refuses "root" as the admin account)
+        self.user = layout.admin_user
         self.nodes: dict[str, dict[str, pulumi.Output[str]]] = {}
         self.templates: dict[str, pulumi.Output[str]] = {}
         for pool in layout.pools:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from provision.burst.config import TAG_CLUSTER, TAG_POOL
 from provision.cluster import Cluster
 from provision.render.firewall import ADMIN, CLUSTER, COMPUTE, HEADS, MONITOR, pool_rules
+from provision.spec.nodes import login_user
 
 # Each OS's official image on each cloud: AWS (owner account, name pattern), GCP (family),
 # Azure (publisher, offer, SKU)
@@ -131,9 +132,8 @@ def layout(cluster: Cluster, provider: str, ssh_public_key: str) -> CloudLayout:
                 ingress=tuple(ingress),
             )
         )
-    return CloudLayout(
-        spec.name, provider, cidr, spec.ssh.user, ssh_public_key, tuple(pools), spec.os
-    )
+    user = login_user(spec, provider)  # AWS: the image's; the key pair goes to it
+    return CloudLayout(spec.name, provider, cidr, user, ssh_public_key, tuple(pools), spec.os)
 
 
 NETWORK = {
