@@ -362,6 +362,38 @@ def test_each_cloud_logs_in_as_its_images_user_or_a_non_root_one(tmp_path: Path)
     assert login_user(debian, "aws") == "admin" and login_user(debian, "static") == "root"
 
 
+def test_azure_machines_go_out_through_a_nat_gateway(made: Any) -> None:
+    rec, cluster, _ = made
+    if not _pools(cluster, "azure"):
+        return
+    (subnet,) = rec.of("network:Subnet")
+    (nat,) = rec.of("network:NatGateway")
+    assert subnet.inputs["natGateway"]["id"] == f"{nat.name}-id"
+    assert subnet.inputs["defaultOutboundAccess"] is False
+    (address,) = [a for a in rec.of("PublicIPAddress") if a.name.endswith("-nat-ip")]
+    assert nat.inputs["publicIpAddresses"] == [{"id": f"{address.name}-id"}]
+    assert nat.inputs["sku"] == {"name": "Standard"}
+
+
+def test_plan_says_what_nccl_runs_over_in_each_cloud() -> None:
+    from provision.providers.cloud.layout import describe, layout
+
+    cluster = Cluster(load_any(SPECS[0]))
+    lines = [x for k in ("aws", "gcp", "azure") for x in describe(layout(cluster, k, KEY))]
+    nccl = [x for x in lines if "NCCL" in x]
+    assert nccl == [
+        "aws pool awsa100: NCCL between nodes over TCP sockets: the EFA software and "
+        "aws-ofi-nccl are not installed yet",
+        "aws pool awsh100: NCCL between nodes over TCP sockets: the EFA software and "
+        "aws-ofi-nccl are not installed yet",
+        "gcp pool gcph100: NCCL between nodes over TCP sockets on the gVNICs: GPUDirect-TCPX "
+        "is not installed",
+        "azure pool aza100: NCCL between nodes over TCP sockets (no RDMA adapters on this "
+        "pool's fabric)",
+    ]
+    assert "azure: resource group, virtual network, subnet, NAT gateway (10.40.0.0/16)" in lines
+
+
 def test_the_rules_refuse_what_the_clouds_refuse() -> None:
     """The mocks' rules themselves, on resources as an unfixed program made them."""
     sg = {"description": "the cluster's rule set", "ingress": [{"description": "ssh"}]}

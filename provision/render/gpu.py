@@ -25,7 +25,14 @@ def nccl_settings(cluster: Cluster, view: PoolView) -> list[tuple[str, str, str]
     ]
     pool_rails = rails(view.profile, fabric.kind)
     if "efa" in kinds:
-        out.append(("NCCL_IB_DISABLE", "1", "EFA: the aws-ofi-nccl plugin carries the traffic"))
+        out.append(
+            (
+                "NCCL_IB_DISABLE",
+                "1",
+                "EFA: only the aws-ofi-nccl plugin drives it, which nothing installs yet: "
+                "NCCL runs over sockets",
+            )
+        )
     elif pool_rails:
         out.append(("NCCL_IB_DISABLE", "0", f"{len(pool_rails)} {fabric.kind} adapters"))
         devices = [r.device for r in pool_rails if r.device]
@@ -45,6 +52,19 @@ def nccl_settings(cluster: Cluster, view: PoolView) -> list[tuple[str, str, str]
     else:
         out.append(("NCCL_IB_DISABLE", "1", "no RDMA adapters on this pool's fabric"))
     return out
+
+
+def nccl_transport(cluster: Cluster, view: PoolView) -> str:
+    """What NCCL's traffic between this pool's nodes runs over, as the rendered file makes it,
+    in words for plan."""
+    value, why = next((v, w) for k, v, w in nccl_settings(cluster, view) if k == "NCCL_IB_DISABLE")
+    if value == "0":
+        return f"RDMA ({why})"
+    if any(h.kind == "efa" for h in view.profile.hcas):
+        return "TCP sockets: the EFA software and aws-ofi-nccl are not installed yet"
+    if any(h.model == "gVNIC" for h in view.profile.hcas):
+        return "TCP sockets on the gVNICs: GPUDirect-TCPX is not installed"
+    return f"TCP sockets ({why})"
 
 
 def nccl_conf(cluster: Cluster, view: PoolView) -> str:

@@ -1,5 +1,6 @@
 """The cluster's Azure side as one Pulumi component: a resource group, a virtual network and
-subnet, per pool a network security group from the cluster's rule set and a proximity placement
+subnet with a NAT gateway (its machines' way out: Azure has retired default outbound access, and
+burst VMs have no public address), per pool a network security group from the cluster's rule set and a proximity placement
 group, virtual machines for lasting nodes (accelerated networking) and, for burst pools, a scale
 set of capacity 0 that bursting grows.
 
@@ -50,11 +51,32 @@ class AzureCluster(pulumi.ComponentResource):
             tags=tags,
             opts=here,
         )
+        outbound = az.network.PublicIPAddress(
+            layout.name("nat-ip"),
+            resource_group_name=group.name,
+            location=group.location,
+            public_ip_allocation_method="Static",
+            sku=az.network.PublicIPAddressSkuArgs(name="Standard"),
+            tags=tags,
+            opts=here,
+        )
+        nat = az.network.NatGateway(
+            layout.name("nat"),
+            resource_group_name=group.name,
+            location=group.location,
+            sku=az.network.NatGatewaySkuArgs(name="Standard"),
+            public_ip_addresses=[az.network.SubResourceArgs(id=outbound.id)],
+            tags=tags,
+            opts=here,
+        )
         subnet = az.network.Subnet(
             layout.name("subnet"),
             resource_group_name=group.name,
             virtual_network_name=vnet.name,
             address_prefix=layout.cidr,
+            nat_gateway=az.network.SubResourceArgs(id=nat.id),
+            # no implicit way out: only the NAT gateway's (or a node's own public address)
+            default_outbound_access=False,
             opts=here,
         )
         publisher, offer, sku = IMAGES[os_name]["azure"]

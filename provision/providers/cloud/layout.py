@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from provision.burst.config import TAG_CLUSTER, TAG_POOL
 from provision.cluster import Cluster
 from provision.render.firewall import ADMIN, CLUSTER, COMPUTE, HEADS, MONITOR, pool_rules
+from provision.render.gpu import nccl_transport
 from provision.spec.nodes import login_user
 
 # Each OS's official image on each cloud: AWS (owner account, name pattern), GCP (family),
@@ -62,6 +63,7 @@ class CloudPool:
     efa: int  # EFA interfaces (AWS)
     extra_nics: int  # NICs beyond the first (GCP's a3: four more gVNICs)
     ingress: tuple[Ingress, ...]
+    nccl: str = ""  # what NCCL runs over between the pool's nodes (GPU pools), for plan
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ def layout(cluster: Cluster, provider: str, ssh_public_key: str) -> CloudLayout:
                 efa=efa,
                 extra_nics=max(0, nics - 1),
                 ingress=tuple(ingress),
+                nccl=nccl_transport(cluster, view) if profile.gpu else "",
             )
         )
     user = login_user(spec, provider)  # AWS: the image's; the key pair goes to it
@@ -139,7 +142,7 @@ def layout(cluster: Cluster, provider: str, ssh_public_key: str) -> CloudLayout:
 NETWORK = {
     "aws": ["VPC", "subnet", "internet gateway", "route table", "key pair"],
     "gcp": ["VPC network", "subnetwork"],
-    "azure": ["resource group", "virtual network", "subnet"],
+    "azure": ["resource group", "virtual network", "subnet", "NAT gateway"],
 }
 
 
@@ -177,4 +180,6 @@ def describe(shape: CloudLayout) -> list[str]:
         if pool.elastic:
             parts.append(f"{pool.elastic} on demand")
         lines.append(f"{shape.provider} pool {pool.name}: " + ", ".join(parts))
+        if pool.nccl:
+            lines.append(f"{shape.provider} pool {pool.name}: NCCL between nodes over {pool.nccl}")
     return lines
