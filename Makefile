@@ -15,7 +15,7 @@ demo: setup
 	@scripts/demo.sh $(SPEC)
 
 test: setup lint typecheck image
-	$(VENV)/pytest -q --durations=25
+	@scripts/pytest-lanes.sh
 	$(MAKE) --no-print-directory molecule
 
 lint: setup
