@@ -1,8 +1,8 @@
 """The cluster's Azure side as one Pulumi component: a resource group, a virtual network and
 subnet with a NAT gateway (its machines' way out: Azure has retired default outbound access, and
-burst VMs have no public address), per pool a network security group from the cluster's rule set and a proximity placement
-group, virtual machines for lasting nodes (accelerated networking) and, for burst pools, a scale
-set of capacity 0 that bursting grows.
+burst VMs have no public address), per pool a network security group from the cluster's rule
+set and a proximity placement group, virtual machines for lasting nodes (accelerated
+networking) and, for burst pools, a scale set of capacity 0 that bursting grows.
 
 Azure's rules the program keeps (tests/cloud_rules.py holds them for the mocks): a Marketplace
 image sold under a plan (Rocky Linux) is named with its plan; encryption at host is not asked
