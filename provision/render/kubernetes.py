@@ -269,67 +269,72 @@ def gpu_manifests(cluster: Cluster) -> str:
     MIG) to the kubelet; feature discovery labels each node with what its GPUs are
     (nvidia.com/gpu.product, .count, .memory, the driver's and CUDA's versions, MIG's state).
     The host's driver and container toolkit, installed by the GPU roles, are used as they are."""
-    mig = any(view.pool.mig for view in cluster.pools)
-    selector = {GPU_LABEL: "true"}
-    labels = {"app.kubernetes.io/name": "nvidia-device-plugin"}
+    strategy = "mixed" if any(view.pool.mig for view in cluster.pools) else "none"
     runtime_class = {
         "apiVersion": "node.k8s.io/v1",
         "kind": "RuntimeClass",
         "metadata": {"name": "nvidia"},
         "handler": "nvidia",
-        "scheduling": {"nodeSelector": selector},
+        "scheduling": {"nodeSelector": {GPU_LABEL: "true"}},
     }
     plugins = "/var/lib/kubelet/device-plugins"
-    daemonset = {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": "nvidia-device-plugin", "namespace": "kube-system", "labels": labels},
-        "spec": {
-            "selector": {"matchLabels": labels},
-            "updateStrategy": {"type": "RollingUpdate"},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": selector,
-                    "priorityClassName": "system-node-critical",
-                    "runtimeClassName": "nvidia",
-                    "tolerations": [
-                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                        {"key": "CriticalAddonsOnly", "operator": "Exists"},
-                    ],
-                    "containers": [
-                        {
-                            "name": "nvidia-device-plugin",
-                            "image": DEVICE_PLUGIN_IMAGE,
-                            "env": [
-                                {"name": "FAIL_ON_INIT_ERROR", "value": "true"},
-                                {"name": "MIG_STRATEGY", "value": "mixed" if mig else "none"},
-                            ],
-                            "securityContext": {
-                                "allowPrivilegeEscalation": False,
-                                "capabilities": {"drop": ["ALL"]},
-                            },
-                            "volumeMounts": [{"name": "device-plugins", "mountPath": plugins}],
-                        }
-                    ],
-                    "volumes": [{"name": "device-plugins", "hostPath": {"path": plugins}}],
-                },
-            },
-        },
+    plugin = {
+        "env": [
+            {"name": "FAIL_ON_INIT_ERROR", "value": "true"},
+            {"name": "MIG_STRATEGY", "value": strategy},
+        ],
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "device-plugins", "mountPath": plugins}],
     }
-    return _yaml(cluster, [runtime_class, daemonset, _feature_discovery(mig)])
+    # feature discovery (the plugin's image, its second program): every minute it writes the
+    # node's GPU labels to a file that Node Feature Discovery's worker turns into the node's
+    # labels. Privileged, as NVIDIA ships it: it reads MIG's capability devices and the
+    # machine's type from /sys.
+    discovery = {
+        "command": ["/usr/bin/gpu-feature-discovery"],
+        "env": [
+            {"name": "GFD_FAIL_ON_INIT_ERROR", "value": "true"},
+            {"name": "GFD_SLEEP_INTERVAL", "value": "60s"},
+            {"name": "MIG_STRATEGY", "value": strategy},
+        ],
+        "securityContext": {"privileged": True},
+        "volumeMounts": [
+            {"name": "output-dir", "mountPath": NFD_FEATURES_DIR},
+            {"name": "host-sys", "mountPath": "/sys", "readOnly": True},
+        ],
+    }
+    documents: list[Mapping[str, object]] = [
+        runtime_class,
+        _gpu_daemonset(
+            "nvidia-device-plugin",
+            plugin,
+            [{"name": "device-plugins", "hostPath": {"path": plugins}}],
+        ),
+        _gpu_daemonset(
+            "gpu-feature-discovery",
+            discovery,
+            [
+                {
+                    "name": "output-dir",
+                    "hostPath": {"path": NFD_FEATURES_DIR, "type": "DirectoryOrCreate"},
+                },
+                {"name": "host-sys", "hostPath": {"path": "/sys", "type": "Directory"}},
+            ],
+        ),
+    ]
+    return _yaml(cluster, documents)
 
 
-def _feature_discovery(mig: bool) -> dict[str, object]:
-    """GPU feature discovery (the device plugin's image, its second program): every minute it
-    writes the node's GPU labels to a file that Node Feature Discovery's worker turns into the
-    node's labels. Privileged, as NVIDIA ships it: it reads MIG's capability devices and the
-    machine's type from /sys."""
-    labels = {"app.kubernetes.io/name": "gpu-feature-discovery"}
+def _gpu_daemonset(
+    name: str, container: Mapping[str, object], volumes: Sequence[Mapping[str, object]]
+) -> dict[str, object]:
+    """A DaemonSet of NVIDIA's image on every node with the GPU label, through the `nvidia`
+    runtime, critical to the node, past the GPU taint."""
+    labels = {"app.kubernetes.io/name": name}
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
-        "metadata": {"name": "gpu-feature-discovery", "namespace": "kube-system", "labels": labels},
+        "metadata": {"name": name, "namespace": "kube-system", "labels": labels},
         "spec": {
             "selector": {"matchLabels": labels},
             "updateStrategy": {"type": "RollingUpdate"},
@@ -343,30 +348,8 @@ def _feature_discovery(mig: bool) -> dict[str, object]:
                         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
                         {"key": "CriticalAddonsOnly", "operator": "Exists"},
                     ],
-                    "containers": [
-                        {
-                            "name": "gpu-feature-discovery",
-                            "image": DEVICE_PLUGIN_IMAGE,
-                            "command": ["/usr/bin/gpu-feature-discovery"],
-                            "env": [
-                                {"name": "GFD_FAIL_ON_INIT_ERROR", "value": "true"},
-                                {"name": "GFD_SLEEP_INTERVAL", "value": "60s"},
-                                {"name": "MIG_STRATEGY", "value": "mixed" if mig else "none"},
-                            ],
-                            "securityContext": {"privileged": True},
-                            "volumeMounts": [
-                                {"name": "output-dir", "mountPath": NFD_FEATURES_DIR},
-                                {"name": "host-sys", "mountPath": "/sys", "readOnly": True},
-                            ],
-                        }
-                    ],
-                    "volumes": [
-                        {
-                            "name": "output-dir",
-                            "hostPath": {"path": NFD_FEATURES_DIR, "type": "DirectoryOrCreate"},
-                        },
-                        {"name": "host-sys", "hostPath": {"path": "/sys", "type": "Directory"}},
-                    ],
+                    "containers": [{"name": name, "image": DEVICE_PLUGIN_IMAGE, **container}],
+                    "volumes": volumes,
                 },
             },
         },

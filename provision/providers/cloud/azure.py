@@ -51,15 +51,7 @@ class AzureCluster(pulumi.ComponentResource):
             tags=tags,
             opts=here,
         )
-        outbound = az.network.PublicIPAddress(
-            layout.name("nat-ip"),
-            resource_group_name=group.name,
-            location=group.location,
-            public_ip_allocation_method="Static",
-            sku=az.network.PublicIPAddressSkuArgs(name="Standard"),
-            tags=tags,
-            opts=here,
-        )
+        outbound = _static_address(layout.name("nat-ip"), group, tags, here)
         nat = az.network.NatGateway(
             layout.name("nat"),
             resource_group_name=group.name,
@@ -170,15 +162,7 @@ class AzureCluster(pulumi.ComponentResource):
     def _vm(self, layout: CloudLayout, pool: CloudPool, node: str, where: _Where) -> None:
         """A lasting node: a static public address, an accelerated NIC, the VM."""
         group = where.group
-        address = az.network.PublicIPAddress(
-            layout.name(node, "ip"),
-            resource_group_name=group.name,
-            location=group.location,
-            public_ip_allocation_method="Static",
-            sku=az.network.PublicIPAddressSkuArgs(name="Standard"),
-            tags=where.tags,
-            opts=where.opts,
-        )
+        address = _static_address(layout.name(node, "ip"), group, where.tags, where.opts)
         nic = az.network.NetworkInterface(
             layout.name(node, "nic"),
             resource_group_name=group.name,
@@ -289,6 +273,24 @@ class AzureCluster(pulumi.ComponentResource):
             tags=where.tags,
             opts=where.opts,
         )
+
+
+def _static_address(
+    name: str,
+    group: az.resources.ResourceGroup,
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> az.network.PublicIPAddress:
+    """A static public address (Standard: what a NAT gateway and a zonal VM take)."""
+    return az.network.PublicIPAddress(
+        name,
+        resource_group_name=group.name,
+        location=group.location,
+        public_ip_allocation_method="Static",
+        sku=az.network.PublicIPAddressSkuArgs(name="Standard"),
+        tags=tags,
+        opts=opts,
+    )
 
 
 @dataclass(frozen=True)
