@@ -143,14 +143,14 @@ def component(kind: str, cluster: Cluster, ssh_public_key: str) -> Any:
     if kind == "aws":
         from provision.providers.cloud.aws import AwsCluster
 
-        return AwsCluster(shape, cluster.spec.os)
+        return AwsCluster(shape)
     if kind == "gcp":
         from provision.providers.cloud.gcp import GcpCluster
 
-        return GcpCluster(shape, cluster.spec.os)
+        return GcpCluster(shape)
     from provision.providers.cloud.azure import AzureCluster
 
-    return AzureCluster(shape, cluster.spec.os)
+    return AzureCluster(shape)
 
 
 def program(kind: str, cluster: Cluster, ssh_public_key: str) -> Callable[[], None]:

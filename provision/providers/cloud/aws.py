@@ -31,9 +31,7 @@ def ec2_text(text: str) -> str:
 
 
 class AwsCluster(pulumi.ComponentResource):
-    def __init__(
-        self, layout: CloudLayout, os_name: str, opts: pulumi.ResourceOptions | None = None
-    ) -> None:
+    def __init__(self, layout: CloudLayout, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("provision:aws:Cluster", layout.cluster, None, opts)
         region = next((p.region for p in layout.pools if p.region), None)
         provider = aws.Provider(
@@ -79,7 +77,7 @@ class AwsCluster(pulumi.ComponentResource):
             tags=tags,
             opts=here,
         )
-        owner, pattern = IMAGES[os_name]["aws"]
+        owner, pattern = IMAGES[layout.os_name]["aws"]
         image = aws.ec2.get_ami_output(
             owners=[owner],
             most_recent=True,

@@ -28,9 +28,7 @@ from provision.providers.cloud.layout import (
 
 
 class AzureCluster(pulumi.ComponentResource):
-    def __init__(
-        self, layout: CloudLayout, os_name: str, opts: pulumi.ResourceOptions | None = None
-    ) -> None:
+    def __init__(self, layout: CloudLayout, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("provision:azure:Cluster", layout.cluster, None, opts)
         here = pulumi.ResourceOptions(parent=self)
         location = next((p.region for p in layout.pools if p.region), None)
@@ -71,13 +69,13 @@ class AzureCluster(pulumi.ComponentResource):
             default_outbound_access=False,
             opts=here,
         )
-        publisher, offer, sku = IMAGES[os_name]["azure"]
+        publisher, offer, sku = IMAGES[layout.os_name]["azure"]
         self.image = az.compute.ImageReferenceArgs(
             publisher=publisher, offer=offer, sku=sku, version="latest"
         )
         self.plan = (
             az.compute.PlanArgs(name=sku, product=offer, publisher=publisher)
-            if os_name in AZURE_PLAN_OS
+            if layout.os_name in AZURE_PLAN_OS
             else None
         )
         # the user the inventory logs in as (Azure refuses "root" as the admin account)

@@ -31,9 +31,7 @@ def _labels(layout: CloudLayout, pool: str | None = None) -> dict[str, str]:
 
 
 class GcpCluster(pulumi.ComponentResource):
-    def __init__(
-        self, layout: CloudLayout, os_name: str, opts: pulumi.ResourceOptions | None = None
-    ) -> None:
+    def __init__(self, layout: CloudLayout, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("provision:gcp:Cluster", layout.cluster, None, opts)
         region = next((p.region for p in layout.pools if p.region), None)
         provider = gcp.Provider(
@@ -79,7 +77,7 @@ class GcpCluster(pulumi.ComponentResource):
         self.templates: dict[str, pulumi.Output[str]] = {}
         for pool in layout.pools:
             self._pool(
-                layout, pool, network, subnet, extra, IMAGES[os_name]["gcp"][0], region, here
+                layout, pool, network, subnet, extra, IMAGES[layout.os_name]["gcp"][0], region, here
             )
         self.register_outputs({"nodes": self.nodes, "templates": self.templates})
 

@@ -74,7 +74,7 @@ class CloudLayout:
     admin_user: str
     ssh_public_key: str
     pools: tuple[CloudPool, ...]
-    os_name: str = "ubuntu22.04"
+    os_name: str  # the spec's os: which image each cloud starts
 
     def tags(self, pool: str | None = None) -> dict[str, str]:
         out = {TAG_CLUSTER: self.cluster}
