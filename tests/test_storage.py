@@ -229,8 +229,10 @@ def test_storage_the_nodes_would_fail_at_is_refused(
 def test_a_pool_without_addresses_cannot_be_named_as_clients(tmp_path: Path) -> None:
     text = SPEC.replace(
         "profile: cpu-node, count: 2, first_address: 10.1.0.30",
-        "profile: aws-p5.48xlarge, provider: aws, region: us-east-1, count: 2",
+        "profile: aws-p5.48xlarge, provider: aws, region: us-east-1, count: 2, network: aws",
     )
+    remote = "\n  remote: [{name: aws, cidr: 10.2.0.0/16}]"
+    text = text.replace("domain: st.example.org}", "domain: st.example.org}" + remote)
     path = tmp_path / "st.yaml"
     path.write_text(text)
     with pytest.raises(SpecError) as raised:

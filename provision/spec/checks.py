@@ -12,7 +12,7 @@ from provision.spec.exposure import WIDE, describe_size, public_addresses
 from provision.spec.fabric import fabric_addresses, fabric_hcas
 from provision.spec.loader import load_profiles
 from provision.spec.models import BURST_PROVIDERS, CLOUD_PROVIDERS, Health, Spec, port_range
-from provision.spec.nodes import Loc, Node, expand_nodes_checked
+from provision.spec.nodes import Loc, Node, expand_nodes_checked, node_network
 from provision.spec.ports import (
     HEALTH_KEYS,
     SLURM_DIRECTORIES,
@@ -199,6 +199,20 @@ def _check_networks(spec: Spec) -> list[Problem]:
                         "give each network its own range",
                     )
                 )
+    for i, remote in enumerate(spec.network.remote):
+        nets.append((("network", "remote", i, "cidr"), remote.cidr))
+    for a in range(len(nets)):
+        for b in range(a):
+            if nets[a][1].overlaps(nets[b][1]) and nets[a][0][1] == "remote":
+                other = ".".join(str(p) for p in nets[b][0])
+                problems.append(
+                    (
+                        nets[a][0],
+                        f"{nets[a][1]} overlaps {other} ({nets[b][1]}): a remote network "
+                        "needs its own range, or no route can tell the two apart",
+                    )
+                )
+    problems += _check_remote(spec)
     if spec.network.fabric.kind != "ethernet" and spec.network.fabric.subnet is None:
         problems.append(
             (
@@ -206,6 +220,82 @@ def _check_networks(spec: Spec) -> list[Problem]:
                 f"a {spec.network.fabric.kind} fabric needs 'subnet' for its IP addresses",
             )
         )
+    return problems
+
+
+def _check_remote(spec: Spec) -> list[Problem]:
+    """Remote networks: each named once and used; pools name one that exists; a cloud's pools
+    share one, which no other provider uses; what the tunnel cannot carry yet is refused."""
+    problems: list[Problem] = []
+    names: dict[str, int] = {}
+    for i, remote in enumerate(spec.network.remote):
+        if remote.name in names:
+            problems.append(
+                (("network", "remote", i, "name"), f"'{remote.name}' is used twice: rename one")
+            )
+        names.setdefault(remote.name, i)
+    used_by: dict[str, str] = {}  # remote network -> the cloud on it
+    cloud_net: dict[str, str] = {}  # cloud -> its remote network
+    for i, pool in enumerate(spec.pools):
+        at: Loc = ("pools", i, "network")
+        if pool.network is None:
+            if pool.provider in CLOUD_PROVIDERS:
+                problems.append(
+                    (
+                        at,
+                        f"pools on {pool.provider} need a remote network: the cloud's own "
+                        "address range (network.remote), which its nodes reach the head "
+                        "from through the tunnel",
+                    )
+                )
+            continue
+        if pool.network not in names:
+            known = ", ".join(names) or "none"
+            problems.append((at, f"no remote network '{pool.network}' (network.remote: {known})"))
+            continue
+        if pool.role != "compute":
+            problems.append(
+                (at, f"{pool.role} pools on a remote network: not supported yet (compute only)")
+            )
+        elif pool.provider == "lab":
+            problems.append((at, "lab pools on a remote network: not supported yet"))
+        elif pool.provider in CLOUD_PROVIDERS:
+            cloud = used_by.setdefault(pool.network, pool.provider)
+            mine = cloud_net.setdefault(pool.provider, pool.network)
+            if cloud != pool.provider:
+                problems.append(
+                    (at, f"'{pool.network}' is {cloud}'s network: give {pool.provider} its own")
+                )
+            elif mine != pool.network:
+                problems.append(
+                    (
+                        at,
+                        f"the {pool.provider} pools share one network ('{mine}'): one per "
+                        "cloud and cluster",
+                    )
+                )
+    on_remote = {p.network for p in spec.pools if p.network is not None}
+    for i, remote in enumerate(spec.network.remote):
+        if remote.name not in on_remote:
+            problems.append(
+                (("network", "remote", i), f"no pool is on '{remote.name}': remove it or use it")
+            )
+    if on_remote:
+        heads = sum(p.size for p in spec.pools if p.role == "head")
+        if heads > 1:
+            problems.append(
+                (
+                    ("network", "remote"),
+                    "remote networks with more than one head: not supported yet (the tunnel's "
+                    "hub is the first head)",
+                )
+            )
+        if spec.scheduler == "kubernetes":
+            problems.append(
+                (("network", "remote"), "remote networks under Kubernetes: not supported yet")
+            )
+    elif spec.network.tunnel.model_fields_set:
+        problems.append((("network", "tunnel"), "no pool is on a remote network: remove it"))
     return problems
 
 
@@ -756,9 +846,10 @@ def _check_nodes(spec: Spec, nodes: list[Node]) -> list[Problem]:
             )
     names: dict[str, Loc] = {}
     addresses: dict[ipaddress.IPv4Address, str] = {}
-    mgmt = spec.network.management.cidr
     bmc = spec.network.bmc.cidr if spec.network.bmc else None
     for node in nodes:
+        mgmt = node_network(spec, node.pool)
+        where = "the management network" if mgmt == spec.network.management.cidr else "its network"
         if node.name in names:
             problems.append(
                 (
@@ -782,8 +873,7 @@ def _check_nodes(spec: Spec, nodes: list[Node]) -> list[Problem]:
                 problems.append(
                     (
                         (*node.loc, field),
-                        f"{node.name}'s address {node.address} is outside the management "
-                        f"network {mgmt}",
+                        f"{node.name}'s address {node.address} is outside {where} {mgmt}",
                     )
                 )
             elif node.address in addresses:

@@ -498,6 +498,34 @@ class Fabric(Model):
     )
 
 
+class RemoteNetwork(Model):
+    """An address range away from the management network (a cloud's network, another site),
+    joined to it by the WireGuard tunnel from the first head."""
+
+    name: PoolName = Field(description="what pools call it in their `network`")
+    cidr: ipaddress.IPv4Network = Field(
+        description="its addresses: a cloud's network is made with this range; must not overlap "
+        "the other networks"
+    )
+
+
+class Tunnel(Model):
+    """WireGuard between the first head (the hub) and every node on a remote network."""
+
+    endpoint: TimeServer | None = Field(
+        default=None,
+        description="the head's address or DNS name as remote nodes reach it (its public "
+        "address, or a NAT that forwards the port to it); unset: its management address",
+    )
+    port: int = Field(default=51820, ge=1, le=65535, description="the head's WireGuard UDP port")
+    sources: list[ipaddress.IPv4Network] = Field(
+        default=[ipaddress.IPv4Network("0.0.0.0/0")],
+        min_length=1,
+        description="where remote nodes' tunnel packets may come from (their public or NAT "
+        "addresses); WireGuard answers nothing that is not signed by a peer's key",
+    )
+
+
 class Networks(Model):
     """The cluster's networks; they must not overlap."""
 
@@ -508,6 +536,14 @@ class Networks(Model):
     )
     time_servers: list[TimeServer] = Field(
         default=[], description="NTP servers the head pool follows; other nodes follow the head"
+    )
+    remote: list[RemoteNetwork] = Field(
+        default=[],
+        description="networks away from the management network: each cloud's, or another "
+        "site's; their nodes reach the cluster through the tunnel",
+    )
+    tunnel: Tunnel = Field(
+        default=Tunnel(), description="the WireGuard path between the head and remote networks"
     )
 
 
@@ -552,6 +588,11 @@ class Pool(Model):
         default=None,
         min_length=1,
         description="MIG layout applied to every GPU of the pool at boot, e.g. seven 1g.10gb",
+    )
+    network: PoolName | None = Field(
+        default=None,
+        description="the remote network (network.remote) the nodes live on, reached through "
+        "the tunnel; unset: the management network. Cloud pools need one",
     )
     region: CloudPlace | None = Field(default=None, description="cloud region (cloud providers)")
     zone: CloudPlace | None = Field(

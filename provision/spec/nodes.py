@@ -37,6 +37,16 @@ def login_user(spec: Spec, provider: str) -> str:
     return spec.ssh.user
 
 
+def node_network(spec: Spec, pool_name: str) -> ipaddress.IPv4Network:
+    """The network a pool's nodes have their addresses in: its remote network, or the
+    management network."""
+    pool = next(p for p in spec.pools if p.name == pool_name)
+    for remote in spec.network.remote:
+        if remote.name == pool.network:
+            return remote.cidr
+    return spec.network.management.cidr
+
+
 @dataclass(frozen=True)
 class Node:
     name: str
@@ -64,7 +74,6 @@ def expand_nodes_checked(spec: Spec) -> tuple[list[Node], list[tuple[Loc, str]]]
     """Nodes in spec order, and the problems met while naming and addressing them."""
     problems: list[tuple[Loc, str]] = []
     nodes: list[Node] = []
-    mgmt = spec.network.management.cidr
     for p_idx, pool in enumerate(spec.pools):
         if pool.hosts is not None:
             for h_idx, host in enumerate(pool.hosts):
@@ -93,7 +102,12 @@ def expand_nodes_checked(spec: Spec) -> tuple[list[Node], list[tuple[Loc, str]]]
             )
         for i in range(pool.count):
             address = _nth(
-                pool.first_address, i, mgmt, ("pools", p_idx, "first_address"), problems, pool.count
+                pool.first_address,
+                i,
+                node_network(spec, pool.name),
+                ("pools", p_idx, "first_address"),
+                problems,
+                pool.count,
             )
             bmc_cidr = spec.network.bmc.cidr if spec.network.bmc else None
             bmc = _nth(
