@@ -24,7 +24,7 @@ from provision.changes import (
 )
 from provision.cluster import Cluster, compress, pick_nodes
 from provision.errors import OperationError, UsageError
-from provision.pki import cluster_certificates
+from provision.pki import cluster_certificates, tunnel_keys
 from provision.preflight import DRIFT, preflight
 from provision.providers import get_provider
 from provision.providers.cloud import check_ready, saved_addresses
@@ -33,6 +33,7 @@ from provision.providers.lab import burst as lab_burst
 from provision.providers.lab.image import debian_mirror, ensure_image
 from provision.render import read_render, render, write_render
 from provision.render.burst import burst_config
+from provision.render.tunnel import members
 from provision.rolling import batch_size, roll
 from provision.run.ansible import HostResult, RunResult, playbook_tags, run_playbook
 from provision.run.progress import HostProgress, summary_table
@@ -307,6 +308,9 @@ def _apply(
         _monitoring_secrets(secrets_dir, spec)
         cluster = create_nodes(cluster, state, console)
         cluster_certificates(secrets_dir, cluster)  # they name the nodes' addresses
+        made = tunnel_keys(secrets_dir, members(cluster))
+        if made:
+            console.print(f"tunnel: WireGuard keys made for {compress(made)}")
         files = render(cluster)
         changed = write_render(files, state.build)
     console.print(f"render: {state.build} ({len(changed)} file(s) changed)")

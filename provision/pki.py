@@ -9,6 +9,7 @@ first byte (secrets.write_private); only certificates are readable.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import ipaddress
 from dataclasses import dataclass
@@ -16,11 +17,11 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, x25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from provision.cluster import Cluster
-from provision.secrets import check_secret_file, make_secrets, write_private
+from provision.secrets import check_secret_file, create_once, make_secrets, write_private
 from provision.state import private_dir
 
 ETCD_DIR = "etcd"  # below the cluster's secrets directory
@@ -198,3 +199,38 @@ def _write_public(path: Path, data: bytes) -> None:
     tmp.write_bytes(data)
     tmp.chmod(0o644)
     tmp.replace(path)
+
+
+TUNNEL_DIR = "wireguard"
+_WG_KEY_SIZES = (45, 45)  # 32 bytes in base64, and a newline
+
+
+def _wg_private() -> bytes:
+    raw = x25519.X25519PrivateKey.generate().private_bytes_raw()
+    return base64.b64encode(raw) + b"\n"
+
+
+def wg_public(private: bytes) -> str:
+    """The WireGuard public key (base64) of a private key file's content, as `wg pubkey`."""
+    key = x25519.X25519PrivateKey.from_private_bytes(base64.b64decode(private.strip()))
+    return base64.b64encode(key.public_key().public_bytes_raw()).decode()
+
+
+def tunnel_keys(directory: Path, names: list[str]) -> list[str]:
+    """A WireGuard key per tunnel member, made once under directory/wireguard: NAME.key (the
+    role copies it to that node only) and NAME.pub (its peers' configurations name it). The
+    names whose key was made now."""
+    if not names:
+        return []
+    keys = private_dir(directory / TUNNEL_DIR)
+    made = []
+    for name in names:
+        private = keys / f"{name}.key"
+        if not private.exists():
+            made.append(name)
+        create_once(private, _wg_private, _WG_KEY_SIZES)
+        public = (wg_public(private.read_bytes()) + "\n").encode()
+        pub = keys / f"{name}.pub"
+        if not pub.exists() or pub.read_bytes() != public:
+            write_private(pub, public)
+    return made

@@ -90,6 +90,8 @@ def test_plan_names_every_rule_open_to_the_internet(tmp_path: Path) -> None:
     assert exposed == {
         ("head", "nftables", "web", "443"),
         ("awsh100", "AWS security group", "web", "443"),
+        # WireGuard answers only its peers' keys: the head listens to any address by default
+        ("head", "nftables", "wireguard tunnel from remote nodes", "51820"),
     }
     done = run_provision("plan", str(spec), "--state-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr

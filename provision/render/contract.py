@@ -35,6 +35,25 @@ _TABLE = (
     Variable("ansible_python_interpreter", "connection", (), "/usr/bin/python3 on every OS"),
     Variable("ansible_become", "connection", (), "sudo when the login user is not root"),
     Variable("ansible_host", "host", (), "the node's management address"),
+    # the tunnel to the remote networks (render/tunnel.py), on its members' hosts
+    Variable("tunnel_role", "host", ("tunnel", "playbooks/site"), "hub, spoke or routed"),
+    Variable("tunnel_port", "host", ("tunnel",), "network.tunnel.port: where the hub listens"),
+    Variable(
+        "tunnel_address", "host", ("tunnel",),
+        "the node's own address: the source of what it sends into the tunnel",
+    ),
+    Variable(
+        "tunnel_routes", "host", ("tunnel",),
+        "the ranges the node sends through the tunnel (or to the hub, for routed nodes)",
+    ),
+    Variable("tunnel_peers", "host", ("tunnel",), "the hub's peers: each remote node's address"),
+    Variable(
+        "tunnel_forward", "host", ("tunnel",),
+        "the hub forwards between the management network and the tunnel",
+    ),
+    Variable("tunnel_hub", "host", ("tunnel",), "a spoke's hub, whose public key it trusts"),
+    Variable("tunnel_endpoint", "host", ("tunnel",), "host:port a spoke dials the hub at"),
+    Variable("tunnel_via", "host", ("tunnel",), "the hub's address, a routed node's gateway"),
     # the cluster
     Variable("provision_cluster", "all", ("common",), "name, in the marker of managed blocks"),
     Variable(
@@ -50,9 +69,10 @@ _TABLE = (
         "provision_nft_sets_path", "all", ("firewall",), "where the address sets go on a node"
     ),
     Variable(
-        "provision_secrets_dir", "extra", ("munge", "slurm", "monitoring", "grafana", "etcd"),
+        "provision_secrets_dir", "extra",
+        ("munge", "slurm", "monitoring", "grafana", "etcd", "tunnel"),
         "the state directory's secrets (munge key, slurmdbd password, relay passwords, Grafana's "
-        "admin password, etcd's certificates): read on the controller",
+        "admin password, etcd's certificates, the tunnel's keys): read on the controller",
     ),
     Variable(
         "provision_burst", "all", ("playbooks/site",),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from provision.cluster import Cluster
 from provision.render.kubernetes import API_PORT, ETCD_CLIENT_PORT, ETCD_PEER_PORT, HA_PORT
+from provision.render.tunnel import INTERFACE
 from provision.spec.exposure import public_addresses
 from provision.spec.fabric import rails
 from provision.spec.ports import service_ports
@@ -126,6 +127,10 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
                 if c.network is not None
             ]
             rules.append(Rule("nfs", "tcp", ports.nfs, (CLUSTER, *dict.fromkeys(networks))))
+        if role == "head" and spec.network.remote:  # the first head is the tunnel's hub
+            sources = tuple(str(c) for c in spec.network.tunnel.sources)
+            port = str(spec.network.tunnel.port)
+            rules.append(Rule("wireguard tunnel from remote nodes", "udp", port, sources))
         for extra in spec.security.firewall_rules:
             if extra.pools is None or view.name in extra.pools:
                 sources = tuple(
@@ -134,6 +139,28 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
                 rules.append(Rule(extra.name, extra.protocol, str(extra.port), sources))
         out[view.name] = rules
     return out
+
+
+def guard_lines(cluster: Cluster, pool: str) -> list[str]:
+    """nftables lines that drop, on a tunnel's end, what claims to come from the networks on the
+    tunnel's other side but did not arrive through it: a remote node takes the management
+    network and the other remote networks only from the tunnel; the hub the remote networks."""
+    spec = cluster.spec
+    if not spec.network.remote:
+        return []
+    view = next(v for v in cluster.pools if v.name == pool)
+    own = next((str(r.cidr) for r in spec.network.remote if r.name == view.pool.network), None)
+    if own is not None:
+        far = [str(spec.network.management.cidr)]
+        far += [str(r.cidr) for r in spec.network.remote if str(r.cidr) != own]
+    elif view.pool.role == "head":
+        far = [str(r.cidr) for r in spec.network.remote]
+    else:
+        return []
+    return [
+        f'iifname != "{INTERFACE}" ip saddr {{ {", ".join(far)} }} drop '
+        'comment "those networks come through the tunnel only"'
+    ]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from provision.render.contract import emitted
 from provision.render.jinja import template
 from provision.render.kubernetes import api_endpoint, node_labels, vrrp_router_id
 from provision.render.monitoring import smtp_logins
+from provision.render.tunnel import tunnel_host_vars
 from provision.render.yamldata import Template, yaml_mapping, yaml_value
 from provision.spec.fabric import fabric_addresses, rails
 from provision.spec.nodes import login_user
@@ -51,6 +52,9 @@ def render_inventory(cluster: Cluster) -> str:
     # opensm: the higher priority is master; the first named gets 15, the next 14, ...
     hosts = [_host(name, opensm_priority=15 - i) for i, name in enumerate(fabric.subnet_managers)]
     groups.append({"name": "subnet_manager", "vars": [], "hosts": hosts})
+    # The WireGuard tunnel to the remote networks: its hub, its spokes, the nodes it routes for
+    hosts = [_host(name, **values) for name, values in tunnel_host_vars(cluster).items()]
+    groups.append({"name": "tunnel", "vars": [], "hosts": hosts})
     # Prometheus and Alertmanager (the monitoring role)
     watcher = cluster.monitoring_node
     hosts = [_host(watcher.name)] if watcher is not None else []

@@ -1,0 +1,103 @@
+"""The WireGuard path between the management network and the remote networks (network.remote).
+
+The first head is the hub: it listens on network.tunnel.port, knows each remote node by its key
+and its one address, and routes the remote ranges into the tunnel. A remote node (a spoke) dials
+the hub (network.tunnel.endpoint; NAT on the way is fine, it keeps the path open) and routes the
+management range and the other remote ranges through it. The other nodes on the management
+network reach remote nodes through the hub. Keys are made by apply in the state directory
+(lifecycle.py); only public keys reach another node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from provision.cluster import Cluster
+from provision.spec.models import CLOUD_PROVIDERS
+from provision.spec.nodes import Node
+
+INTERFACE = "wg-provision"  # at most 15 characters: a Linux interface name
+
+
+@dataclass(frozen=True)
+class TunnelLayout:
+    hub: Node
+    endpoint: str  # host:port the spokes dial
+    port: int
+    remote: tuple[str, ...]  # the remote ranges, in spec order
+    spokes: tuple[tuple[Node, str], ...]  # each remote node, and its network's range
+    routed: tuple[Node, ...]  # nodes on the management network other than the hub
+
+
+def tunnel_layout(cluster: Cluster) -> TunnelLayout | None:
+    """The tunnel's members, or None without remote networks (or before the hub exists)."""
+    spec = cluster.spec
+    if not spec.network.remote or not cluster.head_nodes:
+        return None
+    ranges = {r.name: str(r.cidr) for r in spec.network.remote}
+    hub = cluster.head_nodes[0]
+    tunnel = spec.network.tunnel
+    host = tunnel.endpoint or (str(hub.address) if hub.address is not None else hub.name)
+    spokes = []
+    routed = []
+    for view in cluster.pools:
+        network = view.pool.network
+        for node in view.nodes:
+            if node.elastic:
+                continue
+            if network is not None:
+                # cloud nodes join once apply keeps their private address (the tunnel's) apart
+                # from the public one Ansible logs in at: not built yet (plan says so)
+                if node.provider not in CLOUD_PROVIDERS and node.address is not None:
+                    spokes.append((node, ranges[network]))
+            elif node.name != hub.name:
+                routed.append(node)
+    return TunnelLayout(
+        hub, f"{host}:{tunnel.port}", tunnel.port, tuple(ranges.values()), tuple(spokes),
+        tuple(routed),
+    )  # fmt: skip
+
+
+def members(cluster: Cluster) -> list[str]:
+    """The nodes that hold a WireGuard key: the hub and every remote node."""
+    shape = tunnel_layout(cluster)
+    if shape is None:
+        return []
+    return [shape.hub.name, *(node.name for node, _ in shape.spokes)]
+
+
+def tunnel_host_vars(cluster: Cluster) -> dict[str, dict[str, object]]:
+    """Each node's tunnel variables (the tunnel role), by node name."""
+    shape = tunnel_layout(cluster)
+    if shape is None:
+        return {}
+    mgmt = str(cluster.spec.network.management.cidr)
+    out: dict[str, dict[str, object]] = {
+        shape.hub.name: {
+            "tunnel_role": "hub",
+            "tunnel_port": shape.port,
+            "tunnel_address": shape.hub.reach,
+            "tunnel_routes": list(shape.remote),
+            "tunnel_peers": [
+                {"name": node.name, "address": node.reach} for node, _ in shape.spokes
+            ],
+            # the other nodes on the management network reach remote nodes through the hub
+            "tunnel_forward": bool(shape.routed),
+        }
+    }
+    for node, own in shape.spokes:
+        out[node.name] = {
+            "tunnel_role": "spoke",
+            "tunnel_address": node.reach,
+            "tunnel_hub": shape.hub.name,
+            "tunnel_endpoint": shape.endpoint,
+            "tunnel_routes": [mgmt, *(r for r in shape.remote if r != own)],
+        }
+    if shape.hub.address is not None:
+        for node in shape.routed:
+            out[node.name] = {
+                "tunnel_role": "routed",
+                "tunnel_via": str(shape.hub.address),
+                "tunnel_routes": list(shape.remote),
+            }
+    return out

@@ -1,0 +1,130 @@
+"""The WireGuard tunnel to remote networks, rendered: who is hub, spoke or routed, what each
+routes, the firewall's guard, and the keys apply makes. The tunnel itself runs live in
+tests/integration/test_static_apply.py."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+from provision.cluster import Cluster
+from provision.pki import TUNNEL_DIR, tunnel_keys, wg_public
+from provision.render import render
+from provision.render.tunnel import members, tunnel_host_vars
+from provision.spec.loader import load_spec
+
+SPEC = """
+name: t
+os: debian12
+network:
+  management: {cidr: 10.40.0.0/24}
+  remote:
+    - {name: far, cidr: 10.41.0.0/24}
+    - {name: aws, cidr: 10.42.0.0/16}
+pools:
+  - {name: head, role: head, profile: cpu-node, hosts: [{name: head01, address: 10.40.0.10}]}
+  - {name: cpu, role: compute, profile: cpu-node, count: 2, first_address: 10.40.0.21}
+  - name: far
+    role: compute
+    profile: cpu-node
+    network: far
+    hosts: [{name: far01, address: 10.41.0.5}, {name: far02, address: 10.41.0.6}]
+  - {name: gpu, role: compute, profile: aws-p5.48xlarge, provider: aws, region: us-east-1,
+     count: 2, network: aws}
+security:
+  admin_cidrs: [203.0.113.0/24]
+"""
+
+
+def _cluster(tmp_path: Path, text: str = SPEC) -> Cluster:
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    return Cluster(load_spec(path))
+
+
+def test_the_first_head_is_the_hub_and_each_remote_host_a_spoke(tmp_path: Path) -> None:
+    found = tunnel_host_vars(_cluster(tmp_path))
+    assert found["head01"] == {
+        "tunnel_role": "hub",
+        "tunnel_port": 51820,
+        "tunnel_address": "10.40.0.10",
+        "tunnel_routes": ["10.41.0.0/24", "10.42.0.0/16"],
+        "tunnel_peers": [
+            {"name": "far01", "address": "10.41.0.5"},
+            {"name": "far02", "address": "10.41.0.6"},
+        ],
+        "tunnel_forward": True,
+    }
+    # the endpoint defaults to the head's management address; the other remote ranges go
+    # through the hub too
+    assert found["far02"] == {
+        "tunnel_role": "spoke",
+        "tunnel_address": "10.41.0.6",
+        "tunnel_hub": "head01",
+        "tunnel_endpoint": "10.40.0.10:51820",
+        "tunnel_routes": ["10.40.0.0/24", "10.42.0.0/16"],
+    }
+    # the nodes of the management network reach the remote ranges through the hub
+    assert found["cpu001"] == {
+        "tunnel_role": "routed",
+        "tunnel_via": "10.40.0.10",
+        "tunnel_routes": ["10.41.0.0/24", "10.42.0.0/16"],
+    }
+    # cloud nodes are not joined yet (plan says so): no key, no peer, no variables
+    assert "gpu001" not in found
+    assert members(_cluster(tmp_path)) == ["head01", "far01", "far02"]
+
+
+def test_the_endpoint_and_port_come_from_the_spec(tmp_path: Path) -> None:
+    aws = "    - {name: aws, cidr: 10.42.0.0/16}\n"
+    text = SPEC.replace(aws, aws + "  tunnel: {endpoint: vpn.example.org, port: 4500}\n")
+    found = tunnel_host_vars(_cluster(tmp_path, text))
+    assert found["far01"]["tunnel_endpoint"] == "vpn.example.org:4500"
+    assert found["head01"]["tunnel_port"] == 4500
+
+
+def test_the_firewall_takes_the_far_side_only_from_the_tunnel(tmp_path: Path) -> None:
+    files = render(_cluster(tmp_path))
+    guard = 'iifname != "wg-provision" ip saddr {{ {} }} drop'
+    far = files["files/nftables/far.nft"]
+    assert guard.format("10.40.0.0/24, 10.42.0.0/16") in far
+    head = files["files/nftables/head.nft"]
+    assert guard.format("10.41.0.0/24, 10.42.0.0/16") in head
+    assert 'ip saddr 0.0.0.0/0 udp dport 51820 accept comment "wireguard tunnel' in head
+    # the guard follows the connection-tracking lines: the hub's replies to a spoke's own
+    # tunnel packets come from the management network, on the spoke's plain interface
+    assert far.index("ct state established") < far.index("iifname")
+    # a node of the management network has no guard and no tunnel port
+    assert "iifname" not in files["files/nftables/cpu.nft"]
+    assert "51820" not in files["files/nftables/cpu.nft"]
+
+
+def test_no_remote_network_no_tunnel(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[1] / "examples" / "lab.yaml").read_text()
+    cluster = _cluster(tmp_path, text)
+    assert tunnel_host_vars(cluster) == {} and members(cluster) == []
+    assert "iifname" not in render(cluster)["files/nftables/head.nft"]
+
+
+def test_the_public_key_is_x25519s_as_wg_pubkey_makes_it() -> None:
+    # RFC 7748, section 6.1: Alice's private and public keys
+    private = bytes.fromhex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a")
+    public = bytes.fromhex("8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a")
+    assert wg_public(base64.b64encode(private) + b"\n") == base64.b64encode(public).decode()
+
+
+def test_keys_are_made_once_private_to_this_user(tmp_path: Path) -> None:
+    assert tunnel_keys(tmp_path, []) == []
+    assert not (tmp_path / TUNNEL_DIR).exists()
+    assert tunnel_keys(tmp_path, ["head01", "far01"]) == ["head01", "far01"]
+    keys = tmp_path / TUNNEL_DIR
+    assert oct(keys.stat().st_mode & 0o777) == "0o700"
+    first = (keys / "far01.key").read_bytes()
+    assert len(base64.b64decode(first)) == 32
+    for path in keys.iterdir():
+        assert oct(path.stat().st_mode & 0o777) == "0o600", path
+    assert (keys / "far01.pub").read_text() == wg_public(first) + "\n"
+    # a second apply keeps them; a new member gets its own
+    assert tunnel_keys(tmp_path, ["head01", "far01", "far02"]) == ["far02"]
+    assert (keys / "far01.key").read_bytes() == first
+    assert (keys / "far02.key").read_bytes() != first
