@@ -265,9 +265,10 @@ def test_debian_nodes_keep_the_images_root_device(tmp_path: Path) -> None:
         # Azure's GPU VMs take Ubuntu only (the spec refuses Debian there)
         (
             "  - {name: aza100, role: compute, profile: azure-nd-a100-v4, provider: azure, "
-            "region: eastus,\n     count: 2}\n",
+            "region: eastus,\n     count: 2, network: azure}\n",
             "",
         ),
+        ("    - {name: azure, cidr: 10.43.0.0/16}\n", ""),
     )
     rec, _, _ = build(spec)
     for template in rec.of("LaunchTemplate"):
@@ -391,7 +392,7 @@ def test_plan_says_what_nccl_runs_over_in_each_cloud() -> None:
         "azure pool aza100: NCCL between nodes over TCP sockets (no RDMA adapters on this "
         "pool's fabric)",
     ]
-    assert "azure: resource group, virtual network, subnet, NAT gateway (10.40.0.0/16)" in lines
+    assert "azure: resource group, virtual network, subnet, NAT gateway (10.43.0.0/16)" in lines
 
 
 def test_the_rules_refuse_what_the_clouds_refuse() -> None:

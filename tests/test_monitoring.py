@@ -180,7 +180,9 @@ def test_lab_firewall_admits_the_monitoring_node_to_the_exporters() -> None:
         assert f'ip saddr @admin tcp dport {port} accept comment "{name} web"' in head
 
 
-def test_cloud_pools_admit_the_on_premises_monitoring_node_alone() -> None:
+def test_cloud_pools_admit_the_exporters_to_their_own_network_alone() -> None:
+    """The on-premises monitoring node scrapes a cloud node through the tunnel: the cloud's
+    firewall sees only the tunnel's packets, the nodes' own flows; inside, the cloud's range."""
     cluster = Cluster(load_spec(ROOT / "examples" / "hybrid-cloud.yaml"))
     spec = cluster.spec.model_copy(update={"monitoring": Monitoring()})
     cluster = Cluster(spec)
@@ -188,7 +190,7 @@ def test_cloud_pools_admit_the_on_premises_monitoring_node_alone() -> None:
     assert watcher is not None and watcher.address is not None
     shape = cloud_layout(cluster, "aws", "ssh-ed25519 AAAA test")
     exporter = [i for p in shape.pools for i in p.ingress if i.description.startswith("node exp")]
-    assert exporter and all(i.cidrs == (f"{watcher.address}/32",) for i in exporter)
+    assert exporter and all(i.cidrs == ("10.21.0.0/16",) for i in exporter)
 
 
 # --- Grafana ---------------------------------------------------------------------------------

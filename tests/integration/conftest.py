@@ -56,6 +56,8 @@ def start_node(
         "--systemd=always",
         "--cap-add",
         "NET_ADMIN",
+        "--device",
+        "/dev/net/tun",  # userspace WireGuard (the tunnel to remote networks)
         "--no-hosts",
         image,
         "/sbin/init",
@@ -101,17 +103,21 @@ def ssh_key(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def static_hosts(lab_image: str, ssh_key: Path) -> Iterator[dict[str, str]]:
-    """Two throwaway hosts on their own podman network, reachable over SSH as root."""
-    network = "provision-test-static"
-    nodes = {"st-head": "10.78.0.11", "st-cpu1": "10.78.0.12"}
+    """Two throwaway hosts, reachable over SSH as root: a head on its site's network, and a
+    node on a "remote" network of its own, which reaches the head only through this machine's
+    NAT (podman masquerades what leaves a network), as a cloud node reaches an on-premises head."""
+    networks = {"provision-test-static": "10.78.0", "provision-test-remote": "10.84.0"}
+    nodes = {"st-head": "10.78.0.11", "st-cpu1": "10.84.0.12"}
     for name in nodes:
         podman.podman("rm", "-f", "-t", "0", f"ptest-{name}", check=False)
-    if not podman.network_exists(network):
-        podman.podman(
-            "network", "create", "--subnet", "10.78.0.0/24", "--gateway", "10.78.0.1", network
-        )
+    for network, prefix in networks.items():
+        if not podman.network_exists(network):
+            podman.podman(
+                "network", "create", "--subnet", f"{prefix}.0/24", "--gateway", f"{prefix}.1",
+                network,
+            )  # fmt: skip
     try:
-        for name, address in nodes.items():
+        for (name, address), network in zip(nodes.items(), networks, strict=True):
             start_node(
                 lab_image, f"ptest-{name}", name, network, address, ssh_key.with_suffix(".pub")
             )
@@ -121,4 +127,5 @@ def static_hosts(lab_image: str, ssh_key: Path) -> Iterator[dict[str, str]]:
     finally:
         for name in nodes:
             podman.podman("rm", "-f", "-t", "0", f"ptest-{name}", check=False)
-        podman.podman("network", "rm", "-f", network, check=False)
+        for network in networks:
+            podman.podman("network", "rm", "-f", network, check=False)

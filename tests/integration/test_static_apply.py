@@ -28,9 +28,16 @@ slurm:
     JobAcctGatherType: jobacct_gather/linux
 network:
   management: {{cidr: 10.78.0.0/24, domain: test.internal}}
+  # st-cpu1's own network, which reaches the head only through NAT: the tunnel joins them
+  remote: [{{name: far, cidr: 10.84.0.0/24}}]
+  tunnel: {{sources: [10.78.0.1/32]}}  # where the NAT sends st-cpu1's packets from
 pools:
   - {{name: head, role: head, profile: small, hosts: [{{name: st-head, address: 10.78.0.11}}]}}
-  - {{name: cpu, role: compute, profile: small, hosts: [{{name: st-cpu1, address: 10.78.0.12}}]}}
+  - name: cpu
+    role: compute
+    profile: small
+    network: far
+    hosts: [{{name: st-cpu1, address: 10.84.0.12}}]
 profiles:  # what these container "hosts" really have, so slurmd's registration is valid
   small:
     description: a small existing host
@@ -39,7 +46,7 @@ profiles:  # what these container "hosts" really have, so slurmd's registration 
     memory_gib: 1
     max_power_w: 50
 security:
-  admin_cidrs: [10.78.0.1/32]
+  admin_cidrs: [10.78.0.1/32, 10.84.0.1/32]  # this machine, on either network
   admins:
     - name: alice
       ssh_keys: ["{admin_pub}"]
@@ -51,6 +58,9 @@ ssh: {{private_key_file: {ssh_key}}}
     assert "verify: 22 passed, 0 failed" in first.stdout
     assert "PASS srun st-cpu1: job" in first.stdout
     assert "PASS time sync st-cpu1: chrony is active" in first.stdout
+
+    print("\n".join(line for line in first.stdout.splitlines() if "port" in line))
+    _through_the_tunnel_only(ssh_key, tmp_path / ".provision" / "stat")
 
     second = provision("apply", str(spec), "--full", cwd=tmp_path)  # the roles, idempotent
     assert second.returncode == 0, second.stdout + second.stderr
@@ -71,7 +81,7 @@ ssh: {{private_key_file: {ssh_key}}}
             "StrictHostKeyChecking=no",
             "-o",
             "UserKnownHostsFile=/dev/null",
-            "alice@10.78.0.12",
+            "alice@10.84.0.12",
             "sudo -n id -u; hostname",
         ],
         capture_output=True,
@@ -90,7 +100,7 @@ ssh: {{private_key_file: {ssh_key}}}
             "StrictHostKeyChecking=no",
             "-o",
             "UserKnownHostsFile=/dev/null",
-            "root@10.78.0.12",
+            "root@10.84.0.12",
             "chronyc sources",
         ],
         capture_output=True,
@@ -117,7 +127,7 @@ ssh: {{private_key_file: {ssh_key}}}
             "StrictHostKeyChecking=no",
             "-o",
             "UserKnownHostsFile=/dev/null",
-            "root@10.78.0.12",
+            "root@10.84.0.12",
             "sed -i '/provision cluster/,/provision cluster/d' /etc/hosts",
         ],
         check=True,
@@ -129,6 +139,38 @@ ssh: {{private_key_file: {ssh_key}}}
     )
     healed = provision("apply", str(spec), cwd=tmp_path)
     assert healed.returncode == 0 and "verify: 22 passed, 0 failed" in healed.stdout
+
+
+def _on(key: Path, address: str, command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["ssh", "-i", str(key), "-o", "StrictHostKeyChecking=no", "-o",
+         "UserKnownHostsFile=/dev/null", f"root@{address}", command],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+
+
+def _through_the_tunnel_only(key: Path, state: Path) -> None:
+    """st-cpu1 (10.84.0.12) and st-head talk through WireGuard; without the route into the
+    tunnel the head still reaches st-cpu1 through the NAT, and st-cpu1's slurmd answers it not."""
+    head, node = "10.78.0.11", "10.84.0.12"
+    probe = f"timeout 3 bash -c '</dev/tcp/{node}/6818'; echo $?"
+    assert _on(key, head, f"ip route get {node}").stdout.split()[2] == "wg-provision"
+    handshakes = _on(key, head, "wg show wg-provision latest-handshakes").stdout.split()
+    assert len(handshakes) == 2 and int(handshakes[1]) > 0, handshakes
+    assert _on(key, head, probe).stdout.strip() == "0"  # open, through the tunnel
+    # the tunnel's keys: 0600 on the workstation and on the node
+    for path in (state / "secrets" / "wireguard").glob("*.key"):
+        assert oct(path.stat().st_mode & 0o777) == "0o600", path
+    conf = "stat -c %a /etc/wireguard/wg-provision.conf"
+    assert _on(key, node, conf).stdout.strip() == "600"
+    # the head's route into the tunnel gone, it reaches st-cpu1 through the NAT, and is dropped
+    down = _on(key, head, f"ip route del 10.84.0.0/24 dev wg-provision; ip route get {node}")
+    assert " dev eth0 " in down.stdout, down.stdout + down.stderr
+    try:
+        assert _on(key, head, probe).stdout.strip() == "124"  # dropped: not from the tunnel
+    finally:
+        _on(key, head, "ip route replace 10.84.0.0/24 dev wg-provision src 10.78.0.11")
+    assert _on(key, head, probe).stdout.strip() == "0"
 
 
 def test_rendered_playbook_paths_exist() -> None:

@@ -70,7 +70,7 @@ class CloudPool:
 class CloudLayout:
     cluster: str
     provider: str
-    cidr: str  # the cloud network: the spec's management network
+    cidr: str  # the cloud network: its remote network's range
     admin_user: str
     ssh_public_key: str
     pools: tuple[CloudPool, ...]
@@ -94,15 +94,16 @@ def _ports(text: str) -> tuple[int, int]:
 
 def layout(cluster: Cluster, provider: str, ssh_public_key: str) -> CloudLayout:
     spec = cluster.spec
-    cidr = str(spec.network.management.cidr)
+    # the cloud's own range (network.remote, one per cloud): the rest of the cluster reaches it
+    # through the tunnel, whose packets the cloud's firewall sees as the nodes' own outbound
+    # flows; inside the network, the cluster's sets are the cloud's nodes themselves
+    names = {p.network for p in spec.pools if p.provider == provider and p.network}
+    cidr = next(
+        (str(r.cidr) for r in spec.network.remote if r.name in names),
+        str(spec.network.management.cidr),  # no cloud pool (the checks refuse one without)
+    )
     admin = tuple(str(c) for c in spec.security.admin_cidrs)
-    # the cloud network holds the cluster's own addresses; admin networks stay as given
-    by_set = {ADMIN: admin, CLUSTER: (cidr,), COMPUTE: (cidr,), HEADS: (cidr,)}
-    watcher = cluster.monitoring_node
-    # the monitoring node's own address where it is known (on premises); the network otherwise
-    by_set[MONITOR] = (cidr,)
-    if watcher is not None and watcher.address is not None and watcher.provider != provider:
-        by_set[MONITOR] = (f"{watcher.address}/32",)
+    by_set = {ADMIN: admin, CLUSTER: (cidr,), COMPUTE: (cidr,), HEADS: (cidr,), MONITOR: (cidr,)}
     rules = pool_rules(cluster)
     pools = []
     for view in cluster.pools:
@@ -149,6 +150,10 @@ NETWORK = {
 def describe(shape: CloudLayout) -> list[str]:
     """What the cloud's stack holds, one line for the network and one per pool (for plan)."""
     lines = [f"{shape.provider}: {', '.join(NETWORK[shape.provider])} ({shape.cidr})"]
+    lines.append(
+        f"{shape.provider}: its nodes join the head's WireGuard tunnel: not built yet (they need "
+        "their private address kept apart from the public one Ansible logs in at)"
+    )
     if shape.provider == "gcp":
         extra = max((p.extra_nics for p in shape.pools), default=0)
         if extra:
