@@ -39,20 +39,24 @@ class PoolView:
 
 
 class Cluster:
-    """A spec with its nodes; `addresses` fills in what providers report (cloud nodes)."""
+    """A spec with its nodes; `addresses` fills in what providers report (cloud nodes: their
+    private addresses, the cluster's), `logins` where this machine reaches a node instead (a
+    cloud node's public address)."""
 
     def __init__(
         self,
         spec: Spec,
         addresses: dict[str, ipaddress.IPv4Address] | None = None,
+        logins: dict[str, ipaddress.IPv4Address] | None = None,
     ) -> None:
         self.spec = spec
         self.profiles = load_profiles(spec.profiles)
         nodes = expand_nodes(spec)
-        if addresses:
-            nodes = [
-                replace(n, address=addresses[n.name]) if n.name in addresses else n for n in nodes
-            ]
+        addresses, logins = addresses or {}, logins or {}
+        nodes = [
+            replace(n, address=addresses.get(n.name, n.address), login=logins.get(n.name))
+            for n in nodes
+        ]
         self.nodes = nodes
 
     @property

@@ -106,6 +106,7 @@ def _providers_in(cluster: Cluster) -> list[str]:
 def create_nodes(cluster: Cluster, state: State, console: Console) -> Cluster:
     """Ask each provider to make its nodes exist; return the cluster with their addresses."""
     addresses: dict[str, ipaddress.IPv4Address] = {}
+    logins: dict[str, ipaddress.IPv4Address] = {}
     kinds = _providers_in(cluster)
     for kind in kinds:  # every cloud ready before any node of any provider is made
         if kind in CLOUD_PROVIDERS:
@@ -122,7 +123,9 @@ def create_nodes(cluster: Cluster, state: State, console: Console) -> Cluster:
         provider = get_provider(kind, cluster.spec, log=lambda m: console.print(m, markup=False))
         console.print(f"nodes: {kind}: {len(nodes)} node(s)")
         addresses.update(provider.create(nodes, state))
-    return Cluster(cluster.spec, addresses) if addresses else cluster
+        if kind in CLOUD_PROVIDERS:  # the public addresses this machine logs in at
+            logins.update(saved_addresses(state, kind, "public"))
+    return Cluster(cluster.spec, addresses, logins) if addresses else cluster
 
 
 @dataclass(frozen=True)
@@ -644,8 +647,9 @@ def ssh_argv(spec_path: Path, state_root: Path, node_name: str, command: list[st
         names = compress([n.name for n in cluster.nodes])
         raise UsageError(f"{spec_path}: no node named '{node_name}' (the nodes: {names})")
     address = node.address
-    if address is None and node.provider in CLOUD_PROVIDERS:
-        address = saved_addresses(state, node.provider).get(node.name)
+    if node.provider in CLOUD_PROVIDERS:  # its public address, else its private one
+        found = saved_addresses(state, node.provider, "public") or {}
+        address = found.get(node.name) or saved_addresses(state, node.provider).get(node.name)
     if address is None:
         why = "elastic nodes exist only while Slurm has them up" if node.elastic else "run apply"
         raise UsageError(f"{node_name} has no known address yet: {why}")

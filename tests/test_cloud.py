@@ -18,7 +18,8 @@ import pytest
 
 from provision.cluster import Cluster
 from provision.errors import OperationError
-from provision.render import render_inventory
+from provision.render import render, render_inventory
+from provision.render.tunnel import tunnel_host_vars
 
 from . import cloud_rules
 from .conftest import ROOT, load_any, load_rendered
@@ -479,15 +480,23 @@ def test_outputs_become_node_addresses_and_reach_the_inventory() -> None:
     from provision.providers.cloud import addresses_from
 
     _, cluster, outputs = build(SPECS[0])
-    addresses = {}
+    addresses, logins = {}, {}
     for kind_nodes in outputs.values():
         addresses |= addresses_from({"nodes": kind_nodes})
+        logins |= addresses_from({"nodes": kind_nodes}, "public")
     lasting = [n.name for n in cluster.nodes if n.provider != "static" and not n.elastic]
-    assert sorted(addresses) == sorted(lasting)
-    assert all(str(a).startswith("198.51.100.") for a in addresses.values())  # public first
-    inventory = render_inventory(Cluster(cluster.spec, addresses))
-    for name, address in addresses.items():
+    assert sorted(addresses) == sorted(logins) == sorted(lasting)
+    # the private address is the cluster's (the tunnel's, Slurm's); Ansible logs in at the public
+    assert all(str(a).startswith("10.40.9.") for a in addresses.values())
+    assert all(str(a).startswith("198.51.100.") for a in logins.values())
+    made = Cluster(cluster.spec, addresses, logins)
+    inventory = render_inventory(made)
+    for name, address in logins.items():
         assert f'        {name}:\n          ansible_host: !unsafe "{address}"\n' in inventory
+    hub = tunnel_host_vars(made)["head01"]
+    assert sorted(p["name"] for p in hub["tunnel_peers"]) == sorted(lasting)
+    assert {p["address"] for p in hub["tunnel_peers"]} == {str(a) for a in addresses.values()}
+    assert f"{addresses[lasting[0]]} {lasting[0]}\n" in render(made)["files/hosts"]
 
 
 # --- before anything is created --------------------------------------------------------------

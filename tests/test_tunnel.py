@@ -5,6 +5,7 @@ tests/integration/test_static_apply.py."""
 from __future__ import annotations
 
 import base64
+import ipaddress
 from pathlib import Path
 
 from provision.cluster import Cluster
@@ -70,9 +71,26 @@ def test_the_first_head_is_the_hub_and_each_remote_host_a_spoke(tmp_path: Path) 
         "tunnel_via": "10.40.0.10",
         "tunnel_routes": ["10.41.0.0/24", "10.42.0.0/16"],
     }
-    # cloud nodes are not joined yet (plan says so): no key, no peer, no variables
+    # a cloud node joins once it exists: its address is known then
     assert "gpu001" not in found
     assert members(_cluster(tmp_path)) == ["head01", "far01", "far02"]
+
+
+def test_cloud_nodes_join_at_their_private_addresses(tmp_path: Path) -> None:
+    cluster = _cluster(tmp_path)
+    made = Cluster(
+        cluster.spec,
+        {"gpu001": ipaddress.IPv4Address("10.42.0.7")},
+        {"gpu001": ipaddress.IPv4Address("198.51.100.7")},
+    )
+    found = tunnel_host_vars(made)
+    assert found["gpu001"]["tunnel_address"] == "10.42.0.7"
+    assert found["gpu001"]["tunnel_routes"] == ["10.40.0.0/24", "10.41.0.0/24"]
+    assert {"name": "gpu001", "address": "10.42.0.7"} in found["head01"]["tunnel_peers"]
+    assert members(made) == ["head01", "far01", "far02", "gpu001"]
+    # the firewall's sets hold the private address: what arrives through the tunnel
+    assert "10.42.0.7" in render(made)["files/nftables/sets.nft"]
+    assert "198.51.100.7" not in render(made)["files/nftables/sets.nft"]
 
 
 def test_the_endpoint_and_port_come_from_the_spec(tmp_path: Path) -> None:

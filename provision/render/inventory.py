@@ -32,7 +32,7 @@ def render_inventory(cluster: Cluster) -> str:
         hosts = [
             _host(
                 n.name,
-                ansible_host=n.address and str(n.address),
+                ansible_host=n.login_address and str(n.login_address),
                 # a control-plane member's API server advertises it (None: kubeadm chooses)
                 kubernetes_node_address=str(n.address) if kubernetes and n.address else None,
             )

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from provision.cluster import Cluster
-from provision.spec.models import CLOUD_PROVIDERS
 from provision.spec.nodes import Node
 
 INTERFACE = "wg-provision"  # at most 15 characters: a Linux interface name
@@ -46,9 +45,7 @@ def tunnel_layout(cluster: Cluster) -> TunnelLayout | None:
             if node.elastic:
                 continue
             if network is not None:
-                # cloud nodes join once apply keeps their private address (the tunnel's) apart
-                # from the public one Ansible logs in at: not built yet (plan says so)
-                if node.provider not in CLOUD_PROVIDERS and node.address is not None:
+                if node.address is not None:  # a cloud node has one once it exists
                     spokes.append((node, ranges[network]))
             elif node.name != hub.name:
                 routed.append(node)

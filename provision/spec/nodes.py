@@ -57,6 +57,13 @@ class Node:
     bmc_address: ipaddress.IPv4Address | None
     elastic: bool
     loc: Loc  # where in the spec this node comes from (for error messages)
+    # where this machine reaches it, where that is not its address: a cloud node's public one
+    login: ipaddress.IPv4Address | None = None
+
+    @property
+    def login_address(self) -> ipaddress.IPv4Address | None:
+        """The address Ansible, verify and `provision ssh` connect to from this machine."""
+        return self.login or self.address
 
     @property
     def reach(self) -> str:

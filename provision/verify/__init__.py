@@ -55,7 +55,7 @@ def connect_all(
     def attempt(node: Node) -> tuple[Node, Remote | None, CheckResult]:
         user = login_user(spec, node.provider)
         remote = Remote(
-            node.name, str(node.address), user, spec.ssh.port, key_file, state.known_hosts
+            node.name, str(node.login_address), user, spec.ssh.port, key_file, state.known_hosts
         )
         try:
             remote.connect()
@@ -64,7 +64,10 @@ def connect_all(
                 node,
                 None,
                 CheckResult(
-                    "ssh", node.name, False, f"{node.address}:{spec.ssh.port}: {_one_line(exc)}"
+                    "ssh",
+                    node.name,
+                    False,
+                    f"{node.login_address}:{spec.ssh.port}: {_one_line(exc)}",
                 ),
             )
         return (
@@ -74,7 +77,7 @@ def connect_all(
                 "ssh",
                 node.name,
                 True,
-                f"{user}@{node.address} in {remote.connect_seconds:.2f}s",
+                f"{user}@{node.login_address} in {remote.connect_seconds:.2f}s",
             ),
         )
 
@@ -139,7 +142,7 @@ def probe_ports(probes: list[tuple[Node, int]]) -> dict[tuple[Node, int], str]:
     """Each (node, port)'s tcp_state from this machine, all at once: a filtered port costs a
     whole timeout."""
     with ThreadPoolExecutor(max_workers=min(64, len(probes) or 1)) as pool:
-        states = pool.map(lambda probe: tcp_state(str(probe[0].address), probe[1]), probes)
+        states = pool.map(lambda probe: tcp_state(str(probe[0].login_address), probe[1]), probes)
         return dict(zip(probes, states, strict=True))
 
 

@@ -169,19 +169,23 @@ def outputs_file(state: State, kind: str) -> Path:
     return state.dir / f"cloud-{kind}.json"
 
 
-def saved_addresses(state: State, kind: str) -> dict[str, ipaddress.IPv4Address]:
+def saved_addresses(
+    state: State, kind: str, which: str = "private"
+) -> dict[str, ipaddress.IPv4Address]:
     """The node addresses of the last `pulumi up` of that cloud, or {} before any."""
     path = outputs_file(state, kind)
-    return addresses_from(json.loads(path.read_text())) if path.exists() else {}
+    return addresses_from(json.loads(path.read_text()), which) if path.exists() else {}
 
 
-def addresses_from(outputs: dict[str, Any]) -> dict[str, ipaddress.IPv4Address]:
-    """Node name -> the address Ansible reaches it at (public if it has one, else private)."""
+def addresses_from(
+    outputs: dict[str, Any], which: str = "private"
+) -> dict[str, ipaddress.IPv4Address]:
+    """Node name -> its private address (the cluster's: the tunnel, Slurm, /etc/hosts), or
+    its public one (where this machine logs in), for the nodes that have one."""
     out = {}
     for name, addrs in (outputs.get("nodes") or {}).items():
-        chosen = addrs.get("public") or addrs.get("private")
-        if chosen:
-            out[name] = ipaddress.IPv4Address(chosen)
+        if addrs.get(which):
+            out[name] = ipaddress.IPv4Address(addrs[which])
     return out
 
 

@@ -151,8 +151,8 @@ def describe(shape: CloudLayout) -> list[str]:
     """What the cloud's stack holds, one line for the network and one per pool (for plan)."""
     lines = [f"{shape.provider}: {', '.join(NETWORK[shape.provider])} ({shape.cidr})"]
     lines.append(
-        f"{shape.provider}: its nodes join the head's WireGuard tunnel: not built yet (they need "
-        "their private address kept apart from the public one Ansible logs in at)"
+        f"{shape.provider}: its nodes dial the head's WireGuard tunnel once they exist; Ansible "
+        "reaches them at their public addresses"
     )
     if shape.provider == "gcp":
         extra = max((p.extra_nics for p in shape.pools), default=0)
