@@ -6,6 +6,7 @@ SDKs installed."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import subprocess
 import sys
@@ -605,3 +606,31 @@ def test_every_os_has_an_image_on_every_cloud() -> None:
     for os_name, clouds in IMAGES.items():
         assert set(clouds) == {"aws", "gcp", "azure"}, os_name
         assert len(clouds["aws"]) == 2 and len(clouds["gcp"]) == 1 and len(clouds["azure"]) == 3
+
+
+def test_each_zone_the_pools_name_gets_its_own_slice_of_the_range(tmp_path: Path) -> None:
+    spec = _variant(
+        tmp_path,
+        "zones",
+        ("provider: aws, region: us-east-1,\n     count: 4", "provider: aws, region: us-east-1,\n"
+         "     zone: us-east-1b, count: 4"),
+    )  # fmt: skip
+    rec, _, _ = build(spec)
+    vpc_range = ipaddress.IPv4Network(rec.of("ec2/vpc:Vpc")[0].inputs["cidrBlock"])
+    subnets = {s.inputs["availabilityZone"]: s for s in rec.of("ec2/subnet:Subnet")}
+    assert set(subnets) == {"us-east-1a", "us-east-1b"}
+    ranges = [ipaddress.IPv4Network(s.inputs["cidrBlock"]) for s in subnets.values()]
+    assert all(r.subnet_of(vpc_range) for r in ranges) and not ranges[0].overlaps(ranges[1])
+    assert len(rec.of("ec2/routeTableAssociation:RouteTableAssociation")) == 2
+    # each pool's instances start in its zone's subnet
+    for template in rec.of("LaunchTemplate"):
+        zone = "us-east-1a" if "awsa100" in template.name else "us-east-1b"
+        for nic in template.inputs["networkInterfaces"]:
+            assert nic["subnetId"] == f"{subnets[zone].name}-id", template.name
+
+
+def test_one_subnet_over_the_range_where_the_pools_name_one_zone_or_none(made: Any) -> None:
+    rec, _, _ = made
+    (subnet,) = rec.of("ec2/subnet:Subnet")
+    (vpc,) = rec.of("ec2/vpc:Vpc")
+    assert subnet.inputs["cidrBlock"] == vpc.inputs["cidrBlock"]

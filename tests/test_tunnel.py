@@ -13,6 +13,7 @@ from provision.pki import TUNNEL_DIR, tunnel_keys, wg_public
 from provision.render import render
 from provision.render.tunnel import members, tunnel_host_vars
 from provision.spec.loader import load_spec
+from provision.verify.tunnel import handshake_findings, public_keys
 
 SPEC = """
 name: t
@@ -146,3 +147,30 @@ def test_keys_are_made_once_private_to_this_user(tmp_path: Path) -> None:
     assert tunnel_keys(tmp_path, ["head01", "far01", "far02"]) == ["far02"]
     assert (keys / "far01.key").read_bytes() == first
     assert (keys / "far02.key").read_bytes() != first
+
+
+def test_verify_reads_the_heads_handshakes() -> None:
+    # `wg show wg-provision latest-handshakes`: a public key, a tab, a Unix time (0: never)
+    output = "AAAA=\t1764662400\nBBBB=\t0\nCCCC=\t1764662000\nDDDD=\t1764662390\n"
+    names = {"AAAA=": "far01", "BBBB=": "far02", "CCCC=": "far03", "DDDD=": "head01"}
+    found = handshake_findings(
+        output, 1764662430, names, ["far01", "far02", "far03", "far04"], "vpn.example.org:51820"
+    )
+    assert [(r.target, r.passed, r.evidence) for r in found] == [
+        ("far01", True, "last handshake 30 s ago"),
+        ("far02", False, "no handshake yet: it has not reached the head at vpn.example.org:51820"),
+        (
+            "far03",
+            False,
+            "last handshake 430 s ago (over 180 s: it no longer reaches vpn.example.org:51820)",
+        ),
+        ("far04", False, "not a peer of the head's tunnel: run apply"),
+    ]
+    assert all(r.check == "tunnel" for r in found)
+
+
+def test_verify_names_members_by_their_key_files(tmp_path: Path) -> None:
+    tunnel_keys(tmp_path, ["head01", "far01"])
+    pub = (tmp_path / TUNNEL_DIR / "far01.pub").read_text().strip()
+    assert public_keys(tmp_path, ["head01", "far01", "gone01"])[pub] == "far01"
+    assert len(public_keys(tmp_path, ["head01", "far01", "gone01"])) == 2

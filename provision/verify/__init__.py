@@ -237,7 +237,7 @@ def verify_cluster(
     """Every check, on a cluster that may be running jobs. Under Slurm the nodes to load-test
     (NCCL, ib_write_bw, the test job) are held in a reservation verify makes and removes: the
     idle ones, or with `maintenance` all of them once their jobs end (up to `wait_s`)."""
-    from provision.verify import fabric, gpu, kubernetes, slurm
+    from provision.verify import fabric, gpu, kubernetes, slurm, tunnel
 
     nodes = [n for n in cluster.lasting_nodes if n.address is not None]
     rendered = state.build / "files" / "hosts"
@@ -261,6 +261,7 @@ def verify_cluster(
                 n.name for n in cluster.lasting_nodes if n.role != "compute"
             }
         results += run_node_checks(ctx, remotes, nodes, node_checks)
+        results += tunnel.check_tunnel(ctx, remotes)
         if on_fabric:
             results += fabric.check_fabric_bandwidth(
                 ctx, remotes, [n for n in nodes if ctx.may_load(n)]

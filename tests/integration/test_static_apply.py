@@ -54,8 +54,9 @@ ssh: {{private_key_file: {ssh_key}}}
 """)
     first = provision("apply", str(spec), cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
-    # 7 checks per node, sinfo, hold and srun for the compute node, 5 port checks
-    assert "verify: 22 passed, 0 failed" in first.stdout
+    # 7 checks per node, sinfo, hold and srun for the compute node, 5 port checks, the tunnel
+    assert "verify: 23 passed, 0 failed" in first.stdout
+    assert "PASS tunnel st-cpu1: last handshake " in first.stdout
     assert "PASS srun st-cpu1: job" in first.stdout
     assert "PASS time sync st-cpu1: chrony is active" in first.stdout
 
@@ -138,7 +139,7 @@ ssh: {{private_key_file: {ssh_key}}}
         drift.stdout
     )
     healed = provision("apply", str(spec), cwd=tmp_path)
-    assert healed.returncode == 0 and "verify: 22 passed, 0 failed" in healed.stdout
+    assert healed.returncode == 0 and "verify: 23 passed, 0 failed" in healed.stdout
 
 
 def _on(key: Path, address: str, command: str) -> subprocess.CompletedProcess[str]:

@@ -1,7 +1,7 @@
-"""The cluster's AWS side as one Pulumi component: a VPC, its subnet and route to the internet, a
-key pair, and per pool a security group from the cluster's rule set, a cluster placement group
-(GPU pools), a launch template (EFA interfaces where the type has them, encrypted root volume)
-and the pool's lasting instances. Burst nodes reuse the launch template later.
+"""The cluster's AWS side as one Pulumi component: a VPC, a subnet per zone the pools name and the
+route to the internet, a key pair, and per pool a security group from the cluster's rule set, a
+cluster placement group (GPU pools), a launch template (EFA interfaces where the type has them,
+encrypted root volume) and the pool's lasting instances. Burst nodes reuse the launch template.
 
 EC2's rules the program keeps (tests/cloud_rules.py holds them for the mocks): descriptions only
 in EC2's character set; no public address asked of a template with several network interfaces
@@ -10,6 +10,8 @@ interface instead, as ParallelCluster gives its multi-card head node."""
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import re
 from typing import Any
 
@@ -23,6 +25,17 @@ from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, Cloud
 _EC2_TEXT = re.compile(r"[^a-zA-Z0-9. _\-:/()#,@\[\]+=&;{}!$*]")
 # IMDSv2 answers a container on the node too: a PUT crosses one more hop (the bridge)
 _METADATA_HOPS = 2
+
+
+def zone_subnets(layout: CloudLayout) -> list[tuple[str | None, str]]:
+    """(zone, range) of each subnet: one per zone the pools name, in their order, each an equal
+    slice of the cloud's range; one subnet over the whole range where no pool names a zone."""
+    zones = list(dict.fromkeys(p.zone for p in layout.pools if p.zone)) or [None]
+    network = ipaddress.IPv4Network(layout.cidr)
+    if len(zones) == 1:
+        return [(zones[0], str(network))]
+    slices = network.subnets(prefixlen_diff=math.ceil(math.log2(len(zones))))
+    return [(zone, str(part)) for zone, part in zip(zones, slices, strict=False)]
 
 
 def ec2_text(text: str) -> str:
@@ -49,16 +62,6 @@ class AwsCluster(pulumi.ComponentResource):
             tags={**tags, "Name": layout.name("vpc")},
             opts=here,
         )
-        zone = next((p.zone for p in layout.pools if p.zone), None)
-        subnet = aws.ec2.Subnet(
-            layout.name("subnet"),
-            vpc_id=vpc.id,
-            cidr_block=layout.cidr,
-            availability_zone=zone,
-            map_public_ip_on_launch=True,
-            tags={**tags, "Name": layout.name("subnet")},
-            opts=here,
-        )
         gateway = aws.ec2.InternetGateway(layout.name("igw"), vpc_id=vpc.id, tags=tags, opts=here)
         routes = aws.ec2.RouteTable(
             layout.name("routes"),
@@ -67,9 +70,27 @@ class AwsCluster(pulumi.ComponentResource):
             tags=tags,
             opts=here,
         )
-        aws.ec2.RouteTableAssociation(
-            layout.name("routes-subnet"), subnet_id=subnet.id, route_table_id=routes.id, opts=here
-        )
+        # a subnet per zone the pools name, each a slice of the range; pools without a zone
+        # share the first (EC2 picks its zone where no pool names one)
+        subnets: dict[str | None, aws.ec2.Subnet] = {}
+        for i, (zone, cidr) in enumerate(zone_subnets(layout)):
+            name = layout.name("subnet") if i == 0 else layout.name("subnet", str(zone))
+            subnets[zone] = aws.ec2.Subnet(
+                name,
+                vpc_id=vpc.id,
+                cidr_block=cidr,
+                availability_zone=zone,
+                map_public_ip_on_launch=True,
+                tags={**tags, "Name": name},
+                opts=here,
+            )
+            aws.ec2.RouteTableAssociation(
+                f"{layout.name('routes')}-{name.removeprefix(layout.cluster + '-')}",
+                subnet_id=subnets[zone].id,
+                route_table_id=routes.id,
+                opts=here,
+            )
+        first = next(iter(subnets.values()))
         key = aws.ec2.KeyPair(
             layout.name("key"),
             key_name=layout.name("key"),
@@ -87,7 +108,7 @@ class AwsCluster(pulumi.ComponentResource):
         self.nodes: dict[str, dict[str, pulumi.Output[str]]] = {}
         self.templates: dict[str, pulumi.Output[str]] = {}
         for pool in layout.pools:
-            self._pool(layout, pool, vpc, subnet, key, image, here)
+            self._pool(layout, pool, vpc, subnets.get(pool.zone, first), key, image, here)
         self.register_outputs({"nodes": self.nodes, "templates": self.templates})
 
     def _pool(
