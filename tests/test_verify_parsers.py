@@ -169,7 +169,7 @@ def test_verify_on_a_busy_cluster_holds_and_tests_the_idle_nodes_only(no_sleep: 
         "scontrol create reservation ReservationName=provision-verify StartTime=now "
         "Duration=60 Users=root Nodes=compute002"
     ]
-    srun = "srun --reservation=provision-verify -N1 -w compute002 --time=2"
+    srun = "srun --reservation=provision-verify -p compute -N1 -w compute002 --time=2"
     assert any(srun in a for a in head.asked), head.asked
     assert not head.reservations  # released
 

@@ -244,14 +244,37 @@ def check_scheduler(
         )
         return results
 
-    hostlist = compress(idle)
+    # one job per pool: a job runs in one partition, and each pool is its own
+    by_pool: dict[str, list[str]] = {}
+    for node in ctx.cluster.lasting_nodes:
+        if node.role == "compute":
+            by_pool.setdefault(node.pool, [])
+            if node.name in idle:
+                by_pool[node.pool].append(node.name)
+    for pool, names in by_pool.items():
+        if names:
+            results += _test_job(ctx, head, hold, pool, sorted(names))
+        else:
+            members = compress([n.name for n in ctx.cluster.lasting_nodes if n.pool == pool])
+            results.append(
+                CheckResult("srun", members, True, "not run: every node of the pool runs jobs")
+            )
+    return results
+
+
+def _test_job(
+    ctx: VerifyContext, head: Remote, hold: Hold, pool: str, names: list[str]
+) -> list[CheckResult]:
+    """A job on these held nodes of one pool, and its record in accounting."""
+    results = []
+    hostlist = compress(names)
     out = head.run(
-        f"timeout 120 srun --reservation={hold.reservation} -N{len(idle)} -w {hostlist} "
-        "--time=2 sh -c 'echo $SLURM_JOB_ID $(hostname)'",
+        f"timeout 120 srun --reservation={hold.reservation} -p {pool} -N{len(names)} "
+        f"-w {hostlist} --time=2 sh -c 'echo $SLURM_JOB_ID $(hostname)'",
         timeout=150,
     )
     job, hosts = parse_srun_hosts(out.stdout)
-    ran = out.rc == 0 and hosts == sorted(idle)
+    ran = out.rc == 0 and hosts == names
     results.append(
         CheckResult(
             "srun",

@@ -103,11 +103,13 @@ def ssh_key(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def static_hosts(lab_image: str, ssh_key: Path) -> Iterator[dict[str, str]]:
-    """Two throwaway hosts, reachable over SSH as root: a head on its site's network, and a
-    node on a "remote" network of its own, which reaches the head only through this machine's
-    NAT (podman masquerades what leaves a network), as a cloud node reaches an on-premises head."""
+    """Three throwaway hosts, reachable over SSH as root: a head and a node on their site's
+    network, and a node on a "remote" network of its own, which reaches the head only through
+    this machine's NAT (podman masquerades what leaves a network), as a cloud node reaches an
+    on-premises head."""
     networks = {"provision-test-static": "10.78.0", "provision-test-remote": "10.84.0"}
-    nodes = {"st-head": "10.78.0.11", "st-cpu1": "10.84.0.12"}
+    nodes = {"st-head": "10.78.0.11", "st-cpu0": "10.78.0.12", "st-cpu1": "10.84.0.12"}
+    on = {"st-head": "provision-test-static", "st-cpu0": "provision-test-static"}
     for name in nodes:
         podman.podman("rm", "-f", "-t", "0", f"ptest-{name}", check=False)
     for network, prefix in networks.items():
@@ -117,7 +119,8 @@ def static_hosts(lab_image: str, ssh_key: Path) -> Iterator[dict[str, str]]:
                 network,
             )  # fmt: skip
     try:
-        for (name, address), network in zip(nodes.items(), networks, strict=True):
+        for name, address in nodes.items():
+            network = on.get(name, "provision-test-remote")
             start_node(
                 lab_image, f"ptest-{name}", name, network, address, ssh_key.with_suffix(".pub")
             )

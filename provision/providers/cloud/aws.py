@@ -30,7 +30,8 @@ _METADATA_HOPS = 2
 def zone_subnets(layout: CloudLayout) -> list[tuple[str | None, str]]:
     """(zone, range) of each subnet: one per zone the pools name, in their order, each an equal
     slice of the cloud's range; one subnet over the whole range where no pool names a zone."""
-    zones = list(dict.fromkeys(p.zone for p in layout.pools if p.zone)) or [None]
+    named: list[str | None] = list(dict.fromkeys(p.zone for p in layout.pools if p.zone))
+    zones = named or [None]
     network = ipaddress.IPv4Network(layout.cidr)
     if len(zones) == 1:
         return [(zones[0], str(network))]
