@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from provision.cluster import Cluster
 from provision.render.kubernetes import API_PORT, ETCD_CLIENT_PORT, ETCD_PEER_PORT, HA_PORT
-from provision.render.tunnel import INTERFACE
+from provision.render.tunnel import INTERFACE, far_ranges
 from provision.spec.exposure import public_addresses
 from provision.spec.fabric import rails
 from provision.spec.ports import service_ports
@@ -145,18 +145,12 @@ def guard_lines(cluster: Cluster, pool: str) -> list[str]:
     """nftables lines that drop, on a tunnel's end, what claims to come from the networks on the
     tunnel's other side but did not arrive through it: a remote node takes the management
     network and the other remote networks only from the tunnel; the hub the remote networks."""
-    spec = cluster.spec
-    if not spec.network.remote:
+    if not cluster.spec.network.remote:
         return []
     view = next(v for v in cluster.pools if v.name == pool)
-    own = next((str(r.cidr) for r in spec.network.remote if r.name == view.pool.network), None)
-    if own is not None:
-        far = [str(spec.network.management.cidr)]
-        far += [str(r.cidr) for r in spec.network.remote if str(r.cidr) != own]
-    elif view.pool.role == "head":
-        far = [str(r.cidr) for r in spec.network.remote]
-    else:
-        return []
+    if view.pool.network is None and view.pool.role != "head":
+        return []  # the management network's other nodes: their peers' packets come routed
+    far = far_ranges(cluster, view.pool.network)
     return [
         f'iifname != "{INTERFACE}" ip saddr {{ {", ".join(far)} }} drop '
         'comment "those networks come through the tunnel only"'

@@ -23,8 +23,7 @@ class TunnelLayout:
     hub: Node
     endpoint: str  # host:port the spokes dial
     port: int
-    remote: tuple[str, ...]  # the remote ranges, in spec order
-    spokes: tuple[tuple[Node, str], ...]  # each remote node, and its network's range
+    spokes: tuple[Node, ...]  # each remote node
     routed: tuple[Node, ...]  # nodes on the management network other than the hub
 
 
@@ -33,7 +32,6 @@ def tunnel_layout(cluster: Cluster) -> TunnelLayout | None:
     spec = cluster.spec
     if not spec.network.remote or not cluster.head_nodes:
         return None
-    ranges = {r.name: str(r.cidr) for r in spec.network.remote}
     hub = cluster.head_nodes[0]
     tunnel = spec.network.tunnel
     host = tunnel.endpoint or (str(hub.address) if hub.address is not None else hub.name)
@@ -46,13 +44,24 @@ def tunnel_layout(cluster: Cluster) -> TunnelLayout | None:
                 continue
             if network is not None:
                 if node.address is not None:  # a cloud node has one once it exists
-                    spokes.append((node, ranges[network]))
+                    spokes.append(node)
             elif node.name != hub.name:
                 routed.append(node)
     return TunnelLayout(
-        hub, f"{host}:{tunnel.port}", tunnel.port, tuple(ranges.values()), tuple(spokes),
-        tuple(routed),
+        hub, f"{host}:{tunnel.port}", tunnel.port, tuple(spokes), tuple(routed),
     )  # fmt: skip
+
+
+def far_ranges(cluster: Cluster, network: str | None) -> list[str]:
+    """The ranges on the tunnel's other side, seen from a node on `network` (a remote network's
+    name; None: the management network's): what it sends into the tunnel, and what its firewall
+    takes from the tunnel only."""
+    spec = cluster.spec
+    own = next((str(r.cidr) for r in spec.network.remote if r.name == network), None)
+    remote = [str(r.cidr) for r in spec.network.remote]
+    if own is None:
+        return remote
+    return [str(spec.network.management.cidr), *(r for r in remote if r != own)]
 
 
 def members(cluster: Cluster) -> list[str]:
@@ -60,7 +69,7 @@ def members(cluster: Cluster) -> list[str]:
     shape = tunnel_layout(cluster)
     if shape is None:
         return []
-    return [shape.hub.name, *(node.name for node, _ in shape.spokes)]
+    return [shape.hub.name, *(node.name for node in shape.spokes)]
 
 
 def tunnel_host_vars(cluster: Cluster) -> dict[str, dict[str, object]]:
@@ -68,33 +77,31 @@ def tunnel_host_vars(cluster: Cluster) -> dict[str, dict[str, object]]:
     shape = tunnel_layout(cluster)
     if shape is None:
         return {}
-    mgmt = str(cluster.spec.network.management.cidr)
+    pool_network = {p.name: p.network for p in cluster.spec.pools}
     out: dict[str, dict[str, object]] = {
         shape.hub.name: {
             "tunnel_role": "hub",
             "tunnel_port": shape.port,
             "tunnel_address": shape.hub.reach,
-            "tunnel_routes": list(shape.remote),
-            "tunnel_peers": [
-                {"name": node.name, "address": node.reach} for node, _ in shape.spokes
-            ],
+            "tunnel_routes": far_ranges(cluster, None),
+            "tunnel_peers": [{"name": node.name, "address": node.reach} for node in shape.spokes],
             # the other nodes on the management network reach remote nodes through the hub
             "tunnel_forward": bool(shape.routed),
         }
     }
-    for node, own in shape.spokes:
+    for node in shape.spokes:
         out[node.name] = {
             "tunnel_role": "spoke",
             "tunnel_address": node.reach,
             "tunnel_hub": shape.hub.name,
             "tunnel_endpoint": shape.endpoint,
-            "tunnel_routes": [mgmt, *(r for r in shape.remote if r != own)],
+            "tunnel_routes": far_ranges(cluster, pool_network[node.pool]),
         }
     if shape.hub.address is not None:
         for node in shape.routed:
             out[node.name] = {
                 "tunnel_role": "routed",
                 "tunnel_via": str(shape.hub.address),
-                "tunnel_routes": list(shape.remote),
+                "tunnel_routes": far_ranges(cluster, None),
             }
     return out

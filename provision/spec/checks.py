@@ -187,30 +187,20 @@ def _check_networks(spec: Spec) -> list[Problem]:
     if spec.scheduler == "kubernetes":
         nets.append((("kubernetes", "pod_cidr"), spec.kubernetes.pod_cidr))
         nets.append((("kubernetes", "service_cidr"), spec.kubernetes.service_cidr))
+    for i, remote in enumerate(spec.network.remote):
+        nets.append((("network", "remote", i, "cidr"), remote.cidr))
     problems: list[Problem] = []
     for a in range(len(nets)):
         for b in range(a):
             if nets[a][1].overlaps(nets[b][1]):
                 other = ".".join(str(p) for p in nets[b][0])
-                problems.append(
-                    (
-                        nets[a][0],
-                        f"{nets[a][1]} overlaps {other} ({nets[b][1]}): "
-                        "give each network its own range",
-                    )
+                why = (
+                    "a remote network needs its own range, or no route can tell the two apart"
+                    if nets[a][0][1] == "remote"
+                    else "give each network its own range"
                 )
-    for i, remote in enumerate(spec.network.remote):
-        nets.append((("network", "remote", i, "cidr"), remote.cidr))
-    for a in range(len(nets)):
-        for b in range(a):
-            if nets[a][1].overlaps(nets[b][1]) and nets[a][0][1] == "remote":
-                other = ".".join(str(p) for p in nets[b][0])
                 problems.append(
-                    (
-                        nets[a][0],
-                        f"{nets[a][1]} overlaps {other} ({nets[b][1]}): a remote network "
-                        "needs its own range, or no route can tell the two apart",
-                    )
+                    (nets[a][0], f"{nets[a][1]} overlaps {other} ({nets[b][1]}): {why}")
                 )
     problems += _check_remote(spec)
     if spec.network.fabric.kind != "ethernet" and spec.network.fabric.subnet is None:

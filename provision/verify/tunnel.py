@@ -57,7 +57,7 @@ def check_tunnel(ctx: VerifyContext, remotes: dict[str, Remote]) -> list[CheckRe
     shape = tunnel_layout(ctx.cluster)
     if shape is None or not shape.spokes:
         return []
-    spokes = [node.name for node, _ in shape.spokes]
+    spokes = [node.name for node in shape.spokes]
     hub = remotes.get(shape.hub.name)
     if hub is None:
         return []  # the head's ssh check failed already
