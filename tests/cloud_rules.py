@@ -11,7 +11,10 @@ lower-case letter, then lower-case letters, digits and '-', not ending with '-',
 Pulumi's auto-naming adds '-' and 7 characters) and zonal instances (a zone is required); Azure's
 Marketplace images that carry a purchase plan (the VM must name the plan) and encryption at host
 (refused unless the subscription registered Microsoft.Compute/EncryptionAtHost, which a stack
-cannot know).
+cannot know). Reservations: EC2's capacity-block market only with the block's reservation ID
+(launch templates' InstanceMarketOptions); Compute Engine's specific reservation affinity by the
+key compute.googleapis.com/reservation-name; Azure's on-demand capacity reservation limits (no
+proximity placement group, no scale set with a single placement group, no ND-series size).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ GCP_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 GCP_AUTONAME_SUFFIX = 8  # "-" and 7 random characters
 # Azure Marketplace images that need a purchase plan on the VM: (publisher, offer)
 AZURE_PLAN_IMAGES = {("resf", "rockylinux-x86_64")}
+GCP_RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 
 
 def refusals(typ: str, name: str, inputs: dict[str, Any]) -> list[str]:
@@ -54,13 +58,21 @@ def _aws_security_group(inputs: dict[str, Any]) -> list[str]:
 
 
 def _aws_launch_template(inputs: dict[str, Any]) -> list[str]:
+    problems = []
     nics = inputs.get("networkInterfaces", [])
     if len(nics) > 1 and any("associatePublicIpAddress" in n for n in nics):
-        return [
+        problems.append(
             f"EC2 refuses a public address on {inputs.get('name')}, a template with "
             f"{len(nics)} network interfaces (InvalidParameterCombination)"
-        ]
-    return []
+        )
+    market = inputs.get("instanceMarketOptions", {}).get("marketType")
+    target = inputs.get("capacityReservationSpecification", {}).get("capacityReservationTarget", {})
+    if market == "capacity-block" and not target.get("capacityReservationId"):
+        problems.append(
+            f"EC2 refuses the capacity-block market on {inputs.get('name')} without the "
+            "Capacity Block's reservation ID (InvalidParameterCombination)"
+        )
+    return problems
 
 
 def _gcp(typ: str, name: str, inputs: dict[str, Any]) -> list[str]:
@@ -75,6 +87,14 @@ def _gcp(typ: str, name: str, inputs: dict[str, Any]) -> list[str]:
         )
     if typ == "gcp:compute/instanceFromTemplate:InstanceFromTemplate" and not inputs.get("zone"):
         problems.append(f"Compute Engine refuses the instance {physical!r} without a zone")
+    affinity = inputs.get("reservationAffinity", {})
+    if affinity.get("type") == "SPECIFIC_RESERVATION":
+        specific = affinity.get("specificReservation", {})
+        if specific.get("key") != GCP_RESERVATION_KEY or not specific.get("values"):
+            problems.append(
+                f"Compute Engine refuses {physical!r}: a specific reservation is named by the "
+                f"key {GCP_RESERVATION_KEY} and its name"
+            )
     return problems
 
 
@@ -87,6 +107,20 @@ def _azure_machine(inputs: dict[str, Any]) -> list[str]:
             f"Azure refuses the Marketplace image {image.get('publisher')}:"
             f"{image.get('offer')} without its purchase plan (VMMarketplaceInvalidInput)"
         )
+    if profile.get("capacityReservation"):
+        size = inputs.get("hardwareProfile", {}).get("vmSize") or inputs.get("sku", {}).get(
+            "name", ""
+        )
+        if inputs.get("proximityPlacementGroup"):
+            problems.append(
+                "Azure refuses a capacity reservation beside a proximity placement group"
+            )
+        if inputs.get("singlePlacementGroup"):
+            problems.append(
+                "Azure refuses a capacity reservation for a scale set with a single placement group"
+            )
+        if str(size).lower().startswith("standard_nd"):
+            problems.append(f"Azure has no capacity reservations for ND-series sizes ({size})")
     if profile.get("securityProfile", {}).get("encryptionAtHost"):
         problems.append(
             "Azure refuses encryption at host unless the subscription registered "

@@ -27,6 +27,7 @@ VM_PROPERTIES = {
     "osProfile",
     "networkProfile",
     "securityProfile",
+    "capacityReservation",
     "proximityPlacementGroup",
 }
 

@@ -105,6 +105,26 @@ def test_a_vm_from_an_image_sold_under_a_plan_names_the_plan(
     assert _puts(arm)["az-h100-001"]["plan"] == plan  # type: ignore[index]
 
 
+def test_a_vm_of_a_reserved_pool_launches_into_its_reservation_group(
+    config: BurstConfig, arm: FakeARM, scontrol: Path
+) -> None:
+    """The stack gives such a scale set no proximity placement group (Azure takes none beside a
+    reservation) and its profile the reservation group: each burst VM names the group."""
+    group = (
+        f"/subscriptions/{SUBSCRIPTION}/resourceGroups/capacity/providers/"
+        "Microsoft.Compute/capacityReservationGroups/nc-a100"
+    )
+    made = arm.scale_sets["burst-azh100"]
+    del made["properties"]["proximityPlacementGroup"]
+    made["properties"]["virtualMachineProfile"]["capacityReservation"] = {
+        "capacityReservationGroup": {"id": group}
+    }
+    assert programs.resume(config, ["az-h100-001"], lambda _m: None) == 0
+    props = _puts(arm)["az-h100-001"]["properties"]  # type: ignore[index]
+    assert props["capacityReservation"] == {"capacityReservationGroup": {"id": group}}
+    assert "proximityPlacementGroup" not in props
+
+
 def test_suspend_deletes_the_nodes_vms(config: BurstConfig, arm: FakeARM, scontrol: Path) -> None:
     log: list[str] = []
     programs.resume(config, ["az-h100-003", "az-h100-004"], log.append)

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from provision.burst.config import TAG_POOL
 from provision.cluster import Cluster
 from provision.errors import OperationError
 from provision.render import render, render_inventory
@@ -32,6 +33,7 @@ SPECS = [
     ROOT / "tests" / "data" / "cloud" / "cluster.yaml",
     ROOT / "examples" / "hybrid-cloud.yaml",
     ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml",
+    ROOT / "tests" / "data" / "cloud" / "reserved.yaml",
 ]
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFxsWi/kWC/jwkJ3ZrWg1zvAFVA3skOEzrF8xvZk54Zh test"
 TAG = "provision-cluster"
@@ -419,6 +421,33 @@ def test_the_rules_refuse_what_the_clouds_refuse() -> None:
         "securityProfile": {"encryptionAtHost": True},
     }
     assert len(cloud_rules.refusals("azure-native:compute:VirtualMachine", "v", vm)) == 2
+    # reservations: a Capacity Block's market without its ID; a specific GCE reservation named
+    # under another key; an Azure reservation beside a placement group, for a scale set with a
+    # single placement group, for an ND size
+    block = {"name": "b", "instanceMarketOptions": {"marketType": "capacity-block"}}
+    assert cloud_rules.refusals("aws:ec2/launchTemplate:LaunchTemplate", "b", block)
+    block["capacityReservationSpecification"] = {
+        "capacityReservationTarget": {"capacityReservationId": "cr-0123456789abcdef0"}
+    }
+    assert not cloud_rules.refusals("aws:ec2/launchTemplate:LaunchTemplate", "b", block)
+    affinity = {"type": "SPECIFIC_RESERVATION", "specificReservation": {"key": "name"}}
+    template = {"name": "t", "reservationAffinity": affinity}
+    assert cloud_rules.refusals("gcp:compute/instanceTemplate:InstanceTemplate", "t", template)
+    reserved = {"capacityReservationGroup": {"id": "/subscriptions/x"}}
+    vm = {
+        "hardwareProfile": {"vmSize": "Standard_NC96ads_A100_v4"},
+        "capacityReservation": reserved,
+    }
+    assert not cloud_rules.refusals("azure-native:compute:VirtualMachine", "v", vm)
+    vm["proximityPlacementGroup"] = {"id": "ppg"}
+    vm["hardwareProfile"] = {"vmSize": "Standard_ND96isr_H100_v5"}
+    assert len(cloud_rules.refusals("azure-native:compute:VirtualMachine", "v", vm)) == 2
+    vmss = {
+        "sku": {"name": "Standard_NC96ads_A100_v4"},
+        "singlePlacementGroup": True,
+        "virtualMachineProfile": {"capacityReservation": reserved},
+    }
+    assert cloud_rules.refusals("azure-native:compute:VirtualMachineScaleSet", "s", vmss)
 
 
 def _world_open(rec: Recorder) -> list[str]:
@@ -464,17 +493,65 @@ def test_world_ingress_only_where_the_spec_opted_in(tmp_path: Path) -> None:
     assert opened and set(opened) == {"ssh from admin networks"}
 
 
-def test_gpu_pools_use_placement(made: Any) -> None:
+def _reserved(cluster: Cluster) -> set[str]:
+    return {v.name for v in cluster.pools if v.pool.reservation}
+
+
+def test_gpu_pools_use_placement_unless_a_reservation_holds_it(made: Any) -> None:
     rec, cluster, _ = made
+    reserved = _reserved(cluster)
+    name = cluster.spec.name
     for template in rec.of("LaunchTemplate"):
-        assert template.inputs["placement"]["groupName"]
-    assert len(rec.of("ec2/placementGroup:PlacementGroup")) == len(_pools(cluster, "aws"))
+        if template.inputs["name"].removeprefix(f"{name}-") in reserved:
+            assert "placement" not in template.inputs
+        else:
+            assert template.inputs["placement"]["groupName"]
+    free = [v for v in _pools(cluster, "aws") if v.name not in reserved]
+    assert len(rec.of("ec2/placementGroup:PlacementGroup")) == len(free)
     for pg in rec.of("ec2/placementGroup:PlacementGroup"):
         assert pg.inputs["strategy"] == "cluster"
     for template in rec.of("instanceTemplate:InstanceTemplate"):
-        assert template.inputs["resourcePolicies"]
+        pool = template.inputs["name"].removeprefix(f"{name}-")
+        assert bool(template.inputs.get("resourcePolicies")) == (pool not in reserved)
     for vm in rec.of("compute:VirtualMachine"):
-        assert vm.inputs["proximityPlacementGroup"]["id"]
+        pool = vm.inputs["tags"][TAG_POOL]
+        assert bool(vm.inputs.get("proximityPlacementGroup")) == (pool not in reserved)
+
+
+def test_reserved_pools_launch_into_their_reservation() -> None:
+    """Each cloud's way to name a reservation, on the template bursting also launches from (and
+    on Azure's VMs): the mocks' rules refuse a capacity-block market without its ID, a specific
+    GCE reservation under another key, and an Azure reservation beside placement or for ND."""
+    rec, cluster, _ = build(SPECS[3])
+    by_pool = {v.name: v.pool.reservation for v in cluster.pools if v.pool.reservation}
+    templates = {m.inputs["name"]: m.inputs for m in rec.of("LaunchTemplate")}
+    block = templates["reserved-awsblock"]
+    assert block["instanceMarketOptions"] == {"marketType": "capacity-block"}
+    assert block["capacityReservationSpecification"] == {
+        "capacityReservationTarget": {"capacityReservationId": "cr-0123456789abcdef0"}
+    }
+    odcr = templates["reserved-awsodcr"]
+    assert "instanceMarketOptions" not in odcr  # an On-Demand Capacity Reservation
+    assert odcr["capacityReservationSpecification"]["capacityReservationTarget"] == {
+        "capacityReservationId": "cr-0fedcba987654321f"
+    }
+    assert "capacityReservationSpecification" not in templates["reserved-awsfree"]
+    # each reserved AWS pool's subnet lies in the reservation's zone
+    subnets = {m.inputs.get("availabilityZone") for m in rec.of("ec2/subnet:Subnet")}
+    assert subnets == {"us-east-1a", "us-east-1b"}
+    (gcp,) = rec.of("instanceTemplate:InstanceTemplate")
+    assert gcp.inputs["reservationAffinity"] == {
+        "type": "SPECIFIC_RESERVATION",
+        "specificReservation": {
+            "key": "compute.googleapis.com/reservation-name",
+            "values": ["projects/capacity-host/reservations/a3-block"],
+        },
+    }
+    vms = rec.of("compute:VirtualMachine")
+    assert len(vms) == 2 and not rec.of("ProximityPlacementGroup")
+    for vm in vms:
+        group = vm.inputs["capacityReservation"]["capacityReservationGroup"]["id"]
+        assert group == by_pool["aza100"].id  # type: ignore[union-attr]
 
 
 def test_outputs_become_node_addresses_and_reach_the_inventory() -> None:
@@ -630,7 +707,12 @@ def test_each_zone_the_pools_name_gets_its_own_slice_of_the_range(tmp_path: Path
 
 
 def test_one_subnet_over_the_range_where_the_pools_name_one_zone_or_none(made: Any) -> None:
-    rec, _, _ = made
-    (subnet,) = rec.of("ec2/subnet:Subnet")
+    rec, cluster, _ = made
+    zones = {v.pool.zone for v in _pools(cluster, "aws") if v.pool.zone}
+    subnets = rec.of("ec2/subnet:Subnet")
     (vpc,) = rec.of("ec2/vpc:Vpc")
+    if len(zones) > 1:  # a slice each (the test above)
+        assert len(subnets) == len(zones)
+        return
+    (subnet,) = subnets
     assert subnet.inputs["cidrBlock"] == vpc.inputs["cidrBlock"]

@@ -1,7 +1,7 @@
 """Burst nodes as Azure VMs made in the pool's Flexible scale set from its VM profile (the
 cluster's Pulumi stack made the scale set with capacity 0: size, image, disk, accelerated
-networking, security group, proximity placement group, and the image's Marketplace plan where
-it has one).
+networking, security group, proximity placement group or capacity reservation group, and the
+image's Marketplace plan where it has one).
 
 The standard library only: the token and the subscription come from the head's managed
 identity through the instance metadata service, and Resource Manager is plain JSON over HTTPS.
@@ -125,7 +125,7 @@ class AzureBackend(Backend):
                 "networkInterfaceConfigurations": nics,
             },
         }
-        for key in ("securityProfile",):
+        for key in ("securityProfile", "capacityReservation"):
             if key in profile:
                 properties[key] = profile[key]
         if "proximityPlacementGroup" in scale_set["properties"]:

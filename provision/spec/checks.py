@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import posixpath
+import re
 from collections.abc import Callable
 
 from provision.spec.exposure import WIDE, describe_size, public_addresses
@@ -171,6 +172,75 @@ def _check_pools(spec: Spec) -> list[Problem]:
                 (
                     (*at, "region" if pool.region else "zone"),
                     f"region and zone apply to cloud pools, not '{pool.provider}'",
+                )
+            )
+    return problems
+
+
+# each cloud's form of a reservation's name
+_EC2_RESERVATION = re.compile(r"cr-[0-9a-f]{8}(?:[0-9a-f]{9})?")
+_GCE_RESERVATION = re.compile(
+    r"(?:projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/)?[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?"
+)
+_AZURE_RESERVATION = re.compile(
+    r"/subscriptions/[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}/resourceGroups/[-\w.()]{1,90}"
+    r"/providers/Microsoft\.Compute/capacityReservationGroups/[-\w.]{1,80}",
+    re.IGNORECASE,
+)
+_RESERVATION_FORM = {
+    "aws": (_EC2_RESERVATION, "an EC2 Capacity Reservation ID: cr- and 17 hex digits"),
+    "gcp": (
+        _GCE_RESERVATION,
+        "a Compute Engine reservation: its name, or projects/PROJECT/reservations/NAME",
+    ),
+    "azure": (
+        _AZURE_RESERVATION,
+        "a capacity reservation group's resource ID: /subscriptions/SUBSCRIPTION/"
+        "resourceGroups/GROUP/providers/Microsoft.Compute/capacityReservationGroups/NAME",
+    ),
+}
+
+
+def _check_reservations(spec: Spec) -> list[Problem]:
+    """A reservation in each cloud's own form, where that cloud launches into it."""
+    problems: list[Problem] = []
+    profiles = load_profiles(spec.profiles)
+    for i, pool in enumerate(spec.pools):
+        reservation = pool.reservation
+        if reservation is None:
+            continue
+        at: Loc = ("pools", i, "reservation")
+        if pool.provider not in CLOUD_PROVIDERS:
+            problems.append((at, f"reservations apply to cloud pools, not '{pool.provider}'"))
+            continue
+        form, words = _RESERVATION_FORM[pool.provider]
+        if not form.fullmatch(reservation.id):
+            problems.append(((*at, "id"), f"'{reservation.id}' is not {words}"))
+        if reservation.capacity_block and pool.provider != "aws":
+            problems.append(
+                (
+                    (*at, "capacity_block"),
+                    f"Capacity Blocks are AWS's; a {pool.provider} reservation is named by id "
+                    "alone: remove capacity_block",
+                )
+            )
+        if pool.provider == "aws" and pool.zone is None:
+            # a Capacity Reservation or Block lies in one zone; EC2 launches into it only there
+            problems.append(
+                (
+                    ("pools", i),
+                    "an EC2 Capacity Reservation lies in one zone: set 'zone' to its zone "
+                    "(instances in another zone cannot use it)",
+                )
+            )
+        profile = profiles.get(pool.profile)
+        size = (profile.instance_type or "") if profile else ""
+        if pool.provider == "azure" and size.lower().startswith("standard_nd"):
+            problems.append(
+                (
+                    at,
+                    f"Azure has no capacity reservations for ND-series sizes ({size}): remove "
+                    "the reservation",
                 )
             )
     return problems
@@ -1085,6 +1155,7 @@ CHECKS: list[Callable[[Spec], list[Problem]]] = [
     _check_slurm_config,
     _check_compute,
     _check_pools,
+    _check_reservations,
     _check_networks,
     _check_scheduler,
     _check_slurm_version,

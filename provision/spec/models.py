@@ -250,6 +250,16 @@ InstanceType = Annotated[
         "{!r} is not an instance type: letters, digits, '.', '_' and '-', like p5.48xlarge",
     ),
 ]
+# a cloud reservation's name: EC2's cr-..., a Compute Engine reservation (or its shared path), an
+# Azure capacity reservation group's resource ID; each cloud's own form is checked with the pool
+ReservationName = Annotated[
+    str,
+    _matching(
+        r"/?[A-Za-z0-9][A-Za-z0-9._()/-]{0,299}",
+        "{!r} is not a reservation: letters, digits and '.', '_', '-', '(', ')', '/', like "
+        "cr-0123456789abcdef0",
+    ),
+]
 GresType = Annotated[
     str,
     _matching(
@@ -553,6 +563,21 @@ class Host(Model):
     bmc_address: ipaddress.IPv4Address | None = Field(default=None, description="BMC address")
 
 
+class Reservation(Model):
+    """Capacity the cloud holds for the pool: its lasting and burst nodes launch into it."""
+
+    id: ReservationName = Field(
+        description="AWS: the Capacity Reservation's ID (cr-...); GCP: the reservation's name, "
+        "or projects/PROJECT/reservations/NAME when another project shares it; Azure: the "
+        "capacity reservation group's resource ID"
+    )
+    capacity_block: bool = Field(
+        default=False,
+        description="AWS: the ID is a Capacity Block for ML's (instances launch in the "
+        "capacity-block market, while the block is active)",
+    )
+
+
 class Pool(Model):
     """A group of identical nodes with one role."""
 
@@ -597,6 +622,11 @@ class Pool(Model):
     region: CloudPlace | None = Field(default=None, description="cloud region (cloud providers)")
     zone: CloudPlace | None = Field(
         default=None, description="cloud zone (cloud providers; gcp pools need one)"
+    )
+    reservation: Reservation | None = Field(
+        default=None,
+        description="capacity reserved in the cloud that the pool's nodes launch into (cloud "
+        "pools; its placement replaces the pool's placement group)",
     )
 
     @property

@@ -1,7 +1,8 @@
 """The cluster's AWS side as one Pulumi component: a VPC, a subnet per zone the pools name and the
 route to the internet, a key pair, and per pool a security group from the cluster's rule set, a
-cluster placement group (GPU pools), a launch template (EFA interfaces where the type has them,
-encrypted root volume) and the pool's lasting instances. Burst nodes reuse the launch template.
+cluster placement group (GPU pools; or the pool's Capacity Reservation or Block, which holds the
+placement), a launch template (EFA interfaces where the type has them, encrypted root volume)
+and the pool's lasting instances. Burst nodes reuse the launch template.
 
 EC2's rules the program keeps (tests/cloud_rules.py holds them for the mocks): descriptions only
 in EC2's character set; no public address asked of a template with several network interfaces
@@ -125,7 +126,9 @@ class AwsCluster(pulumi.ComponentResource):
         tags = layout.tags(pool.name)
         group = _security_group(layout, pool, vpc, tags, here)
         placement: dict[str, Any] = {}
-        if pool.gpus:
+        if pool.reservation:
+            placement = _reserved(pool.reservation, pool.capacity_block)
+        elif pool.gpus:
             pg = aws.ec2.PlacementGroup(
                 layout.name(pool.name, "pg"),
                 name=layout.name(pool.name, "pg"),
@@ -186,6 +189,30 @@ class AwsCluster(pulumi.ComponentResource):
                 )
                 public = address.public_ip
             self.nodes[node] = {"private": instance.private_ip, "public": public}
+
+
+def _reserved(reservation: str, capacity_block: bool) -> dict[str, Any]:
+    """A launch template's part that puts its instances into the pool's reservation, in place of
+    a placement group of ours: the reservation holds the placement (an On-Demand Capacity
+    Reservation made in a cluster placement group launches only into that group; a Capacity
+    Block lies in an UltraCluster already). A Capacity Block's instances launch in its own
+    market, which EC2 refuses without the block's ID."""
+    out: dict[str, Any] = {
+        "capacity_reservation_specification": (
+            aws.ec2.LaunchTemplateCapacityReservationSpecificationArgs(
+                capacity_reservation_target=(
+                    aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs(
+                        capacity_reservation_id=reservation
+                    )
+                )
+            )
+        )
+    }
+    if capacity_block:
+        out["instance_market_options"] = aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(
+            market_type="capacity-block"
+        )
+    return out
 
 
 def _security_group(

@@ -1,8 +1,10 @@
 """The cluster's Azure side as one Pulumi component: a resource group, a virtual network and
 subnet with a NAT gateway (its machines' way out: Azure has retired default outbound access, and
 burst VMs have no public address), per pool a network security group from the cluster's rule
-set and a proximity placement group, virtual machines for lasting nodes (accelerated
-networking) and, for burst pools, a scale set of capacity 0 that bursting grows.
+set and a proximity placement group (or, where the pool names one, its capacity reservation
+group: Azure takes no proximity placement group beside a reservation), virtual machines for
+lasting nodes (accelerated networking) and, for burst pools, a scale set of capacity 0 that
+bursting grows.
 
 Azure's rules the program keeps (tests/cloud_rules.py holds them for the mocks): a Marketplace
 image sold under a plan (Rocky Linux) is named with its plan; encryption at host is not asked
@@ -109,15 +111,17 @@ class AzureCluster(pulumi.ComponentResource):
     ) -> None:
         tags = layout.tags(pool.name)
         nsg = self._security_group(layout, pool, group, tags, here)
-        ppg = az.compute.ProximityPlacementGroup(
-            layout.name(pool.name, "ppg"),
-            resource_group_name=group.name,
-            location=group.location,
-            proximity_placement_group_type="Standard",
-            tags=tags,
-            opts=here,
-        )
-        where = _Where(group, subnet, nsg, ppg, tags, here)
+        ppg = None
+        if not pool.reservation:  # Azure refuses a proximity placement group with one
+            ppg = az.compute.ProximityPlacementGroup(
+                layout.name(pool.name, "ppg"),
+                resource_group_name=group.name,
+                location=group.location,
+                proximity_placement_group_type="Standard",
+                tags=tags,
+                opts=here,
+            )
+        where = _Where(group, subnet, nsg, ppg, pool.reservation, tags, here)
         for node in pool.nodes:
             self._vm(layout, pool, node, where)
         if pool.elastic:
@@ -205,7 +209,8 @@ class AzureCluster(pulumi.ComponentResource):
                 ]
             ),
             plan=self.plan,
-            proximity_placement_group=az.compute.SubResourceArgs(id=where.ppg.id),
+            proximity_placement_group=where.placement(),
+            capacity_reservation=where.reservation_profile(),
             tags=where.tags,
             opts=where.opts,
         )
@@ -232,8 +237,9 @@ class AzureCluster(pulumi.ComponentResource):
             # Flexible: bursting creates named VMs in it from this profile, one per node
             orchestration_mode=vmss.OrchestrationMode.FLEXIBLE,
             platform_fault_domain_count=1,
-            proximity_placement_group=vmss.SubResourceArgs(id=where.ppg.id),
+            proximity_placement_group=where.placement(),
             virtual_machine_profile=vmss.VirtualMachineScaleSetVMProfileArgs(
+                capacity_reservation=where.reservation_profile(),
                 os_profile=vmss.VirtualMachineScaleSetOSProfileArgs(
                     computer_name_prefix=layout.name(pool.name),
                     admin_username=self.user,
@@ -298,9 +304,20 @@ class _Where:
     group: az.resources.ResourceGroup
     subnet: az.network.Subnet
     nsg: az.network.NetworkSecurityGroup
-    ppg: az.compute.ProximityPlacementGroup
+    ppg: az.compute.ProximityPlacementGroup | None
+    reservation: str | None  # the capacity reservation group's resource ID
     tags: dict[str, str]
     opts: pulumi.ResourceOptions
+
+    def placement(self) -> az.compute.SubResourceArgs | None:
+        return az.compute.SubResourceArgs(id=self.ppg.id) if self.ppg else None
+
+    def reservation_profile(self) -> az.compute.CapacityReservationProfileArgs | None:
+        if not self.reservation:
+            return None
+        return az.compute.CapacityReservationProfileArgs(
+            capacity_reservation_group=az.compute.SubResourceArgs(id=self.reservation)
+        )
 
 
 # every machine, lasting or burst: a Premium SSD root of ROOT_GB

@@ -1,7 +1,8 @@
 """The cluster's GCP side as one Pulumi component: a VPC network and subnetwork (plus one network
 per extra NIC, which GCP requires), firewall rules from the cluster's rule set, a compact
-placement policy for GPU pools, an instance template per pool (gVNIC, the extra NICs of a3,
-GPUs stop for host maintenance) and the pool's lasting instances."""
+placement policy for GPU pools (or, where the pool names a reservation, the template consumes
+that reservation and its placement), an instance template per pool (gVNIC, the extra NICs of
+a3, GPUs stop for host maintenance) and the pool's lasting instances."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, Cloud
 # Compute Engine names are at most 63 characters; Pulumi names a resource from its own name
 # plus "-" and 7 characters
 AUTONAMED_MAX = 63 - 8
+# the label a specific reservation is named by in an instance's reservation affinity
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 
 
 def extra_nic_range(i: int) -> str:
@@ -95,7 +98,17 @@ class GcpCluster(pulumi.ComponentResource):
         tag = _name(layout, pool.name)
         _firewall_rules(layout, pool, network, tag, here)
         policy_link = None
-        if pool.gpus:
+        affinity = None
+        if pool.reservation:  # the reservation holds the placement: no compact policy of ours
+            affinity = gcp.compute.InstanceTemplateReservationAffinityArgs(
+                type="SPECIFIC_RESERVATION",
+                specific_reservation=(
+                    gcp.compute.InstanceTemplateReservationAffinitySpecificReservationArgs(
+                        key=RESERVATION_KEY, values=[pool.reservation]
+                    )
+                ),
+            )
+        elif pool.gpus:
             policy = gcp.compute.ResourcePolicy(
                 _name(layout, pool.name, "compact"),
                 region=region,
@@ -126,6 +139,7 @@ class GcpCluster(pulumi.ComponentResource):
                 automatic_restart=True,
             ),
             resource_policies=policy_link,
+            reservation_affinity=affinity,
             metadata={"ssh-keys": f"{layout.admin_user}:{layout.ssh_public_key}"},
             tags=[tag],
             labels=_labels(layout, pool.name),

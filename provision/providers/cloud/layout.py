@@ -64,6 +64,9 @@ class CloudPool:
     extra_nics: int  # NICs beyond the first (GCP's a3: four more gVNICs)
     ingress: tuple[Ingress, ...]
     nccl: str = ""  # what NCCL runs over between the pool's nodes (GPU pools), for plan
+    # capacity held for the pool (spec's reservation: its placement replaces the pool's own)
+    reservation: str | None = None
+    capacity_block: bool = False  # AWS: the reservation is a Capacity Block for ML
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,8 @@ def layout(cluster: Cluster, provider: str, ssh_public_key: str) -> CloudLayout:
                 extra_nics=max(0, nics - 1),
                 ingress=tuple(ingress),
                 nccl=nccl_transport(cluster, view) if profile.gpu else "",
+                reservation=view.pool.reservation.id if view.pool.reservation else None,
+                capacity_block=bool(view.pool.reservation and view.pool.reservation.capacity_block),
             )
         )
     user = login_user(spec, provider)  # AWS: the image's; the key pair goes to it
@@ -166,7 +171,10 @@ def describe(shape: CloudLayout) -> list[str]:
         )
     for pool in shape.pools:
         parts = [f"{len(pool.ingress)} ingress rules"]
-        if pool.gpus:
+        if pool.reservation:
+            kind = "Capacity Block" if pool.capacity_block else "reservation"
+            parts.append(f"launched into the {kind} {pool.reservation}")
+        elif pool.gpus:
             parts.append(
                 {"aws": "cluster placement group", "gcp": "compact placement policy"}.get(
                     shape.provider, "proximity placement group"
