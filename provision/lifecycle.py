@@ -27,7 +27,7 @@ from provision.errors import OperationError, UsageError
 from provision.pki import cluster_certificates, tunnel_keys
 from provision.preflight import DRIFT, preflight
 from provision.providers import get_provider
-from provision.providers.cloud import check_ready, saved_addresses
+from provision.providers.cloud import check_capacity, check_ready, saved_addresses
 from provision.providers.lab import LabProvider
 from provision.providers.lab import burst as lab_burst
 from provision.providers.lab.image import debian_mirror, ensure_image
@@ -112,6 +112,7 @@ def create_nodes(cluster: Cluster, state: State, console: Console) -> Cluster:
         if kind in CLOUD_PROVIDERS:
             try:
                 check_ready(kind)
+                check_capacity(kind, cluster, lambda m: console.print(m, markup=False))
             except OperationError as exc:
                 raise OperationError(f"{exc}; nothing was created") from None
     for kind in kinds:

@@ -387,10 +387,10 @@ def test_plan_says_what_nccl_runs_over_in_each_cloud() -> None:
     lines = [x for k in ("aws", "gcp", "azure") for x in describe(layout(cluster, k, KEY))]
     nccl = [x for x in lines if "NCCL" in x]
     assert nccl == [
-        "aws pool awsa100: NCCL between nodes over TCP sockets: the EFA software and "
-        "aws-ofi-nccl are not installed yet",
-        "aws pool awsh100: NCCL between nodes over TCP sockets: the EFA software and "
-        "aws-ofi-nccl are not installed yet",
+        "aws pool awsa100: NCCL between nodes over EFA (4 interfaces) through aws-ofi-nccl "
+        "and libfabric, from AWS's installer",
+        "aws pool awsh100: NCCL between nodes over EFA (32 interfaces) through aws-ofi-nccl "
+        "and libfabric, from AWS's installer",
         "gcp pool gcph100: NCCL between nodes over TCP sockets on the gVNICs: GPUDirect-TCPX "
         "is not installed",
         "azure pool aza100: NCCL between nodes over TCP sockets (no RDMA adapters on this "
@@ -716,3 +716,123 @@ def test_one_subnet_over_the_range_where_the_pools_name_one_zone_or_none(made: A
         return
     (subnet,) = subnets
     assert subnet.inputs["cidrBlock"] == vpc.inputs["cidrBlock"]
+
+
+# --- what EC2 can give the pools, asked before anything is made ---------------------------------
+
+
+def _quotas(values: dict[str, float | None]) -> Any:
+    """A real Service Quotas client whose answers are stubbed and checked against the API's
+    model (moto has no Service Quotas for EC2): each code's value, or None: AccessDenied."""
+    import boto3
+    from botocore.stub import Stubber
+
+    client = boto3.client("service-quotas", region_name="us-east-1")
+    stub = Stubber(client)
+    for code, value in sorted(values.items()):
+        params = {"ServiceCode": "ec2", "QuotaCode": code}
+        if value is None:
+            stub.add_client_error(
+                "get_service_quota",
+                service_error_code="AccessDeniedException",
+                service_message="not authorized to perform servicequotas:GetServiceQuota",
+                expected_params=params,
+            )
+        else:
+            stub.add_response(
+                "get_service_quota",
+                {"Quota": {"ServiceCode": "ec2", "QuotaCode": code, "Value": value}},
+                params,
+            )
+    stub.activate()
+    return client
+
+
+def _capacity(spec: Path, quotas: dict[str, float | None]) -> Any:
+    """aws_capacity against EC2 as moto answers it (instance types and their offerings)."""
+    import boto3
+    from moto import mock_aws
+
+    from provision.providers.cloud.capacity import aws_capacity
+
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name="us-east-1")
+        answers = {"ec2": ec2, "service-quotas": _quotas(quotas)}
+        return aws_capacity(Cluster(load_any(spec)), answers.__getitem__)
+
+
+def test_the_lasting_nodes_must_fit_the_accounts_gpu_quota(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "testing")
+    # cluster.yaml: 2 x p4d.24xlarge (96 vCPUs) and 4 x p5.48xlarge (192): 960 vCPUs of P
+    found = _capacity(SPECS[0], {"L-417A185B": 960})
+    assert found.problems == [] and found.notes == []
+    found = _capacity(SPECS[0], {"L-417A185B": 0})
+    assert found.problems == [
+        "the lasting nodes need 960 vCPUs of 'Running On-Demand P instances' in us-east-1, "
+        "the account's quota is 0: ask AWS for more (Service Quotas, ec2 L-417A185B) or name "
+        "a reservation"
+    ]
+    # a quota that cannot be read is said, not held against the apply
+    found = _capacity(SPECS[0], {"L-417A185B": None})
+    assert found.problems == [] and "AccessDeniedException" in found.notes[0]
+    # the elastic pools: nothing is launched now, bursting past the quota is said
+    found = _capacity(SPECS[2], {"L-417A185B": 192})
+    assert found.problems == []
+    assert found.notes == [
+        "bursting to every elastic node needs 3072 vCPUs of 'Running On-Demand P instances' "
+        "in us-east-1, the quota is 192: burst nodes beyond it will fail for want of quota"
+    ]
+    # reserved pools are not counted: the reservation's capacity was granted already
+    found = _capacity(SPECS[3], {"L-417A185B": 96})  # only awsfree's one p4d counts
+    assert found.problems == [] and found.notes == []
+
+
+def test_an_instance_type_ec2_does_not_offer_there_stops_the_apply(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from provision.providers.cloud.capacity import quota_of
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "testing")
+    text = SPECS[0].read_text().replace("zone: us-east-1a", "zone: us-east-1z")
+    spec = tmp_path / "elsewhere.yaml"
+    spec.write_text(text)
+    found = _capacity(spec, {})
+    assert found.problems == [
+        "pool awsa100: EC2 does not offer p4d.24xlarge in us-east-1z: pick another zone"
+    ]
+    assert (
+        quota_of("p5.48xlarge")
+        == quota_of("p4d.24xlarge")
+        == ("L-417A185B", "Running On-Demand P instances")
+    )
+    assert quota_of("vt1.3xlarge") == quota_of("g6e.48xlarge")
+    assert quota_of("c7i.large") is not None and quota_of("trn1.32xlarge") is None
+
+
+def test_apply_asks_about_capacity_before_it_makes_any_node(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from rich.console import Console
+
+    from provision import lifecycle
+    from provision.providers.cloud import capacity
+    from provision.state import State
+
+    asked: list[str] = []
+    monkeypatch.setattr(lifecycle, "check_ready", asked.append)
+    refused = capacity.Findings(["pool awsa100: EC2 does not offer p4d.24xlarge there"], ["n"])
+    monkeypatch.setattr(capacity, "aws_capacity", lambda _c, _client: refused)
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "testing")
+    cluster = Cluster(load_any(SPECS[0]))
+    with (tmp_path / "out.txt").open("w") as out, pytest.raises(OperationError) as err:
+        lifecycle.create_nodes(cluster, State(tmp_path, "cloudy"), Console(file=out, width=200))
+    assert str(err.value) == (
+        "aws: pool awsa100: EC2 does not offer p4d.24xlarge there; nothing was created"
+    )
+    assert asked == ["aws"]  # the first cloud refused: the others are not asked, nothing made
+    assert (tmp_path / "out.txt").read_text() == "aws: n\n"

@@ -310,3 +310,58 @@ def test_check_fabric_asks_the_tools_and_reports_per_adapter(tmp_path: Path) -> 
     assert "perfquery -C mlx5_11 -P 1" in remote.asked
     head = next(n for n in cluster.nodes if n.name == "head01")
     assert check_fabric(ctx, head, remote) == []  # type: ignore[arg-type]
+
+
+# --- EFA (AWS) ---------------------------------------------------------------------------------
+
+
+def test_fi_info_lists_one_efa_domain_per_device() -> None:
+    p5 = fp.parse_fi_info(_read("fi_info-p5.txt"))
+    assert len(p5) == 32 and p5[0] == "rdmap79s0-rdm" and len(set(p5)) == 32
+    assert fp.parse_fi_info(_read("fi_info-p4d-degraded.txt")) == [
+        "efa_0-rdm",
+        "efa_1-rdm",
+        "efa_2-rdm",
+    ]
+    assert fp.parse_fi_info(_read("fi_info-no-efa.txt")) == []
+    # another provider's domains are not EFA's
+    tcp = "provider: tcp\n    domain: eth0\n    type: FI_EP_RDM\n"
+    assert fp.parse_fi_info(tcp) == []
+
+
+def test_efa_findings_count_the_devices_and_find_the_plugin() -> None:
+    cache = _read("ldconfig-p-ofi-nccl.txt")
+    assert fp.ofi_nccl_libraries(cache) == [
+        "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net-ofi.so"
+    ]
+    good = fp.efa_findings(0, _read("fi_info-p5.txt"), 32, cache)
+    assert [ok for _, ok, _ in good] == [True, True]
+    assert good[0][2].startswith("32 of 32 EFA devices") and "rdmap79s0-rdm" in good[0][2]
+    short = fp.efa_findings(0, _read("fi_info-p4d-degraded.txt"), 4, cache)
+    assert short[0][:2] == ("efa", False) and short[0][2].startswith("3 of 4")
+    none = fp.efa_findings(255, _read("fi_info-no-efa.txt"), 4, "")
+    assert none[0] == (
+        "efa",
+        False,
+        "libfabric's efa provider has no device: fi_getinfo: -61 (No data available)",
+    )
+    assert none[1][:2] == ("efa.nccl_plugin", False) and "TCP sockets" in none[1][2]
+
+
+def test_check_efa_runs_on_efa_pools_only(tmp_path: Path) -> None:
+    from provision.state import State
+    from provision.verify import VerifyContext
+    from provision.verify.fabric import check_efa
+
+    cluster = Cluster(load_spec(ROOT / "tests" / "data" / "cloud" / "cluster.yaml"))
+    ctx = VerifyContext(cluster, State(tmp_path, "cloudy"), "")
+    remote = _Recorded(
+        {fp.FI_INFO: "fi_info-p4d-degraded.txt", "ldconfig -p": "ldconfig-p-ofi-nccl.txt"}
+    )
+    p4d = next(n for n in cluster.nodes if n.pool == "awsa100")
+    results = {r.check: r for r in check_efa(ctx, p4d, remote)}  # type: ignore[arg-type]
+    assert not results["efa"].passed and results["efa.nccl_plugin"].passed
+    assert remote.asked == [f"{fp.FI_INFO} -p efa -t FI_EP_RDM", "ldconfig -p"]
+    for name in ("head01", "gcph100001", "aza100001"):
+        node = next(n for n in cluster.nodes if n.name == name)
+        assert check_efa(ctx, node, remote) == []  # type: ignore[arg-type]

@@ -312,3 +312,65 @@ def write_bw_finding(
         f"{result.average_gbps:.2f} Gb/s average at {result.size_bytes} B "
         f"(threshold {threshold:g})",
     )
+
+
+# --- EFA (AWS): libfabric's efa provider and the aws-ofi-nccl plugin ---------------------------
+
+# where AWS's installer puts fi_info, and the plugin's library name (NCCL loads libnccl-net*.so)
+FI_INFO = "/opt/amazon/efa/bin/fi_info"
+OFI_NCCL_DIR = "/opt/amazon/ofi-nccl/"
+
+
+def parse_fi_info(text: str) -> list[str]:
+    """The efa provider's reliable-datagram domains in `fi_info -p efa -t FI_EP_RDM`: one per
+    EFA device (rdmap79s0-rdm on a p5, efa_0-rdm from older libfabric)."""
+    domains: list[str] = []
+    provider = domain = ""
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(":")
+        value = value.strip()
+        if key == "provider":
+            provider, domain = value, ""
+        elif key == "domain":
+            domain = value
+        elif key == "type" and value == "FI_EP_RDM" and provider == "efa" and domain:
+            domains.append(domain)
+    return list(dict.fromkeys(domains))
+
+
+def ofi_nccl_libraries(ldconfig_p: str) -> list[str]:
+    """The NCCL network plugins the dynamic linker finds under the plugin's directory
+    (`ldconfig -p`: '\tlibnccl-net-ofi.so (libc6,x86-64) => /opt/amazon/ofi-nccl/lib/...')."""
+    out = []
+    for line in ldconfig_p.splitlines():
+        name, _, path = line.strip().partition(" => ")
+        if name.startswith("libnccl-net") and path.startswith(OFI_NCCL_DIR):
+            out.append(path)
+    return out
+
+
+def efa_findings(rc: int, fi_info: str, count: int, ldconfig_p: str) -> list[tuple[str, bool, str]]:
+    """Every EFA interface the profile promises answers as an efa domain of libfabric, and the
+    dynamic linker finds aws-ofi-nccl (else NCCL falls back to TCP sockets)."""
+    domains = parse_fi_info(fi_info) if rc == 0 else []
+    if rc != 0 and not domains:
+        first = next((ln.strip() for ln in fi_info.splitlines() if ln.strip()), f"exit {rc}")
+        efa = ("efa", False, f"libfabric's efa provider has no device: {first[:120]}")
+    else:
+        shown = ", ".join(domains[:2]) + (", ..." if len(domains) > 2 else "")
+        efa = (
+            "efa",
+            len(domains) >= count,
+            f"{len(domains)} of {count} EFA devices in libfabric's efa provider"
+            + (f" ({shown})" if domains else ""),
+        )
+    plugins = ofi_nccl_libraries(ldconfig_p)
+    plugin = (
+        "efa.nccl_plugin",
+        bool(plugins),
+        f"aws-ofi-nccl found by the dynamic linker: {plugins[0]}"
+        if plugins
+        else f"no libnccl-net*.so under {OFI_NCCL_DIR} in the dynamic linker's cache: NCCL "
+        "would fall back to TCP sockets",
+    )
+    return [efa, plugin]

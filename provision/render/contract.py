@@ -207,6 +207,7 @@ _TABLE = (
     ),
     Variable("nccl_tests_version", "all", ("nccl_tests",), "software.nccl_tests"),
     Variable("rdma_doca_version", "all", ("rdma",), "software.doca"),
+    Variable("efa_installer_version", "all", ("efa",), "software.efa"),
     Variable(
         "provision_health", "all", ("playbooks/site",),
         "health is set: the health checks go on the compute nodes",
@@ -247,6 +248,7 @@ SOFTWARE = {
     "container_toolkit": "nvidia_container_toolkit_version",
     "nccl_tests": "nccl_tests_version",
     "doca": "rdma_doca_version",
+    "efa": "efa_installer_version",
 }
 NVIDIA = {
     "source": "provision_nvidia_source",

@@ -5,7 +5,7 @@ the fabric's NCCL settings are written. The nccl role installs it; NCCL reads it
 from __future__ import annotations
 
 from provision.cluster import Cluster, PoolView
-from provision.spec.fabric import rails
+from provision.spec.fabric import efa_count, rails
 
 # Bootstrap and socket traffic over the host's real interfaces, never loopback or the
 # bridges of container engines.
@@ -29,8 +29,8 @@ def nccl_settings(cluster: Cluster, view: PoolView) -> list[tuple[str, str, str]
             (
                 "NCCL_IB_DISABLE",
                 "1",
-                "EFA: only the aws-ofi-nccl plugin drives it, which nothing installs yet: "
-                "NCCL runs over sockets",
+                "EFA: NCCL's own InfiniBand transport off; the aws-ofi-nccl plugin (the efa "
+                "role) carries the traffic over libfabric's efa provider",
             )
         )
     elif pool_rails:
@@ -60,8 +60,9 @@ def nccl_transport(cluster: Cluster, view: PoolView) -> str:
     value, why = next((v, w) for k, v, w in nccl_settings(cluster, view) if k == "NCCL_IB_DISABLE")
     if value == "0":
         return f"RDMA ({why})"
-    if any(h.kind == "efa" for h in view.profile.hcas):
-        return "TCP sockets: the EFA software and aws-ofi-nccl are not installed yet"
+    efa = efa_count(view.profile)
+    if efa:
+        return f"EFA ({efa} interfaces) through aws-ofi-nccl and libfabric, from AWS's installer"
     if any(h.model == "gVNIC" for h in view.profile.hcas):
         return "TCP sockets on the gVNICs: GPUDirect-TCPX is not installed"
     return f"TCP sockets ({why})"

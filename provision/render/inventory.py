@@ -13,7 +13,7 @@ from provision.render.kubernetes import api_endpoint, node_labels, vrrp_router_i
 from provision.render.monitoring import smtp_logins
 from provision.render.tunnel import tunnel_host_vars
 from provision.render.yamldata import Template, yaml_mapping, yaml_value
-from provision.spec.fabric import fabric_addresses, rails
+from provision.spec.fabric import efa_count, fabric_addresses, rails
 from provision.spec.nodes import login_user
 from provision.spec.storage import export_clients, served_by, split_source
 
@@ -49,6 +49,15 @@ def render_inventory(cluster: Cluster) -> str:
     fabric_pools = [v for v in cluster.pools if rails(v.profile, fabric.kind)]
     hosts = [_host(n.name) for v in fabric_pools for n in v.nodes if not n.elastic]
     groups.append({"name": "fabric", "vars": [], "hosts": hosts})
+    # Nodes with EFA (AWS): the EFA software and aws-ofi-nccl
+    hosts = [
+        _host(n.name)
+        for v in cluster.pools
+        if efa_count(v.profile)
+        for n in v.nodes
+        if not n.elastic
+    ]
+    groups.append({"name": "efa", "vars": [], "hosts": hosts})
     # opensm: the higher priority is master; the first named gets 15, the next 14, ...
     hosts = [_host(name, opensm_priority=15 - i) for i, name in enumerate(fabric.subnet_managers)]
     groups.append({"name": "subnet_manager", "vars": [], "hosts": hosts})

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 
 from provision.spec.exposure import WIDE, describe_size, public_addresses
-from provision.spec.fabric import fabric_addresses, fabric_hcas
+from provision.spec.fabric import efa_count, fabric_addresses, fabric_hcas
 from provision.spec.loader import load_profiles
 from provision.spec.models import BURST_PROVIDERS, CLOUD_PROVIDERS, Health, Spec, port_range
 from provision.spec.nodes import Loc, Node, expand_nodes_checked, node_network
@@ -244,6 +244,21 @@ def _check_reservations(spec: Spec) -> list[Problem]:
                 )
             )
     return problems
+
+
+def _check_efa(spec: Spec) -> list[Problem]:
+    """software.efa pins what the efa role installs: on no pool with EFA it would act on none."""
+    if spec.software.efa is None:
+        return []
+    profiles = load_profiles(spec.profiles)
+    if any(efa_count(profiles[p.profile]) for p in spec.pools if p.profile in profiles):
+        return []
+    return [
+        (
+            ("software", "efa"),
+            "no pool has EFA (AWS's p4d and p5 profiles): remove software.efa",
+        )
+    ]
 
 
 def _check_networks(spec: Spec) -> list[Problem]:
@@ -1156,6 +1171,7 @@ CHECKS: list[Callable[[Spec], list[Problem]]] = [
     _check_compute,
     _check_pools,
     _check_reservations,
+    _check_efa,
     _check_networks,
     _check_scheduler,
     _check_slurm_version,

@@ -31,6 +31,11 @@ def fabric_hcas(profile: Profile, kind: str) -> list[HcaSpec]:
     return [h for h in profile.hcas if h.purpose == "compute" and h.kind == kind]
 
 
+def efa_count(profile: Profile) -> int:
+    """The profile's EFA interfaces (AWS): a cloud's own fabric, whatever the spec's is."""
+    return sum(h.count for h in profile.hcas if h.kind == "efa" and h.purpose == "compute")
+
+
 def rails(profile: Profile, kind: str) -> list[Rail]:
     out: list[Rail] = []
     for hca in fabric_hcas(profile, kind):

@@ -754,6 +754,11 @@ class Software(Model):
     doca: Version | None = Field(
         default=None, description="DOCA-OFED release (2.9.1), with network.fabric.rdma doca"
     )
+    efa: Version | None = Field(
+        default=None,
+        description="AWS EFA installer release for pools with EFA (1.50.0; its signature is "
+        "checked against AWS's key); unset: the efa role's",
+    )
 
 
 class NvidiaSettings(Model):

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from provision.cluster import Cluster
 from provision.parsers import node as parsers
-from provision.spec.fabric import rails
+from provision.spec.fabric import efa_count, rails
 from provision.spec.nodes import Node, login_user
 from provision.state import State
 from provision.verify.remote import Remote
@@ -249,6 +249,8 @@ def verify_cluster(
     on_fabric = any(rails(v.profile, cluster.spec.network.fabric.kind) for v in cluster.pools)
     if on_fabric:
         node_checks.append(fabric.check_fabric)
+    if any(efa_count(v.profile) for v in cluster.pools):
+        node_checks.append(fabric.check_efa)
     on_slurm = cluster.spec.scheduler == "slurm"
     if on_slurm:
         node_checks.append(slurm.check_munge_key)

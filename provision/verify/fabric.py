@@ -10,7 +10,7 @@ import time
 
 from provision.cluster import PoolView
 from provision.parsers import fabric as fp
-from provision.spec.fabric import Rail, rails
+from provision.spec.fabric import Rail, efa_count, rails
 from provision.spec.nodes import Node
 from provision.verify import CheckResult, VerifyContext, in_parallel
 from provision.verify.remote import Remote
@@ -144,3 +144,16 @@ def check_fabric_bandwidth(
         return results
 
     return in_parallel(one, jobs, most=16)
+
+
+def check_efa(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
+    """AWS nodes with EFA: libfabric sees every interface, and NCCL will load aws-ofi-nccl."""
+    count = efa_count(_view(ctx, node).profile)
+    if not count:
+        return []
+    if node.provider == "lab":
+        return [CheckResult("efa", node.name, True, "lab container: no EFA to check")]
+    info = remote.run(f"{fp.FI_INFO} -p efa -t FI_EP_RDM", timeout=60)
+    cache = remote.run("ldconfig -p", timeout=30)
+    found = fp.efa_findings(info.rc, info.stdout + info.stderr, count, cache.stdout)
+    return [CheckResult(c, node.name, ok, ev) for c, ok, ev in found]

@@ -2,8 +2,10 @@
 Automation API, state in a file backend under the cluster's state directory.
 
 Before anything is created, `check_ready` says in one line what is missing: the cloud's Python
-SDK (an optional extra), the Pulumi CLI, or the cloud's credentials. The SDKs are imported only
-here and only when a cloud pool is applied, so the toolkit runs without them.
+SDK (an optional extra), the Pulumi CLI, or the cloud's credentials; then `check_capacity` asks
+the cloud, read-only, whether it offers the pools' instance types and has the quota for them.
+The SDKs are imported only here and only when a cloud pool is applied, so the toolkit runs
+without them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from provision.state import State
 
 PROJECT = "provision"
 SDK = {"aws": "pulumi_aws", "gcp": "pulumi_gcp", "azure": "pulumi_azure_native"}
+# beside the SDK: what apply asks the cloud with before anything is made (capacity.py)
+CLIENT = {"aws": ("boto3",), "gcp": (), "azure": ()}
 PLUGIN = {"aws": "aws", "gcp": "gcp", "azure": "azure-native"}
 PASSPHRASE = "pulumi.passphrase"
 # Options: a remote backend (s3://, gs://, azblob://, https://api.pulumi.com) and a KMS secrets
@@ -114,7 +118,7 @@ def missing_plugin(kind: str) -> str | None:
 
 def check_ready(kind: str, env: dict[str, str] | None = None) -> None:
     """Raise one clear error for the first thing missing: SDK, CLI, credentials."""
-    for module in ("pulumi", SDK[kind]):
+    for module in ("pulumi", SDK[kind], *CLIENT[kind]):
         try:
             importlib.import_module(module)
         except ImportError:
@@ -133,6 +137,33 @@ def check_ready(kind: str, env: dict[str, str] | None = None) -> None:
     problem = credentials_problem(kind, env)
     if problem:
         raise OperationError(f"the {kind} pools: {problem}")
+
+
+def check_capacity(kind: str, cluster: Cluster, log: Callable[[str], None]) -> None:
+    """Ask the cloud, read-only, whether it can give the pools what they need (capacity.py):
+    one error naming every pool it would refuse; what is only worth knowing, logged."""
+    if kind != "aws":
+        return
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from provision.providers.cloud.capacity import aws_capacity
+
+    region = next(
+        (v.pool.region for v in cluster.pools if v.pool.provider == kind and v.pool.region), None
+    )
+    session = boto3.session.Session(region_name=region)
+    try:
+        found = aws_capacity(cluster, session.client)
+    except (ClientError, BotoCoreError) as exc:
+        raise OperationError(
+            f"aws: could not ask EC2 about the pools' instance types in {region} "
+            f"({' '.join(str(exc).split())[:200]})"
+        ) from None
+    for note in found.notes:
+        log(f"aws: {note}")
+    if found.problems:
+        raise OperationError("aws: " + "; ".join(found.problems))
 
 
 def component(kind: str, cluster: Cluster, ssh_public_key: str) -> Any:

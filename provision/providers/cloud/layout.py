@@ -10,6 +10,7 @@ from provision.burst.config import TAG_CLUSTER, TAG_POOL
 from provision.cluster import Cluster
 from provision.render.firewall import ADMIN, CLUSTER, COMPUTE, HEADS, MONITOR, pool_rules
 from provision.render.gpu import nccl_transport
+from provision.spec.fabric import efa_count
 from provision.spec.nodes import login_user
 
 # Each OS's official image on each cloud: AWS (owner account, name pattern), GCP (family),
@@ -122,7 +123,7 @@ def layout(cluster: Cluster, provider: str, ssh_public_key: str) -> CloudLayout:
             ingress.append(
                 Ingress(rule.service, rule.protocol, low, high, tuple(dict.fromkeys(cidrs)))
             )
-        efa = sum(h.count for h in profile.hcas if h.kind == "efa")
+        efa = efa_count(profile)
         nics = sum(h.count for h in profile.hcas if h.kind == "ethernet" and h.model == "gVNIC")
         pools.append(
             CloudPool(
