@@ -67,8 +67,9 @@ def fingerprint(rendered: Mapping[str, str], secrets: Path) -> str:
     for path in sorted(p for p in package.rglob("*") if p.is_file() and _counted(p)):
         h.update(f"package {path.relative_to(package)}\n".encode())
         h.update(path.read_bytes())
-    for path in sorted(p for p in secrets.glob("*") if p.is_file()) if secrets.is_dir() else []:
-        h.update(f"secret {path.name}\n".encode())
+    # every file, in subdirectories too (the tunnel's keys: a rotated one must converge again)
+    for path in sorted(p for p in secrets.rglob("*") if p.is_file()) if secrets.is_dir() else []:
+        h.update(f"secret {path.relative_to(secrets)}\n".encode())
         h.update(path.read_bytes())
     return h.hexdigest()
 

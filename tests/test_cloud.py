@@ -22,6 +22,7 @@ from provision.cluster import Cluster
 from provision.errors import OperationError
 from provision.render import render, render_inventory
 from provision.render.tunnel import tunnel_host_vars
+from provision.spec.fabric import cloud_infiniband
 
 from . import cloud_rules
 from .conftest import ROOT, load_any, load_rendered
@@ -150,7 +151,9 @@ def test_instance_types_and_counts_match_the_profiles(made: Any) -> None:
     for vm in vms:
         assert vm.inputs["hardwareProfile"]["vmSize"] in azure.values()
     scale_sets = rec.of("VirtualMachineScaleSet")
-    assert len(scale_sets) == sum(1 for v in _pools(cluster, "azure") if v.pool.elastic)
+    assert len(scale_sets) == sum(
+        1 for v in _pools(cluster, "azure") if v.pool.elastic or cloud_infiniband(v.profile)
+    )
     for vmss in scale_sets:
         assert vmss.inputs["sku"]["capacity"] == 0
         # what the Azure burst backend needs: named VMs made from the profile, in a group it
@@ -393,8 +396,8 @@ def test_plan_says_what_nccl_runs_over_in_each_cloud() -> None:
         "and libfabric, from AWS's installer",
         "gcp pool gcph100: NCCL between nodes over TCP sockets on the gVNICs: GPUDirect-TCPX "
         "is not installed",
-        "azure pool aza100: NCCL between nodes over TCP sockets (no RDMA adapters on this "
-        "pool's fabric)",
+        "azure pool aza100: NCCL between nodes over InfiniBand (the cloud's InfiniBand, 8 "
+        "adapters: the pool's machines share one scale set, so one partition)",
     ]
     assert "azure: resource group, virtual network, subnet, NAT gateway (10.43.0.0/16)" in lines
 
@@ -516,6 +519,24 @@ def test_gpu_pools_use_placement_unless_a_reservation_holds_it(made: Any) -> Non
     for vm in rec.of("compute:VirtualMachine"):
         pool = vm.inputs["tags"][TAG_POOL]
         assert bool(vm.inputs.get("proximityPlacementGroup")) == (pool not in reserved)
+
+
+def test_lasting_infiniband_vms_join_their_pools_scale_set(made: Any) -> None:
+    """Azure links over InfiniBand only the machines of one scale set or availability set (one
+    partition key): a standalone ND VM would reach no other over it. Every lasting VM of an ND
+    pool names the pool's Flexible scale set, the one bursting makes that pool's VMs in."""
+    rec, cluster, _ = made
+    ib = {v.name for v in _pools(cluster, "azure") if cloud_infiniband(v.profile)}
+    sets = {m.inputs["tags"][TAG_POOL]: m for m in rec.of("VirtualMachineScaleSet")}
+    assert ib <= set(sets)
+    for vm in rec.of("compute:VirtualMachine"):
+        pool = vm.inputs["tags"][TAG_POOL]
+        joined = vm.inputs.get("virtualMachineScaleSet", {}).get("id")
+        assert joined == (f"{sets[pool].name}-id" if pool in ib else None)
+        if pool in ib:  # its placement the scale set's
+            assert vm.inputs.get("proximityPlacementGroup") == sets[pool].inputs.get(
+                "proximityPlacementGroup"
+            )
 
 
 def test_reserved_pools_launch_into_their_reservation() -> None:

@@ -106,8 +106,16 @@ def test_fingerprint_follows_the_render_and_the_secrets(tmp_path: Path) -> None:
     assert converged.fingerprint(dict(render), secrets) == first
     assert converged.fingerprint({**render, "files/slurm/slurm.conf": "A=2\n"}, secrets) != first
     (secrets / "munge.key").write_bytes(b"j" * 32)
-    assert converged.fingerprint(render, secrets) != first
+    second = converged.fingerprint(render, secrets)
+    assert second != first
     assert "k" * 32 not in first
+    # a key in a subdirectory (the tunnel's) counts as much: rotated, the nodes converge again
+    (secrets / "wireguard").mkdir()
+    (secrets / "wireguard" / "cpu1.key").write_bytes(b"w" * 45)
+    third = converged.fingerprint(render, secrets)
+    assert third != second
+    (secrets / "wireguard" / "cpu1.key").write_bytes(b"v" * 45)
+    assert converged.fingerprint(render, secrets) != third
 
 
 def test_a_record_skips_only_its_hosts_and_only_for_its_fingerprint(tmp_path: Path) -> None:

@@ -365,3 +365,33 @@ def test_check_efa_runs_on_efa_pools_only(tmp_path: Path) -> None:
     for name in ("head01", "gcph100001", "aza100001"):
         node = next(n for n in cluster.nodes if n.name == name)
         assert check_efa(ctx, node, remote) == []  # type: ignore[arg-type]
+
+
+def test_a_clouds_infiniband_is_the_clouds_not_the_sites() -> None:
+    """An ND VM's adapters are on Azure's fabric: no rail, no address, no OpenSM of the site's,
+    whatever the spec's fabric; they count as the cloud's own InfiniBand instead."""
+    from provision.spec.fabric import cloud_infiniband
+
+    profiles = load_profiles()
+    nd, dgx = profiles["azure-nd-h100-v5"], profiles["dgx-h100"]
+    assert rails(nd, "infiniband") == [] and cloud_infiniband(nd) == 8
+    assert len(rails(dgx, "infiniband")) == 8 and cloud_infiniband(dgx) == 0
+    assert cloud_infiniband(profiles["aws-p5.48xlarge"]) == 0  # EFA is not InfiniBand
+
+
+def test_check_fabric_on_a_clouds_infiniband_asks_only_ibstat(tmp_path: Path) -> None:
+    from provision.state import State
+    from provision.verify import VerifyContext
+    from provision.verify.fabric import check_fabric
+
+    cluster = Cluster(load_spec(ROOT / "examples" / "hybrid-cloud.yaml"))
+    ctx = VerifyContext(cluster, State(tmp_path, "hybrid"), "")
+    node = next(n for n in cluster.nodes if n.pool == "azh100")  # ND H100 v5: 8 x NDR
+    healthy = _Recorded({"ibstat": "ibstat-dgx-healthy.txt"})
+    results = {r.check: r for r in check_fabric(ctx, node, healthy)}  # type: ignore[arg-type]
+    assert results["hca count"].passed and results["hca count"].evidence.startswith("8 of 8")
+    assert all(r.passed for r in results.values()) and len(results) == 9
+    assert healthy.asked == ["ibstat"]  # Azure's subnet manager and counters are not asked
+    degraded = _Recorded({"ibstat": "ibstat-dgx-degraded.txt"})
+    failed = [r.check for r in check_fabric(ctx, node, degraded) if not r.passed]  # type: ignore[arg-type]
+    assert failed == ["hca mlx5_4", "hca mlx5_9"]

@@ -5,7 +5,7 @@ the fabric's NCCL settings are written. The nccl role installs it; NCCL reads it
 from __future__ import annotations
 
 from provision.cluster import Cluster, PoolView
-from provision.spec.fabric import efa_count, rails
+from provision.spec.fabric import cloud_infiniband, efa_count, rails
 
 # Bootstrap and socket traffic over the host's real interfaces, never loopback or the
 # bridges of container engines.
@@ -31,6 +31,15 @@ def nccl_settings(cluster: Cluster, view: PoolView) -> list[tuple[str, str, str]
                 "1",
                 "EFA: NCCL's own InfiniBand transport off; the aws-ofi-nccl plugin (the efa "
                 "role) carries the traffic over libfabric's efa provider",
+            )
+        )
+    elif cloud_infiniband(view.profile):
+        out.append(
+            (
+                "NCCL_IB_DISABLE",
+                "0",
+                f"the cloud's InfiniBand, {cloud_infiniband(view.profile)} adapters: the "
+                "pool's machines share one scale set, so one partition",
             )
         )
     elif pool_rails:
@@ -59,7 +68,7 @@ def nccl_transport(cluster: Cluster, view: PoolView) -> str:
     in words for plan."""
     value, why = next((v, w) for k, v, w in nccl_settings(cluster, view) if k == "NCCL_IB_DISABLE")
     if value == "0":
-        return f"RDMA ({why})"
+        return f"InfiniBand ({why})" if cloud_infiniband(view.profile) else f"RDMA ({why})"
     efa = efa_count(view.profile)
     if efa:
         return f"EFA ({efa} interfaces) through aws-ofi-nccl and libfabric, from AWS's installer"

@@ -13,7 +13,7 @@ from provision.render.kubernetes import api_endpoint, node_labels, vrrp_router_i
 from provision.render.monitoring import smtp_logins
 from provision.render.tunnel import tunnel_host_vars
 from provision.render.yamldata import Template, yaml_mapping, yaml_value
-from provision.spec.fabric import efa_count, fabric_addresses, rails
+from provision.spec.fabric import cloud_infiniband, efa_count, fabric_addresses, rails
 from provision.spec.nodes import login_user
 from provision.spec.storage import export_clients, served_by, split_source
 
@@ -45,8 +45,11 @@ def render_inventory(cluster: Cluster) -> str:
         _host(n.name) for v in cluster.pools if v.profile.gpu for n in v.nodes if not n.elastic
     ]
     groups.append({"name": "gpu", "vars": [], "hosts": hosts})
-    # Nodes on the RDMA fabric (the rdma and ipoib roles), and the fabric's subnet managers
-    fabric_pools = [v for v in cluster.pools if rails(v.profile, fabric.kind)]
+    # Nodes on the RDMA fabric (the rdma and ipoib roles), and the fabric's subnet managers;
+    # a cloud's InfiniBand machines take the rdma role too (their fabric is the cloud's)
+    fabric_pools = [
+        v for v in cluster.pools if rails(v.profile, fabric.kind) or cloud_infiniband(v.profile)
+    ]
     hosts = [_host(n.name) for v in fabric_pools for n in v.nodes if not n.elastic]
     groups.append({"name": "fabric", "vars": [], "hosts": hosts})
     # Nodes with EFA (AWS): the EFA software and aws-ofi-nccl

@@ -12,7 +12,7 @@ import ipaddress
 import math
 from dataclasses import dataclass
 
-from provision.spec.models import HcaSpec, Profile, Spec
+from provision.spec.models import CLOUD_PROVIDERS, HcaSpec, Profile, Spec
 from provision.spec.nodes import Loc, Node
 
 
@@ -24,11 +24,25 @@ class Rail:
     rate_gbps: int
 
 
+def cloud_only(profile: Profile) -> bool:
+    """A cloud's machine type: its adapters are on that cloud's own fabric, not the site's."""
+    return set(profile.providers) <= set(CLOUD_PROVIDERS)
+
+
 def fabric_hcas(profile: Profile, kind: str) -> list[HcaSpec]:
-    """The profile's compute adapters that speak the fabric's link layer."""
-    if kind not in ("infiniband", "roce"):
+    """The profile's compute adapters that speak the site fabric's link layer."""
+    if kind not in ("infiniband", "roce") or cloud_only(profile):
         return []
     return [h for h in profile.hcas if h.purpose == "compute" and h.kind == kind]
+
+
+def cloud_infiniband(profile: Profile) -> int:
+    """A cloud machine's InfiniBand adapters (Azure's ND series): the cloud runs that fabric
+    and its subnet manager, and lets a pool's machines reach each other when they share one
+    scale set."""
+    if not cloud_only(profile):
+        return 0
+    return sum(h.count for h in profile.hcas if h.purpose == "compute" and h.kind == "infiniband")
 
 
 def efa_count(profile: Profile) -> int:

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from provision.cluster import Cluster
 from provision.parsers import node as parsers
-from provision.spec.fabric import efa_count, rails
+from provision.spec.fabric import cloud_infiniband, efa_count, rails
 from provision.spec.nodes import Node, login_user
 from provision.state import State
 from provision.verify.remote import Remote
@@ -247,7 +247,7 @@ def verify_cluster(
     if cluster.has_gpus:
         node_checks.append(gpu.check_gpus)
     on_fabric = any(rails(v.profile, cluster.spec.network.fabric.kind) for v in cluster.pools)
-    if on_fabric:
+    if on_fabric or any(cloud_infiniband(v.profile) for v in cluster.pools):
         node_checks.append(fabric.check_fabric)
     if any(efa_count(v.profile) for v in cluster.pools):
         node_checks.append(fabric.check_efa)

@@ -10,7 +10,7 @@ import time
 
 from provision.cluster import PoolView
 from provision.parsers import fabric as fp
-from provision.spec.fabric import Rail, efa_count, rails
+from provision.spec.fabric import Rail, cloud_infiniband, efa_count, rails
 from provision.spec.nodes import Node
 from provision.verify import CheckResult, VerifyContext, in_parallel
 from provision.verify.remote import Remote
@@ -30,6 +30,8 @@ def _rails(ctx: VerifyContext, view: PoolView) -> list[Rail]:
 def check_fabric(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
     view = _view(ctx, node)
     node_rails = _rails(ctx, view)
+    if cloud_infiniband(view.profile) and node.provider != "lab":
+        return _check_cloud_infiniband(node, remote, view)
     if not node_rails:
         return []
     if node.provider == "lab":
@@ -55,6 +57,18 @@ def check_fabric(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckRe
             raw = remote.run(f"cat {shlex.quote(path)}", timeout=30).stdout.strip()
             counters = {"LinkDownedCounter": int(raw)} if raw.isdigit() else {}
         found.append(fp.link_flap_finding(device, counters, fabric.link_downed_limit))
+    return [CheckResult(c, node.name, ok, ev) for c, ok, ev in found]
+
+
+def _check_cloud_infiniband(node: Node, remote: Remote, view: PoolView) -> list[CheckResult]:
+    """A cloud's InfiniBand (Azure ND): every adapter up at its rate. The cloud runs the subnet
+    manager, and a virtual function's counters are the cloud's: neither is asked."""
+    hcas = [h for h in view.profile.hcas if h.kind == "infiniband" and h.purpose == "compute"]
+    out = remote.run("ibstat", timeout=60)
+    cas = fp.parse_ibstat(out.stdout) if out.rc == 0 else []
+    found = fp.hca_findings(
+        cas, [], cloud_infiniband(view.profile), hcas[0].rate_gbps, "InfiniBand"
+    )
     return [CheckResult(c, node.name, ok, ev) for c, ok, ev in found]
 
 

@@ -3,8 +3,10 @@ subnet with a NAT gateway (its machines' way out: Azure has retired default outb
 burst VMs have no public address), per pool a network security group from the cluster's rule
 set and a proximity placement group (or, where the pool names one, its capacity reservation
 group: Azure takes no proximity placement group beside a reservation), virtual machines for
-lasting nodes (accelerated networking) and, for burst pools, a scale set of capacity 0 that
-bursting grows.
+lasting nodes (accelerated networking) and, for burst pools and InfiniBand (ND) pools, a
+Flexible scale set of capacity 0: bursting makes VMs in it, and an ND pool's lasting VMs join
+it, as Azure links over InfiniBand only the machines of one scale set or availability set (one
+partition key).
 
 Azure's rules the program keeps (tests/cloud_rules.py holds them for the mocks): a Marketplace
 image sold under a plan (Rocky Linux) is named with its plan; encryption at host is not asked
@@ -122,10 +124,15 @@ class AzureCluster(pulumi.ComponentResource):
                 opts=here,
             )
         where = _Where(group, subnet, nsg, ppg, pool.reservation, tags, here)
+        # InfiniBand joins only machines of one scale set (or availability set): an ND pool's
+        # lasting VMs join the scale set its burst VMs are made in
+        scale_set = (
+            self._scale_set(layout, pool, where) if pool.elastic or pool.infiniband else None
+        )
         for node in pool.nodes:
-            self._vm(layout, pool, node, where)
-        if pool.elastic:
-            self.templates[pool.name] = self._scale_set(layout, pool, where).id
+            self._vm(layout, pool, node, where, scale_set if pool.infiniband else None)
+        if pool.elastic and scale_set is not None:
+            self.templates[pool.name] = scale_set.id
 
     @staticmethod
     def _security_group(
@@ -161,8 +168,16 @@ class AzureCluster(pulumi.ComponentResource):
             opts=here,
         )
 
-    def _vm(self, layout: CloudLayout, pool: CloudPool, node: str, where: _Where) -> None:
-        """A lasting node: a static public address, an accelerated NIC, the VM."""
+    def _vm(
+        self,
+        layout: CloudLayout,
+        pool: CloudPool,
+        node: str,
+        where: _Where,
+        scale_set: az.compute.VirtualMachineScaleSet | None,
+    ) -> None:
+        """A lasting node: a static public address, an accelerated NIC, the VM (in the pool's
+        Flexible scale set where it has one)."""
         group = where.group
         address = _static_address(layout.name(node, "ip"), group, where.tags, where.opts)
         nic = az.network.NetworkInterface(
@@ -211,6 +226,9 @@ class AzureCluster(pulumi.ComponentResource):
             plan=self.plan,
             proximity_placement_group=where.placement(),
             capacity_reservation=where.reservation_profile(),
+            virtual_machine_scale_set=(
+                az.compute.SubResourceArgs(id=scale_set.id) if scale_set is not None else None
+            ),
             tags=where.tags,
             opts=where.opts,
         )

@@ -10,7 +10,7 @@ from provision.burst.config import TAG_CLUSTER, TAG_POOL
 from provision.cluster import Cluster
 from provision.render.firewall import ADMIN, CLUSTER, COMPUTE, HEADS, MONITOR, pool_rules
 from provision.render.gpu import nccl_transport
-from provision.spec.fabric import efa_count
+from provision.spec.fabric import cloud_infiniband, efa_count
 from provision.spec.nodes import login_user
 
 # Each OS's official image on each cloud: AWS (owner account, name pattern), GCP (family),
@@ -62,6 +62,7 @@ class CloudPool:
     elastic: int  # burst nodes: only the template now, instances when jobs wait
     gpus: int
     efa: int  # EFA interfaces (AWS)
+    infiniband: int  # the cloud's InfiniBand adapters (Azure ND): one scale set for the pool
     extra_nics: int  # NICs beyond the first (GCP's a3: four more gVNICs)
     ingress: tuple[Ingress, ...]
     nccl: str = ""  # what NCCL runs over between the pool's nodes (GPU pools), for plan
@@ -135,6 +136,7 @@ def layout(cluster: Cluster, provider: str, ssh_public_key: str) -> CloudLayout:
                 elastic=sum(1 for n in view.nodes if n.elastic),
                 gpus=profile.gpu.count if profile.gpu else 0,
                 efa=efa,
+                infiniband=cloud_infiniband(profile),
                 extra_nics=max(0, nics - 1),
                 ingress=tuple(ingress),
                 nccl=nccl_transport(cluster, view) if profile.gpu else "",
@@ -181,14 +183,17 @@ def describe(shape: CloudLayout) -> list[str]:
                     shape.provider, "proximity placement group"
                 )
             )
+        scale_set = pool.elastic or pool.infiniband
         template = {"aws": "launch template", "gcp": "instance template"}.get(
-            shape.provider, "scale set (capacity 0)" if pool.elastic else ""
+            shape.provider, "scale set (capacity 0)" if scale_set else ""
         )
         if template:
             nics = f", {pool.efa} EFA" if pool.efa else ""
             nics += f", {1 + pool.extra_nics} gVNIC" if pool.extra_nics else ""
             parts.append(f"{template} {pool.instance_type}{nics}")
         parts.append(f"{len(pool.nodes)} instance(s)")
+        if shape.provider == "azure" and pool.infiniband and pool.nodes:
+            parts[-1] += " in the scale set (one InfiniBand partition)"
         if shape.provider == "aws" and pool.efa > 1 and pool.nodes:
             parts[-1] += " with an Elastic IP each"  # EC2 gives multi-card ones no address
         if pool.elastic:
