@@ -39,7 +39,11 @@ class JsonFake:
         class Handler(BaseHTTPRequestHandler):
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else None
+                raw = self.rfile.read(length) if length else b""
+                try:  # JSON, or a form's text as it came (an OAuth token request)
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    body = raw.decode()
                 status, doc = fake._answer(self.command, self.path, dict(self.headers), body)
                 data = b"" if doc is None else json.dumps(doc).encode()
                 self.send_response(status)

@@ -10,6 +10,7 @@ import ipaddress
 import json
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from provision.spec.fabric import cloud_infiniband
 from . import cloud_rules
 from .conftest import ROOT, load_any, load_rendered
 from .conftest import run_provision as provision
+from .fakehttp import JsonFake
 
 pulumi = pytest.importorskip("pulumi")  # a dev install has it: the check is for a bare install
 
@@ -857,3 +859,140 @@ def test_apply_asks_about_capacity_before_it_makes_any_node(
     )
     assert asked == ["aws"]  # the first cloud refused: the others are not asked, nothing made
     assert (tmp_path / "out.txt").read_text() == "aws: n\n"
+
+
+class _CloudAPIs(JsonFake):
+    """Compute Engine and Resource Manager at the HTTP layer, for what apply asks them before
+    anything is made: a zone's machine types and a region's quotas (GCP); a region's VM sizes,
+    the families' vCPU usage and a Marketplace agreement (Azure); and Azure's OAuth token."""
+
+    def __init__(self, gpus_free: float, vcpus_free: int, accepted: bool) -> None:
+        super().__init__()
+        self.gpus_free, self.vcpus_free, self.accepted = gpus_free, vcpus_free, accepted
+
+    def respond(self, method: str, path: str, headers: dict[str, str], body: Any) -> Any:
+        if method == "POST" and path.endswith("/oauth2/v2.0/token"):
+            ok = "client_secret=s3cret" in body and "grant_type=client_credentials" in body
+            return (200, {"access_token": "arm-token"}) if ok else (401, {"error": "denied"})
+        if headers.get("Authorization") not in ("Bearer gce-token", "Bearer arm-token"):
+            return 401, {"error": {"code": "Unauthenticated", "message": "no token"}}
+        route = urllib.parse.urlparse(path).path
+        if route == "/projects/burst-project/zones/us-central1-a/machineTypes/a3-highgpu-8g":
+            return 200, {"name": "a3-highgpu-8g", "guestCpus": 208}
+        if route == "/projects/burst-project/regions/us-central1":
+            quota = {"metric": "NVIDIA_H100_GPUS", "limit": 64.0, "usage": 64 - self.gpus_free}
+            return 200, {"name": "us-central1", "quotas": [quota]}
+        sub = "/subscriptions/00000000-1111-2222-3333-444444444444/providers"
+        if route == f"{sub}/Microsoft.Compute/skus":
+            assert "location eq 'eastus'" in urllib.parse.unquote(path)
+            size = {
+                "resourceType": "virtualMachines",
+                "name": "Standard_ND96isr_H100_v5",
+                "family": "standardNDSH100v5Family",
+                "capabilities": [{"name": "vCPUs", "value": "96"}],
+                "restrictions": [],
+            }
+            return 200, {"value": [size]}
+        if route == f"{sub}/Microsoft.Compute/locations/eastus/usages":
+            family = {"value": "standardNDSH100v5Family", "localizedValue": "ND H100 v5"}
+            used = 1000 - self.vcpus_free
+            return 200, {"value": [{"name": family, "currentValue": used, "limit": 1000}]}
+        if "/agreements/current" in route:
+            return 200, {"properties": {"accepted": self.accepted}}
+        return 404, {"error": {"code": "NotFound", "message": f"{route} not found"}}
+
+
+def _cli(bin_dir: Path, name: str, output: str) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / name).write_text(f"#!/bin/sh\ncat <<'EOF'\n{output}\nEOF\n")
+    (bin_dir / name).chmod(0o755)
+
+
+def test_gcp_and_azure_capacity_before_anything_is_made(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from provision.providers import cloud
+
+    azure = json.dumps(
+        {"accessToken": "arm-token", "subscription": "00000000-1111-2222-3333-444444444444"}
+    )
+    _cli(tmp_path / "bin", "gcloud", "gce-token")
+    _cli(tmp_path / "bin", "az", azure)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    # the hybrid example: 2 lasting a3-highgpu-8g (16 H100s), 2 lasting ND H100 v5 (192 vCPUs)
+    cluster = Cluster(load_any(SPECS[1]))
+    said: list[str] = []
+    with _CloudAPIs(gpus_free=16, vcpus_free=192, accepted=True) as api:
+        env = {
+            "GOOGLE_PROJECT": "burst-project",
+            "PROVISION_GCP_ENDPOINT": api.url,
+            "PROVISION_AZURE_ENDPOINT": api.url,
+        }
+        cloud.check_capacity("gcp", cluster, said.append, env)
+        cloud.check_capacity("azure", cluster, said.append, env)
+        assert said == []
+        api.gpus_free, api.vcpus_free = 8, 96
+        with pytest.raises(OperationError) as gcp:
+            cloud.check_capacity("gcp", cluster, said.append, env)
+        with pytest.raises(OperationError) as az:
+            cloud.check_capacity("azure", cluster, said.append, env)
+        # a service principal's token, from the form grant
+        principal = {
+            **env,
+            "ARM_CLIENT_ID": "app",
+            "ARM_CLIENT_SECRET": "s3cret",
+            "ARM_TENANT_ID": "tenant",
+            "ARM_SUBSCRIPTION_ID": "00000000-1111-2222-3333-444444444444",
+        }
+        api.vcpus_free = 192
+        cloud.check_capacity("azure", cluster, said.append, principal)
+        denied = {**principal, "ARM_CLIENT_SECRET": "wrong"}
+        cloud.check_capacity("azure", cluster, said.append, denied)
+    assert str(gcp.value) == (
+        "gcp: the lasting nodes need 16 GPUs of NVIDIA_H100_GPUS in us-central1, the project "
+        "has 8 free (quota 64): ask Google for more (IAM & Admin, Quotas) or name a reservation"
+    )
+    assert str(az.value) == (
+        "azure: the lasting nodes need 192 vCPUs of standardNDSH100v5Family in eastus, the "
+        "subscription has 96 free (quota 1000): ask Azure for more (Quotas) or name a capacity "
+        "reservation"
+    )
+    assert said == ["azure: its quotas were not checked: HTTP 401: denied"]
+    tokens = [b for m, p, b in api.requests if m == "POST"]
+    assert len(tokens) == 2 and "s3cret" not in " ".join(said)
+
+
+def test_azure_capacity_names_unaccepted_terms_and_missing_sizes(tmp_path: Path) -> None:
+    from provision.providers.cloud.capacity import azure_capacity, gcp_capacity
+
+    cluster = Cluster(load_any(SPECS[1]))  # its Azure pool: 2 x ND H100 v5 in eastus
+    answers = {"skus": {"value": []}}
+
+    def get(path: str) -> Any:
+        if "agreements/current" in path:
+            return {"properties": {"accepted": False}}
+        return answers["skus"] if "/skus" in path else None
+
+    found = azure_capacity(cluster, "sub", get, "resf:rockylinux-x86_64:9-base")
+    assert found.problems == [
+        "the subscription has not accepted the terms of the image resf:rockylinux-x86_64:9-base: "
+        "az vm image terms accept --urn resf:rockylinux-x86_64:9-base:latest",
+        "pool azh100: Azure does not offer Standard_ND96isr_H100_v5 in eastus",
+    ]
+    restricted = {
+        "resourceType": "virtualMachines",
+        "name": "Standard_ND96isr_H100_v5",
+        "restrictions": [{"type": "Location", "reasonCode": "NotAvailableForSubscription"}],
+    }
+    answers["skus"] = {"value": [restricted]}
+    found = azure_capacity(cluster, "sub", get, None)
+    assert found.problems == [
+        "pool azh100: Standard_ND96isr_H100_v5 is not available to this subscription in eastus "
+        "(ask Azure to enable the size)"
+    ]
+    # a zone without the machine type (Compute Engine answers 404)
+    found = gcp_capacity(cluster, "p", lambda _path: None)
+    assert found.problems == [
+        "pool gcph100: Compute Engine does not offer a3-highgpu-8g in us-central1-a: pick "
+        "another zone"
+    ]

@@ -101,3 +101,22 @@ class Token:
                 raise BurstError(f"{self.url.split('?')[0]}: no access_token") from None
             self._until = time.monotonic() + max(0, expires - 60)
         return self._value
+
+
+def form_token(url: str, form: str, timeout: float = 30) -> str:
+    """An OAuth 2.0 token for a form-encoded grant (a service principal's client credentials):
+    the access_token of the answer; HTTPError with the service's message otherwise."""
+    req = urllib.request.Request(url, data=form.encode(), method="POST")
+    req.add_header("Content-Type", "application/x-www-form-urlencoded")
+    try:
+        with _OPENER.open(req, timeout=timeout) as answer:
+            doc = json.loads(answer.read(1 << 20) or b"{}")
+    except urllib.error.HTTPError as exc:
+        message, reasons = _error(exc.read(1 << 20))
+        raise HTTPError(exc.code, f"HTTP {exc.code}: {message}", reasons) from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise BurstError(f"{url}: {getattr(exc, 'reason', exc)}") from None
+    token = doc.get("access_token") if isinstance(doc, dict) else None
+    if not token:
+        raise BurstError(f"{url}: no access_token")
+    return str(token)

@@ -40,6 +40,12 @@ PASSPHRASE = "pulumi.passphrase"
 # provider (awskms://..., gcpkms://..., azurekeyvault://...) instead of the local defaults
 ENV_BACKEND = "PROVISION_PULUMI_BACKEND"
 ENV_SECRETS = "PROVISION_PULUMI_SECRETS_PROVIDER"
+# what apply asks GCP and Azure about capacity (capacity.py); the tests point them at fakes
+GCE = "https://compute.googleapis.com/compute/v1"
+ARM = "https://management.azure.com"
+LOGIN = "https://login.microsoftonline.com"
+ENV_GCP_ENDPOINT = "PROVISION_GCP_ENDPOINT"
+ENV_AZURE_ENDPOINT = "PROVISION_AZURE_ENDPOINT"
 
 
 def _home(*parts: str) -> Path:
@@ -139,10 +145,116 @@ def check_ready(kind: str, env: dict[str, str] | None = None) -> None:
         raise OperationError(f"the {kind} pools: {problem}")
 
 
-def check_capacity(kind: str, cluster: Cluster, log: Callable[[str], None]) -> None:
+def _cli_output(argv: list[str]) -> str | None:
+    """What a cloud's own CLI prints (a token), or None where it is missing or fails."""
+    import subprocess
+
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
+
+
+def _getter(base: str, token: str) -> Callable[[str], Any]:
+    """GET below `base` with the token: the JSON answer, or None for 404."""
+    from provision.burst import rest
+
+    def get(path: str) -> Any:
+        try:
+            return rest.request(
+                "GET", f"{base}/{path}", headers={"Authorization": f"Bearer {token}"}
+            )[1]
+        except rest.HTTPError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    return get
+
+
+def _azure_token(env: dict[str, str]) -> tuple[str, str] | None:
+    """(token, subscription) for Resource Manager: a service principal's (ARM_*), else the
+    Azure CLI's; None where neither is at hand."""
+    import urllib.parse
+
+    from provision.burst import rest
+
+    base = env.get(ENV_AZURE_ENDPOINT)
+    if env.get("ARM_CLIENT_ID") and env.get("ARM_CLIENT_SECRET") and env.get("ARM_TENANT_ID"):
+        form = urllib.parse.urlencode(
+            {
+                "grant_type": "client_credentials",
+                "client_id": env["ARM_CLIENT_ID"],
+                "client_secret": env["ARM_CLIENT_SECRET"],
+                "scope": f"{ARM}/.default",
+            }
+        )
+        login = f"{base or LOGIN}/{env['ARM_TENANT_ID']}/oauth2/v2.0/token"
+        return rest.form_token(login, form), env.get("ARM_SUBSCRIPTION_ID", "")
+    answer = _cli_output(
+        ["az", "account", "get-access-token", "--resource", f"{ARM}/", "--output", "json"]
+    )
+    if answer is None:
+        return None
+    try:
+        doc = json.loads(answer)
+    except ValueError:
+        return None
+    subscription = env.get("ARM_SUBSCRIPTION_ID") or doc.get("subscription", "")
+    return (doc["accessToken"], subscription) if doc.get("accessToken") else None
+
+
+def _capacity(kind: str, cluster: Cluster, env: dict[str, str]) -> Any:
+    """What the cloud says of the pools (capacity.Findings), or a line on why it was not asked."""
+    from provision.providers.cloud import capacity
+    from provision.providers.cloud.layout import AZURE_PLAN_OS, IMAGES
+
+    if kind == "gcp":
+        project = env.get("GOOGLE_PROJECT") or env.get("CLOUDSDK_CORE_PROJECT") or ""
+        token = _cli_output(["gcloud", "auth", "application-default", "print-access-token"])
+        if token is None:
+            return (
+                "its quotas were not checked: no token from `gcloud auth application-default "
+                "print-access-token`"
+            )
+        base = env.get(ENV_GCP_ENDPOINT) or GCE
+        return capacity.gcp_capacity(cluster, project, _getter(base, token))
+    found = _azure_token(env)
+    if found is None:
+        return (
+            "its quotas were not checked: no token (ARM_CLIENT_* or `az account get-access-token`)"
+        )
+    token, subscription = found
+    os_name = cluster.spec.os
+    urn = ":".join(IMAGES[os_name]["azure"]) if os_name in AZURE_PLAN_OS else None
+    base = env.get(ENV_AZURE_ENDPOINT) or ARM
+    return capacity.azure_capacity(cluster, subscription, _getter(base, token), urn)
+
+
+def check_capacity(
+    kind: str, cluster: Cluster, log: Callable[[str], None], env: dict[str, str] | None = None
+) -> None:
     """Ask the cloud, read-only, whether it can give the pools what they need (capacity.py):
     one error naming every pool it would refuse; what is only worth knowing, logged."""
+    env = dict(os.environ) if env is None else env
     if kind != "aws":
+        from provision.burst.backend import BurstError
+
+        try:
+            answer = _capacity(kind, cluster, env)
+        except BurstError as exc:  # an API it may not ask: said, not held against the apply
+            log(f"{kind}: its quotas were not checked: {' '.join(str(exc).split())[:200]}")
+            return
+        if isinstance(answer, str):
+            log(f"{kind}: {answer}")
+            return
+        for note in answer.notes:
+            log(f"{kind}: {note}")
+        if answer.problems:
+            raise OperationError(f"{kind}: " + "; ".join(answer.problems))
         return
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
