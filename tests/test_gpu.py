@@ -408,3 +408,63 @@ def test_verify_runs_the_gpu_checks_over_a_session() -> None:
         "gpu.count", "gpu.driver", "gpu.persistence", "gpu.memory-errors", "gpu.pcie",
         "gpu.nvlink", "gpu.fabricmanager",
     ]  # fmt: skip
+
+
+# --- NCCL across two nodes: what catches NCCL fallen back to TCP sockets --------------------
+
+
+def test_the_network_threshold_is_half_the_line_rate_of_what_nccl_drives() -> None:
+    from provision.cluster import Cluster
+    from provision.spec import load_spec
+    from provision.verify.gpu import network_threshold
+
+    def pools(spec: str) -> dict[str, tuple[float | None, str]]:
+        cluster = Cluster(load_spec(ROOT / "examples" / spec))
+        return {v.name: network_threshold(cluster, v) for v in cluster.pools if v.profile.gpu}
+
+    assert pools("dgx-8.yaml") == {
+        "dgx": (200.0, "half the line rate of 8 x 400 Gb/s ConnectX-7"),
+    }
+    hybrid = pools("hybrid-cloud.yaml")
+    assert hybrid["awsh100"] == (200.0, "half the line rate of 32 x 100 Gb/s EFA")
+    assert hybrid["azh100"] == (200.0, "half the line rate of 8 x 400 Gb/s ConnectX-7")
+    # GCP's A3 High runs NCCL over TCP sockets (no TCPX): measured, no threshold
+    assert hybrid["gcph100"] == (None, "TCP sockets between the nodes: no threshold")
+    assert hybrid["onprem"] == (None, "TCP sockets between the nodes: no threshold")
+
+
+def test_nccl_across_two_held_nodes_through_slurm() -> None:
+    from provision.cluster import Cluster
+    from provision.spec import load_spec
+    from provision.state import State
+    from provision.verify import VerifyContext, slurm
+    from provision.verify.remote import Output
+
+    class Head:
+        def __init__(self, answer: str) -> None:
+            self.answer, self.asked = answer, []  # type: tuple[str, list[str]]
+
+        def run(self, command: str, sudo: bool = False, timeout: float = 60.0) -> Output:
+            self.asked.append(command)
+            return Output(0, (DATA / self.answer).read_text(), "")
+
+    cluster = Cluster(load_spec(ROOT / "examples" / "dgx-8.yaml"))
+    ctx = VerifyContext(cluster, State(Path("/nonexistent"), "dgx8"), "")
+    hold = slurm.Hold({}, True, reservation="provision-verify")
+    names = [f"dgx0{i}" for i in range(1, 5)]
+    head = Head("all-reduce-h100-8gpu.txt")
+    (good,) = slurm._network_all_reduce(ctx, head, hold, "dgx", names)  # type: ignore[arg-type]
+    assert head.asked == [
+        "timeout 900 srun --reservation=provision-verify -p dgx -N2 -w dgx01,dgx02 "
+        "--ntasks-per-node=8 --gpus-per-node=8 --mpi=pmix --time=15 "
+        "/opt/nccl-tests/build/all_reduce_perf -b 1G -e 8G -f 2 -g 1"
+    ]
+    assert good.passed and good.target == "dgx01+dgx02"
+    assert "threshold 200 (half the line rate of 8 x 400 Gb/s ConnectX-7)" in good.evidence
+    (tcp,) = slurm._network_all_reduce(  # type: ignore[arg-type]
+        ctx, Head("all-reduce-2x8-h100-sockets.txt"), hold, "dgx", names
+    )
+    assert not tcp.passed and tcp.evidence.startswith("busbw 11.5 GB/s at 8 GiB, threshold 200")
+    (alone,) = slurm._network_all_reduce(ctx, head, hold, "dgx", ["dgx05"])  # type: ignore[arg-type]
+    assert alone.passed and alone.evidence.startswith("not run: fewer than two")
+    assert slurm._network_all_reduce(ctx, head, hold, "head", ["head01", "x"]) == []  # type: ignore[arg-type]

@@ -1,6 +1,6 @@
 """Slurm acceptance: every compute node in service (idle, or running jobs), a job on every idle
-one, the job in accounting, munge keys right, and the firewall admitting only what the spec
-allows."""
+one, the job in accounting, NCCL across two idle nodes of each GPU pool, munge keys right, and
+the firewall admitting only what the spec allows."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from provision.parsers.slurm import (
 from provision.spec.nodes import Node
 from provision.spec.ports import service_ports
 from provision.verify import CheckResult, VerifyContext, closed_ports, probe_ports
+from provision.verify import gpu as gpu_checks
 from provision.verify.remote import Remote
 
 IDLE_WAIT_S = 90  # nodes register with slurmctld on their own schedule after a restart
@@ -254,12 +255,41 @@ def check_scheduler(
     for pool, names in by_pool.items():
         if names:
             results += _test_job(ctx, head, hold, pool, sorted(names))
+            results += _network_all_reduce(ctx, head, hold, pool, sorted(names))
         else:
             members = compress([n.name for n in ctx.cluster.lasting_nodes if n.pool == pool])
             results.append(
                 CheckResult("srun", members, True, "not run: every node of the pool runs jobs")
             )
     return results
+
+
+def _network_all_reduce(
+    ctx: VerifyContext, head: Remote, hold: Hold, pool: str, names: list[str]
+) -> list[CheckResult]:
+    """NCCL across the first two held nodes of a GPU pool (nccl-tests built), over its fabric."""
+    view = next(v for v in ctx.cluster.pools if v.name == pool)
+    gpu = view.profile.gpu
+    if gpu is None or view.pool.provider == "lab" or not ctx.cluster.spec.nvidia.nccl_tests:
+        return []
+    if hold.reservation is None:
+        return []
+    if len(names) < 2:
+        return [
+            CheckResult(
+                "nccl.all_reduce.network",
+                compress(names),
+                True,
+                "not run: fewer than two of the pool's nodes are free of jobs",
+            )
+        ]
+    pair = names[:2]
+    threshold, whence = gpu_checks.network_threshold(ctx.cluster, view)
+    out = head.run(
+        gpu_checks.network_command(hold.reservation, pool, pair, gpu.count),
+        timeout=gpu_checks.NETWORK_SECONDS + 60,
+    )
+    return [gpu_checks.network_finding(pair, out.rc, out.stdout + out.stderr, threshold, whence)]
 
 
 def _test_job(
