@@ -14,7 +14,8 @@ Marketplace images that carry a purchase plan (the VM must name the plan) and en
 cannot know). Reservations: EC2's capacity-block market only with the block's reservation ID
 (launch templates' InstanceMarketOptions); Compute Engine's specific reservation affinity by the
 key compute.googleapis.com/reservation-name; Azure's on-demand capacity reservation limits (no
-proximity placement group, no scale set with a single placement group, no ND-series size).
+proximity placement group or availability set, no scale set with a single placement group, no
+ND-series size).
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ def _azure_machine(inputs: dict[str, Any]) -> list[str]:
             problems.append(
                 "Azure refuses a capacity reservation beside a proximity placement group"
             )
+        if inputs.get("availabilitySet"):
+            problems.append("Azure refuses a capacity reservation for a VM in an availability set")
         if inputs.get("singlePlacementGroup"):
             problems.append(
                 "Azure refuses a capacity reservation for a scale set with a single placement group"

@@ -153,9 +153,7 @@ def test_instance_types_and_counts_match_the_profiles(made: Any) -> None:
     for vm in vms:
         assert vm.inputs["hardwareProfile"]["vmSize"] in azure.values()
     scale_sets = rec.of("VirtualMachineScaleSet")
-    assert len(scale_sets) == sum(
-        1 for v in _pools(cluster, "azure") if v.pool.elastic or cloud_infiniband(v.profile)
-    )
+    assert len(scale_sets) == sum(1 for v in _pools(cluster, "azure") if v.pool.elastic)
     for vmss in scale_sets:
         assert vmss.inputs["sku"]["capacity"] == 0
         # what the Azure burst backend needs: named VMs made from the profile, in a group it
@@ -399,7 +397,7 @@ def test_plan_says_what_nccl_runs_over_in_each_cloud() -> None:
         "gcp pool gcph100: NCCL between nodes over TCP sockets on the gVNICs: GPUDirect-TCPX "
         "is not installed",
         "azure pool aza100: NCCL between nodes over InfiniBand (the cloud's InfiniBand, 8 "
-        "adapters: the pool's machines share one scale set, so one partition)",
+        "adapters: the pool's lasting machines share one availability set, so one partition)",
     ]
     assert "azure: resource group, virtual network, subnet, NAT gateway (10.43.0.0/16)" in lines
 
@@ -445,8 +443,9 @@ def test_the_rules_refuse_what_the_clouds_refuse() -> None:
     }
     assert not cloud_rules.refusals("azure-native:compute:VirtualMachine", "v", vm)
     vm["proximityPlacementGroup"] = {"id": "ppg"}
+    vm["availabilitySet"] = {"id": "avset"}
     vm["hardwareProfile"] = {"vmSize": "Standard_ND96isr_H100_v5"}
-    assert len(cloud_rules.refusals("azure-native:compute:VirtualMachine", "v", vm)) == 2
+    assert len(cloud_rules.refusals("azure-native:compute:VirtualMachine", "v", vm)) == 3
     vmss = {
         "sku": {"name": "Standard_NC96ads_A100_v4"},
         "singlePlacementGroup": True,
@@ -523,22 +522,27 @@ def test_gpu_pools_use_placement_unless_a_reservation_holds_it(made: Any) -> Non
         assert bool(vm.inputs.get("proximityPlacementGroup")) == (pool not in reserved)
 
 
-def test_lasting_infiniband_vms_join_their_pools_scale_set(made: Any) -> None:
-    """Azure links over InfiniBand only the machines of one scale set or availability set (one
-    partition key): a standalone ND VM would reach no other over it. Every lasting VM of an ND
-    pool names the pool's Flexible scale set, the one bursting makes that pool's VMs in."""
+def test_lasting_infiniband_vms_share_their_pools_availability_set(made: Any) -> None:
+    """Azure links over InfiniBand only the VMs of one availability set, or of a Uniform scale
+    set with a single placement group (one partition key); a Flexible scale set carries none,
+    and a standalone ND VM reaches no other. Every lasting VM of an ND pool is in the pool's
+    availability set, which is in the pool's proximity placement group; no other VM is."""
     rec, cluster, _ = made
     ib = {v.name for v in _pools(cluster, "azure") if cloud_infiniband(v.profile)}
-    sets = {m.inputs["tags"][TAG_POOL]: m for m in rec.of("VirtualMachineScaleSet")}
-    assert ib <= set(sets)
+    sets = {m.inputs["tags"][TAG_POOL]: m for m in rec.of("compute:AvailabilitySet")}
+    lasting = {v.name for v in _pools(cluster, "azure") if any(not n.elastic for n in v.nodes)}
+    assert set(sets) == ib & lasting
+    for pool, avset in sets.items():
+        assert avset.inputs["sku"] == {"name": "Aligned"}  # managed disks
+        ppg = next(
+            m for m in rec.of("ProximityPlacementGroup") if m.inputs["tags"][TAG_POOL] == pool
+        )
+        assert avset.inputs["proximityPlacementGroup"] == {"id": f"{ppg.name}-id"}
     for vm in rec.of("compute:VirtualMachine"):
         pool = vm.inputs["tags"][TAG_POOL]
-        joined = vm.inputs.get("virtualMachineScaleSet", {}).get("id")
+        joined = vm.inputs.get("availabilitySet", {}).get("id")
         assert joined == (f"{sets[pool].name}-id" if pool in ib else None)
-        if pool in ib:  # its placement the scale set's
-            assert vm.inputs.get("proximityPlacementGroup") == sets[pool].inputs.get(
-                "proximityPlacementGroup"
-            )
+        assert "virtualMachineScaleSet" not in vm.inputs
 
 
 def test_reserved_pools_launch_into_their_reservation() -> None:

@@ -39,7 +39,7 @@ def nccl_settings(cluster: Cluster, view: PoolView) -> list[tuple[str, str, str]
                 "NCCL_IB_DISABLE",
                 "0",
                 f"the cloud's InfiniBand, {cloud_infiniband(view.profile)} adapters: the "
-                "pool's machines share one scale set, so one partition",
+                "pool's lasting machines share one availability set, so one partition",
             )
         )
     elif pool_rails:

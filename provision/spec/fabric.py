@@ -39,7 +39,7 @@ def fabric_hcas(profile: Profile, kind: str) -> list[HcaSpec]:
 def cloud_infiniband(profile: Profile) -> int:
     """A cloud machine's InfiniBand adapters (Azure's ND series): the cloud runs that fabric
     and its subnet manager, and lets a pool's machines reach each other when they share one
-    scale set."""
+    availability set."""
     if not cloud_only(profile):
         return 0
     return sum(h.count for h in profile.hcas if h.purpose == "compute" and h.kind == "infiniband")

@@ -3,10 +3,10 @@ subnet with a NAT gateway (its machines' way out: Azure has retired default outb
 burst VMs have no public address), per pool a network security group from the cluster's rule
 set and a proximity placement group (or, where the pool names one, its capacity reservation
 group: Azure takes no proximity placement group beside a reservation), virtual machines for
-lasting nodes (accelerated networking) and, for burst pools and InfiniBand (ND) pools, a
-Flexible scale set of capacity 0: bursting makes VMs in it, and an ND pool's lasting VMs join
-it, as Azure links over InfiniBand only the machines of one scale set or availability set (one
-partition key).
+lasting nodes (accelerated networking; an InfiniBand (ND) pool's in one availability set, as
+Azure links over InfiniBand only the VMs of one availability set or of a Uniform scale set with a
+single placement group, one partition key, and a Flexible scale set carries no InfiniBand) and,
+for burst pools, a Flexible scale set of capacity 0 that bursting makes VMs in.
 
 Azure's rules the program keeps (tests/cloud_rules.py holds them for the mocks): a Marketplace
 image sold under a plan (Rocky Linux) is named with its plan; encryption at host is not asked
@@ -124,15 +124,25 @@ class AzureCluster(pulumi.ComponentResource):
                 opts=here,
             )
         where = _Where(group, subnet, nsg, ppg, pool.reservation, tags, here)
-        # InfiniBand joins only machines of one scale set (or availability set): an ND pool's
-        # lasting VMs join the scale set its burst VMs are made in
-        scale_set = (
-            self._scale_set(layout, pool, where) if pool.elastic or pool.infiniband else None
-        )
+        # InfiniBand links only the VMs of one availability set (or of a Uniform scale set with
+        # a single placement group; a Flexible one carries none): an ND pool's lasting VMs
+        # share the pool's availability set, in its proximity placement group
+        avset = None
+        if pool.infiniband and pool.nodes:
+            avset = az.compute.AvailabilitySet(
+                layout.name(pool.name, "avset"),
+                availability_set_name=layout.name(pool.name, "avset"),
+                resource_group_name=group.name,
+                location=group.location,
+                sku=az.compute.SkuArgs(name="Aligned"),  # managed disks
+                proximity_placement_group=where.placement(),
+                tags=tags,
+                opts=here,
+            )
         for node in pool.nodes:
-            self._vm(layout, pool, node, where, scale_set if pool.infiniband else None)
-        if pool.elastic and scale_set is not None:
-            self.templates[pool.name] = scale_set.id
+            self._vm(layout, pool, node, where, avset)
+        if pool.elastic:
+            self.templates[pool.name] = self._scale_set(layout, pool, where).id
 
     @staticmethod
     def _security_group(
@@ -174,10 +184,10 @@ class AzureCluster(pulumi.ComponentResource):
         pool: CloudPool,
         node: str,
         where: _Where,
-        scale_set: az.compute.VirtualMachineScaleSet | None,
+        avset: az.compute.AvailabilitySet | None,
     ) -> None:
         """A lasting node: a static public address, an accelerated NIC, the VM (in the pool's
-        Flexible scale set where it has one)."""
+        availability set where it has one)."""
         group = where.group
         address = _static_address(layout.name(node, "ip"), group, where.tags, where.opts)
         nic = az.network.NetworkInterface(
@@ -226,8 +236,8 @@ class AzureCluster(pulumi.ComponentResource):
             plan=self.plan,
             proximity_placement_group=where.placement(),
             capacity_reservation=where.reservation_profile(),
-            virtual_machine_scale_set=(
-                az.compute.SubResourceArgs(id=scale_set.id) if scale_set is not None else None
+            availability_set=(
+                az.compute.SubResourceArgs(id=avset.id) if avset is not None else None
             ),
             tags=where.tags,
             opts=where.opts,
@@ -252,7 +262,9 @@ class AzureCluster(pulumi.ComponentResource):
             location=where.group.location,
             sku=vmss.SkuArgs(name=pool.instance_type, tier="Standard", capacity=0),
             plan=self.plan,
-            # Flexible: bursting creates named VMs in it from this profile, one per node
+            # Flexible: bursting creates named VMs in it from this profile, one per node. Azure
+            # takes neither overprovisioning nor a single placement group in this mode (both
+            # left null, as its orchestration modes page asks), and carries no InfiniBand here
             orchestration_mode=vmss.OrchestrationMode.FLEXIBLE,
             platform_fault_domain_count=1,
             proximity_placement_group=where.placement(),

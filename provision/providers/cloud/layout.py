@@ -62,7 +62,7 @@ class CloudPool:
     elastic: int  # burst nodes: only the template now, instances when jobs wait
     gpus: int
     efa: int  # EFA interfaces (AWS)
-    infiniband: int  # the cloud's InfiniBand adapters (Azure ND): one scale set for the pool
+    infiniband: int  # the cloud's InfiniBand adapters (Azure ND): one availability set
     extra_nics: int  # NICs beyond the first (GCP's a3: four more gVNICs)
     ingress: tuple[Ingress, ...]
     nccl: str = ""  # what NCCL runs over between the pool's nodes (GPU pools), for plan
@@ -183,9 +183,8 @@ def describe(shape: CloudLayout) -> list[str]:
                     shape.provider, "proximity placement group"
                 )
             )
-        scale_set = pool.elastic or pool.infiniband
         template = {"aws": "launch template", "gcp": "instance template"}.get(
-            shape.provider, "scale set (capacity 0)" if scale_set else ""
+            shape.provider, "scale set (capacity 0)" if pool.elastic else ""
         )
         if template:
             nics = f", {pool.efa} EFA" if pool.efa else ""
@@ -193,7 +192,7 @@ def describe(shape: CloudLayout) -> list[str]:
             parts.append(f"{template} {pool.instance_type}{nics}")
         parts.append(f"{len(pool.nodes)} instance(s)")
         if shape.provider == "azure" and pool.infiniband and pool.nodes:
-            parts[-1] += " in the scale set (one InfiniBand partition)"
+            parts[-1] += " in one availability set (one InfiniBand partition)"
         if shape.provider == "aws" and pool.efa > 1 and pool.nodes:
             parts[-1] += " with an Elastic IP each"  # EC2 gives multi-card ones no address
         if pool.elastic:
