@@ -187,6 +187,23 @@ def test_mirror_keeps_nvidia_layout_below_its_base() -> None:
     assert "developer.download.nvidia.com" not in mirror and "github" not in mirror
 
 
+def test_container_toolkit_key_and_checks_are_nvidias() -> None:
+    """NVIDIA publishes the toolkit's key at its site's root (not below stable/), and its .repo
+    checks the signed metadata (repo_gpgcheck=1) but not the packages (gpgcheck=0), which a
+    subkey signs: with gpgcheck=1 dnf refuses every package."""
+    site = "https://nvidia.github.io/libnvidia-container"
+    for os_name in ("ubuntu22.04", "rocky9"):
+        text = render_case(os_name, "nvidia")
+        assert f"{site}/gpgkey fingerprint C95B321B61E88C1809C4F759DDCAE044F796ECB0" in text
+        assert f"{site}/stable/gpgkey" not in text
+    assert f"{MIRROR}/libnvidia-container/gpgkey" in render_case("ubuntu22.04", "mirror")
+    repo = render_case("rocky9", "nvidia").split("[nvidia-container-toolkit]")[1]
+    assert "\ngpgcheck=0\nrepo_gpgcheck=1\n" in repo
+    assert f"baseurl={site}/stable/rpm/$basearch" in repo and f"gpgkey={site}/gpgkey" in repo
+    cuda = render_case("rocky9", "nvidia").split("[nvidia-cuda]")[1].split("[")[0]
+    assert "gpgcheck=1" in cuda  # the CUDA repository's packages are signed by its key
+
+
 def test_every_case_pins_what_the_spec_pins() -> None:
     for os_name, source in CASES:
         text = render_case(os_name, source)
@@ -383,3 +400,50 @@ def test_kubernetes_gpu_clusters_with_an_exporter_map_gpus_to_pods(tmp_path: Pat
     assert "dcgm_exporter_kubernetes" not in files["inventory/group_vars/all.yml"]
     slurm = render(Cluster(load_spec(ROOT / "examples" / "dgx-superpod.yaml")))
     assert "dcgm_exporter_kubernetes" not in slurm["inventory/group_vars/all.yml"]
+
+
+UBUNTU_PERSISTENCED = """[Unit]
+Description=NVIDIA Persistence Daemon
+Wants=syslog.target
+StopWhenUnneeded=true
+Before=systemd-backlight@backlight:nvidia_0.service
+
+[Service]
+Type=forking
+ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --no-persistence-mode --verbose
+ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
+"""
+
+
+@pytest.mark.parametrize("packaged", ["ubuntu", "nvidia"])
+def test_the_persistence_daemon_runs_with_persistence_on(packaged: str) -> None:
+    """Ubuntu's unit (nvidia-compute-utils-N) turns persistence off and stops when unneeded:
+    the drop-in replaces its own command line with persistence on and keeps it up; a unit that
+    already runs with persistence on keeps its command line."""
+    import base64
+
+    unit = (
+        UBUNTU_PERSISTENCED
+        if packaged == "ubuntu"
+        else "[Service]\nType=forking\nExecStart=/usr/bin/nvidia-persistenced --verbose\n"
+    )
+    content = base64.b64encode(unit.encode()).decode()
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    variables = _variables("ubuntu22.04", "nvidia") | {"_nvidia_driver_unit": {"content": content}}
+    templar = Templar(loader=DataLoader(), variables=variables)
+    dropin = templar.template(trust_as_template("{{ _nvidia_driver_persistenced_dropin }}"))
+    lines = dropin.splitlines()
+    assert "Before=slurmd.service" in lines
+    if packaged == "ubuntu":
+        assert lines[-3:] == [
+            "[Service]",
+            "ExecStart=",
+            "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced"
+            " --persistence-mode --verbose",
+        ]
+        assert "StopWhenUnneeded=false" in lines
+    else:
+        assert "[Service]" not in dropin and "StopWhenUnneeded" not in dropin
+    assert "--no-persistence-mode" not in dropin
