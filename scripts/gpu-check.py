@@ -74,6 +74,9 @@ def main() -> int:
     parser.add_argument("--profile", required=True, help="hardware profile, e.g. dgx-h100")
     parser.add_argument("--driver", help="pinned driver branch or version, e.g. 550.90.07")
     parser.add_argument("--all-reduce", default=gp.ALL_REDUCE)
+    parser.add_argument(
+        "--mig", action="store_true", help="the GPUs are split into MIG instances (the pool's mig)"
+    )
     parser.add_argument("--record", type=Path, help="keep the raw outputs in this directory")
     args = parser.parse_args()
     g = profile_gpu(args.profile)
@@ -87,6 +90,7 @@ def main() -> int:
         pcie_width=g.get("pcie_width"),
         nvswitch=bool(g.get("nvswitch")),
         busbw_gbs=g.get("nccl_busbw_gbs"),
+        mig=args.mig,
     )
     if args.record:
         args.record.mkdir(parents=True, exist_ok=True)

@@ -468,3 +468,57 @@ def test_nccl_across_two_held_nodes_through_slurm() -> None:
     (alone,) = slurm._network_all_reduce(ctx, head, hold, "dgx", ["dgx05"])  # type: ignore[arg-type]
     assert alone.passed and alone.evidence.startswith("not run: fewer than two")
     assert slurm._network_all_reduce(ctx, head, hold, "head", ["head01", "x"]) == []  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("reported_mib", "profile_gib", "same"),
+    [
+        (46068, 48, True),  # L40S "48GB" with ECC on, as nvidia-smi reports it
+        (23028, 24, True),  # A10 / A10G "24GB"
+        (15360, 16, True),  # T4 "16GB"
+        (81559, 80, True),  # H100 SXM 80GB (tests/data/nvidia/query-gpu-h100-healthy.csv)
+        (143771, 141, True),  # H200 (recorded, tests/data/nvidia/query-gpu-h200-recorded.csv)
+        (40960, 80, False),  # an A100 40GB where the profile says 80
+        (95830, 80, False),  # an H100 NVL (94 GB) where the profile says H100 80GB
+        (None, 80, False),
+    ],
+)
+def test_memory_allows_what_the_gpu_keeps_back(
+    reported_mib: int | None, profile_gib: int, same: bool
+) -> None:
+    from provision.parsers.gpu import memory_matches
+
+    assert memory_matches(reported_mib, profile_gib) is same
+
+
+def test_mig_pools_skip_nvlink_and_the_all_reduces() -> None:
+    """Under MIG a process drives one instance and no instance uses NVLink: verify neither
+    counts links nor runs an all_reduce there (on the node or across two), and says so."""
+    from provision.cluster import Cluster
+    from provision.parsers.gpu import findings_from, gpu_commands
+    from provision.render.health import gpu_expect
+    from provision.spec import load_spec
+    from provision.state import State
+    from provision.verify import VerifyContext, slurm
+
+    cluster = Cluster(load_spec(ROOT / "examples" / "dgx-superpod.yaml"))
+    migs = [v for v in cluster.pools if v.pool.mig]
+    assert migs, "the example has a MIG pool"
+    want = gpu_expect(migs[0], None)
+    assert want is not None and want.mig and want.nvlink_links
+    assert list(gpu_commands(want)) == ["query-gpu.csv", "remapped-rows.csv", "fabricmanager.txt"]
+    outputs = {
+        "query-gpu.csv": (0, _read("query-gpu-h100-healthy.csv")),
+        "remapped-rows.csv": (0, _read("remapped-rows-healthy.csv")),
+    }
+    want = GpuExpect(**{**H100.__dict__, "mig": True})
+    found = {c: (ok, ev) for c, ok, ev in findings_from(want, outputs)}
+    assert found["gpu.nvlink"] == (True, "not checked: MIG instances use no NVLink")
+    assert "nccl.all_reduce" not in found
+    ctx = VerifyContext(cluster, State(Path("/nonexistent"), "x"), "")
+    hold = slurm.Hold({}, True, reservation="provision-verify")
+    names = [n.name for n in migs[0].nodes][:2]
+    (skipped,) = slurm._network_all_reduce(ctx, None, hold, migs[0].name, names)  # type: ignore[arg-type]
+    assert skipped.passed and "MIG instances" in skipped.evidence
+    plain = GpuExpect(**{**H100.__dict__, "mig": False})
+    assert "all-reduce.txt" in gpu_commands(plain) and "nvlink-status.txt" in gpu_commands(plain)

@@ -155,6 +155,24 @@ class GpuExpect:
     pcie_width: int | None
     nvswitch: bool
     busbw_gbs: float | None
+    # GPUs split into MIG instances: no NVLink between them, and a process drives one instance,
+    # so neither the NVLink count nor an all_reduce across the node's GPUs applies
+    mig: bool = False
+
+
+# A GPU reports less memory than its name says (ECC's share, the driver's reservation): an
+# L40S "48GB" reports 46068 MiB, an A10 or L4 "24GB" about 23000 MiB, a T4 "16GB" 15360 MiB.
+# Up to this share under, and a little over, is the GPU the profile means; an A100 40GB in an
+# 80GB profile, or an H100 NVL (94 GB) in an H100 80GB one, is not.
+MEMORY_UNDER = 0.10
+MEMORY_OVER = 0.05
+
+
+def memory_matches(memory_mib: int | None, memory_gib: int) -> bool:
+    if memory_mib is None:
+        return False
+    gib = memory_mib / 1024
+    return memory_gib * (1 - MEMORY_UNDER) <= gib <= memory_gib * (1 + MEMORY_OVER)
 
 
 Finding = tuple[str, bool, str]  # (check, passed, evidence)
@@ -169,11 +187,7 @@ def gpu_findings(
     out: list[Finding] = []
     names = sorted({g.name for g in gpus})
     family_ok = all(want.family.lower() in g.name.lower() for g in gpus)
-    memory_ok = all(
-        g.memory_mib is not None
-        and abs(g.memory_mib / 1024 - want.memory_gib) <= 0.05 * want.memory_gib
-        for g in gpus
-    )
+    memory_ok = all(memory_matches(g.memory_mib, want.memory_gib) for g in gpus)
     out.append(
         (
             "gpu.count",
@@ -221,7 +235,9 @@ def gpu_findings(
                 "; ".join(slow) or f"gen {want.pcie_gen} x{want.pcie_width} on every GPU",
             )
         )
-    if want.nvlink_links:
+    if want.nvlink_links and want.mig:
+        out.append(("gpu.nvlink", True, "not checked: MIG instances use no NVLink"))
+    elif want.nvlink_links:
         down = [
             f"GPU {g.index}: {nvlink.get(g.index, (0, 0))[0]} of {want.nvlink_links} up"
             for g in gpus
@@ -274,11 +290,11 @@ def gpu_commands(want: GpuExpect, all_reduce: str | None = ALL_REDUCE) -> dict[s
         QUERY_GPU: f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits",
         REMAPPED_ROWS: f"nvidia-smi --query-remapped-rows={REMAPPED_QUERY} --format=csv,noheader",
     }
-    if want.nvlink_links:
+    if want.nvlink_links and not want.mig:
         commands[NVLINK_STATUS] = "nvidia-smi nvlink --status"
     if want.nvswitch:
         commands[FABRICMANAGER] = "systemctl is-active nvidia-fabricmanager"
-    if all_reduce:
+    if all_reduce and not want.mig:
         # one process driving all of the node's GPUs, 1 to 8 GiB messages
         commands[ALL_REDUCE_OUT] = f"{all_reduce} -b 1G -e 8G -f 2 -g {want.count}"
     return commands

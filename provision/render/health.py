@@ -29,6 +29,7 @@ def gpu_expect(view: PoolView, driver: str | None) -> GpuExpect | None:
         pcie_width=gpu.pcie_width,
         nvswitch=gpu.nvswitch,
         busbw_gbs=gpu.nccl_busbw_gbs,
+        mig=bool(view.pool.mig),
     )
 
 

@@ -41,7 +41,16 @@ def check_gpus(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResu
         if name == QUERY_GPU and out.rc != 0:
             break  # nvidia-smi cannot reach the GPUs: nothing else can answer
     results = [CheckResult(c, node.name, ok, ev) for c, ok, ev in findings_from(want, outputs)]
-    if nccl and not load:
+    if nccl and want.mig:
+        results.append(
+            CheckResult(
+                "nccl.all_reduce",
+                node.name,
+                True,
+                "not run: the GPUs are split into MIG instances (one per process, no NVLink)",
+            )
+        )
+    elif nccl and not load:
         results.append(
             CheckResult(
                 "nccl.all_reduce",

@@ -274,6 +274,15 @@ def _network_all_reduce(
         return []
     if hold.reservation is None:
         return []
+    if view.pool.mig:
+        return [
+            CheckResult(
+                "nccl.all_reduce.network",
+                compress(names),
+                True,
+                "not run: the GPUs are split into MIG instances (NCCL does not span them)",
+            )
+        ]
     if len(names) < 2:
         return [
             CheckResult(
