@@ -211,7 +211,7 @@ def test_every_case_pins_what_the_spec_pins() -> None:
             assert "pip: nvidia-nccl-cu11==2.21.5" in text and "Pin: version 535.*" in text
             continue
         assert "550.90.07" in text.split("## fabric manager")[1].split("##")[0], os_name
-        assert "2.21.5-1+cuda12.*" in text and "3.3.7" in text and "1.16.2-1" in text, os_name
+        assert "2.21.5-1+cuda12.4" in text and "3.3.7" in text and "1.16.2-1" in text, os_name
 
 
 def test_an_unpinned_driver_takes_the_sources_newest() -> None:
@@ -447,3 +447,34 @@ def test_the_persistence_daemon_runs_with_persistence_on(packaged: str) -> None:
     else:
         assert "[Service]" not in dropin and "StopWhenUnneeded" not in dropin
     assert "--no-persistence-mode" not in dropin
+
+
+@pytest.mark.parametrize(
+    ("cudnn", "cuda", "matches", "misses"),
+    [
+        ("9.1", "12.4", ["9.1.0.70-1", "9.1.1.17-1"], ["9.10.2.21-1", "9.11.0.98-1", "9.2.0.82-1"]),
+        ("9.1.0.70", "12.4", ["9.1.0.70-1"], ["9.1.0.700-1", "9.1.1.17-1"]),
+    ],
+)
+def test_version_patterns_stay_on_the_pinned_versions(
+    cudnn: str, cuda: str, matches: list[str], misses: list[str]
+) -> None:
+    """apt and dnf match these patterns as shell globs over the versions a repository offers
+    (fnmatch): cuDNN 9.1 must never take 9.10 or 9.11, and NCCL must take the build for the
+    toolkit's CUDA minor, not the newest of its major."""
+    import fnmatch
+
+    variables = _variables("ubuntu22.04", "nvidia") | {"cudnn_version": cudnn, "cuda_version": cuda}
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    templar = Templar(loader=DataLoader(), variables=variables)
+    packages = templar.template(trust_as_template("{{ _cudnn_packages_apt }}"))
+    pattern = packages[0].split("=", 1)[1]
+    assert [v for v in matches + misses if fnmatch.fnmatchcase(v, pattern)] == matches
+    nccl = templar.template(trust_as_template("{{ _nccl_packages }}"))
+    assert nccl[0] == "libnccl2=2.21.5-1+cuda12.4"
+    offered = ["2.21.5-1+cuda12.4", "2.21.5-1+cuda12.5", "2.21.5-1+cuda11.0"]
+    assert [v for v in offered if fnmatch.fnmatchcase(v, nccl[0].split("=", 1)[1])] == [
+        "2.21.5-1+cuda12.4"
+    ]
