@@ -1027,6 +1027,8 @@ def _check_fabric(spec: Spec) -> list[Problem]:
         )
     if fabric.kind == "infiniband" and "roce" in fabric.model_fields_set:
         problems.append(((*loc, "roce"), "RoCE settings need a roce fabric, not infiniband"))
+    if fabric.kind == "infiniband":
+        problems.extend(_check_ipoib(spec))
     if fabric.kind == "roce" and fabric.subnet is not None:
         profiles = load_profiles(spec.profiles)
         for i, pool in enumerate(spec.pools):
@@ -1041,6 +1043,51 @@ def _check_fabric(spec: Spec) -> list[Problem]:
                         "fabric addresses have nowhere to go: add netdevs to the profile",
                     )
                 )
+    return problems
+
+
+# IPoIB's datagram mode carries at most the IB MTU less its 4-byte header
+IPOIB_DATAGRAM_MTU = 4092
+_CONNECTX = re.compile(r"ConnectX-(\d+)", re.IGNORECASE)
+
+
+def _enhanced_ipoib(model: str) -> bool:
+    """ConnectX-4 and later run Enhanced IPoIB (mlx5), which has no connected mode."""
+    found = _CONNECTX.search(model)
+    return found is not None and int(found.group(1)) >= 4
+
+
+def _check_ipoib(spec: Spec) -> list[Problem]:
+    fabric = spec.network.fabric
+    loc = ("network", "fabric")
+    problems: list[Problem] = []
+    if fabric.ipoib_mode == "connected":
+        profiles = load_profiles(spec.profiles)
+        models = sorted(
+            {
+                h.model
+                for pool in spec.pools
+                if (profile := profiles.get(pool.profile)) is not None
+                for h in fabric_hcas(profile, "infiniband")
+                if _enhanced_ipoib(h.model)
+            }
+        )
+        if models:
+            problems.append(
+                (
+                    (*loc, "ipoib_mode"),
+                    f"{', '.join(models)} run Enhanced IPoIB, which has datagram mode only "
+                    "(ConnectX-4 and later): remove ipoib_mode connected",
+                )
+            )
+    elif fabric.mtu is not None and fabric.mtu > IPOIB_DATAGRAM_MTU:
+        problems.append(
+            (
+                (*loc, "mtu"),
+                f"IPoIB in datagram mode carries at most {IPOIB_DATAGRAM_MTU} bytes, not "
+                f"{fabric.mtu}: lower mtu or leave it unset",
+            )
+        )
     return problems
 
 

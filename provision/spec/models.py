@@ -483,14 +483,16 @@ class Fabric(Model):
         "switch runs the subnet manager",
     )
     ipoib_mode: Literal["datagram", "connected"] = Field(
-        default="datagram", description="IPoIB transport mode"
+        default="datagram",
+        description="IPoIB transport mode; connected only on ConnectX-3 and older (ConnectX-4 "
+        "and later run Enhanced IPoIB, datagram only)",
     )
     mtu: int | None = Field(
         default=None,
         ge=576,
         le=65520,
-        description="fabric interface MTU; unset: 4092 (IPoIB datagram), 65520 (connected), "
-        "9000 (RoCE)",
+        description="fabric interface MTU; unset: 4092 (IPoIB datagram, also its most), 65520 "
+        "(connected), 9000 (RoCE)",
     )
     bootstrap_interface: InterfaceName | None = Field(
         default=None,
