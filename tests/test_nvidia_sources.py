@@ -77,7 +77,7 @@ REPORT = [
         "{{ (_nvidia_driver_packages + "
         "(_nvidia_driver_dnf_exact if ansible_facts.os_family == 'RedHat' else [])) }}",
     ),
-    ("fabric manager", "nvidia_fabricmanager", "{{ _nvidia_fabricmanager_package }}"),
+    ("fabric manager", "nvidia_fabricmanager", "{{ _nvidia_fabricmanager_packages }}"),
     (
         "cuda",
         "cuda",
@@ -478,3 +478,65 @@ def test_version_patterns_stay_on_the_pinned_versions(
     assert [v for v in offered if fnmatch.fnmatchcase(v, nccl[0].split("=", 1)[1])] == [
         "2.21.5-1+cuda12.4"
     ]
+
+
+def _task_names(role: str, file: str = "main.yml") -> list[str]:
+    return [t["name"] for t in _yaml.load((ROLES / role / "tasks" / file).read_text())]
+
+
+def test_rocky_builds_modules_with_dkms_from_epel_and_the_running_kernels_headers() -> None:
+    """NVIDIA's RHEL 9 guide: CRB and EPEL (dkms) and the running kernel's kernel-devel and
+    kernel-headers before a -dkms or -open stream; the versionlock plugin before the lock, which
+    holds the -libs and kernel module packages too (and is renewed after an upgrade)."""
+    names = _task_names("nvidia_driver", "dnf.yml")
+    order = [
+        "CodeReady Builder, which EPEL builds on (modules built on the node)",
+        "EPEL, where dkms comes from (modules built on the node)",
+        "The running kernel's headers and build files, and dkms",
+        "Install the driver (the module stream pins the branch)",
+        "The versionlock plugin, which the lock needs",
+        "Unlock the versions the install replaced",
+        "Lock the driver's packages, its libraries and its kernel modules",
+    ]
+    assert names == order
+    kernel = "5.14.0-427.13.1.el9_4.x86_64"
+    for flavour, builds in (("open", True), ("dkms", True), ("precompiled", False)):
+        variables = _variables("rocky9", "nvidia") | {"nvidia_driver_modules": flavour}
+        variables["ansible_facts"] = {**variables["ansible_facts"], "kernel": kernel}
+        from ansible.parsing.dataloader import DataLoader
+        from ansible.template import Templar, trust_as_template
+
+        templar = Templar(loader=DataLoader(), variables=variables)
+        got = templar.template(
+            trust_as_template("{{ [_nvidia_driver_builds | bool, _nvidia_driver_build_packages] }}")
+        )
+        assert got == [builds, [f"kernel-devel-{kernel}", f"kernel-headers-{kernel}", "dkms"]]
+    locked = _template("{{ _nvidia_driver_dnf_locked }}")
+    import fnmatch
+
+    rocky = [  # what the 550-open stream installs on Rocky 9, each held by a pattern
+        "nvidia-driver",
+        "nvidia-driver-libs",
+        "nvidia-driver-cuda",
+        "nvidia-driver-cuda-libs",
+        "nvidia-driver-NVML",
+        "kmod-nvidia-open-dkms",
+        "nvidia-kmod-common",
+        "nvidia-persistenced",
+        "nvidia-modprobe",
+    ]
+    assert [p for p in rocky if not any(fnmatch.fnmatchcase(p, g) for g in locked)] == []
+
+
+@pytest.mark.parametrize("os_name", ["ubuntu22.04", "rocky9"])
+def test_nvswitch_nodes_get_nscq_of_the_drivers_version_held_with_it(os_name: str) -> None:
+    text = render_case(os_name, "nvidia").split("## fabric manager\n")[1].split("\n\n")[0]
+    sep = "=" if os_name.startswith("ubuntu") else "-"
+    assert f"libnvidia-nscq-550{sep}550.90.07-1" in text.splitlines()
+    names = _task_names("nvidia_fabricmanager")
+    assert names.index("Hold them with the driver (apt)") > names.index(
+        "Install the fabric manager and NSCQ of the driver's exact version (apt)"
+    )
+    assert names.index("Lock them with the driver (dnf)") > names.index(
+        "The versionlock plugin, which the lock needs (dnf)"
+    )
