@@ -266,18 +266,38 @@ def test_role_defaults_agree_with_the_spec_defaults() -> None:
     assert dcgm["dcgm_exporter_port"] == spec.dcgm_exporter_port
 
 
-@pytest.mark.parametrize("source", ["nvidia", "distro"])
-def test_ubuntu_precompiled_modules_come_from_ubuntu(source: str) -> None:
+@pytest.mark.parametrize(
+    ("source", "os_name", "kernel", "flavour"),
+    [
+        ("nvidia", "ubuntu22.04", "5.15.0-122-generic", "generic"),
+        ("distro", "ubuntu22.04", "6.8.0-45-generic", "generic-hwe-22.04"),
+        ("nvidia", "ubuntu24.04", "6.8.0-45-generic", "generic"),
+        ("nvidia", "ubuntu24.04", "6.11.0-19-generic", "generic-hwe-24.04"),
+        ("nvidia", "ubuntu22.04", "6.8.0-1015-aws", "aws"),
+        ("nvidia", "ubuntu24.04", "6.8.0-1021-azure", "azure"),
+        ("nvidia", "ubuntu22.04", "6.8.0-1019-gcp", "gcp"),
+        ("nvidia", "ubuntu24.04", "6.8.0-1017-nvidia", "nvidia"),
+        ("nvidia", "ubuntu24.04", "6.8.0-45-generic-64k", "generic-64k"),
+    ],
+)
+def test_ubuntu_precompiled_modules_come_from_ubuntu_for_the_running_kernel(
+    source: str, os_name: str, kernel: str, flavour: str
+) -> None:
+    """Ubuntu's signed modules are built per kernel: those of the running kernel (so nvidia.ko
+    loads now) and its flavour's (so they follow its upgrades), never -generic on an -aws,
+    -azure, -gcp, -nvidia or HWE kernel, where they would land for another kernel."""
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar, trust_as_template
 
-    variables = _variables("ubuntu22.04", source) | {
+    variables = _variables(os_name, source) | {
         "nvidia_driver_modules": "precompiled",
         "nvidia_driver_version": "550",
     }
+    variables["ansible_facts"] = {**variables["ansible_facts"], "kernel": kernel}
     templar = Templar(loader=DataLoader(), variables=variables)
     assert templar.template(trust_as_template("{{ _nvidia_driver_packages }}")) == [
-        "linux-modules-nvidia-550-server-open-generic",
+        f"linux-modules-nvidia-550-server-open-{kernel}",
+        f"linux-modules-nvidia-550-server-open-{flavour}",
         "nvidia-headless-no-dkms-550-server-open",
         "nvidia-utils-550-server",
     ]

@@ -677,6 +677,60 @@ def _check_gpu(spec: Spec) -> list[Problem]:
     return problems
 
 
+# NVIDIA's driver documentation: Grace Hopper and Blackwell run only the open kernel modules;
+# Blackwell needs the R570 driver or later
+_GRACE_OR_BLACKWELL = re.compile(r"^(GH|GB|B)\d{3}\b|blackwell", re.IGNORECASE)
+_BLACKWELL = re.compile(r"^G?B\d{3}\b|blackwell", re.IGNORECASE)
+BLACKWELL_DRIVER = 570
+
+
+def _proprietary_modules(spec: Spec) -> bool:
+    """Whether the nodes get NVIDIA's proprietary kernel modules: the dkms flavour, and the
+    precompiled streams of Rocky (Ubuntu's precompiled ones are the open modules)."""
+    modules = spec.nvidia.driver_modules
+    return modules == "dkms" or (modules == "precompiled" and spec.os.startswith("rocky"))
+
+
+def _check_gpu_generation(spec: Spec) -> list[Problem]:
+    """What a GPU generation needs of the driver, refused where the spec cannot give it."""
+    problems: list[Problem] = []
+    profiles = load_profiles(spec.profiles)
+    driver = spec.software.nvidia_driver
+    for i, pool in enumerate(spec.pools):
+        prof = profiles.get(pool.profile)
+        if prof is None or prof.gpu is None:
+            continue
+        model = prof.gpu.model
+        if _GRACE_OR_BLACKWELL.search(model) and _proprietary_modules(spec):
+            problems.append(
+                (
+                    ("nvidia", "driver_modules"),
+                    f"pool '{pool.name}' has {model} GPUs, which run only NVIDIA's open kernel "
+                    f"modules: set driver_modules: open",
+                )
+            )
+        if not _BLACKWELL.search(model):
+            continue
+        if driver is not None and int(str(driver).split(".")[0]) < BLACKWELL_DRIVER:
+            problems.append(
+                (
+                    ("software", "nvidia_driver"),
+                    f"pool '{pool.name}' has Blackwell GPUs ({model}), which need driver "
+                    f"{BLACKWELL_DRIVER} or later, not {driver}",
+                )
+            )
+        if prof.gpu.nvswitch:
+            problems.append(
+                (
+                    ("pools", i, "profile"),
+                    f"{model} with NVSwitch is not supported yet: Blackwell's NVLink fabric "
+                    "needs NVIDIA's NVLink subnet manager (NVLSM) beside the fabric manager, "
+                    "which no role installs yet",
+                )
+            )
+    return problems
+
+
 def _check_security(spec: Spec) -> list[Problem]:
     problems: list[Problem] = []
     security = spec.security
@@ -1228,5 +1282,6 @@ CHECKS: list[Callable[[Spec], list[Problem]]] = [
     _check_monitoring,
     _check_health,
     _check_gpu,
+    _check_gpu_generation,
     _check_fabric,
 ]
