@@ -332,8 +332,9 @@ def test_nccl_tests_build_again_when_cuda_or_nccl_change() -> None:
     assert "BUILDDIR={{ _nccl_tests_build }}" in tasks
 
 
-def test_cdi_spec_is_made_again_when_the_driver_changes(tmp_path: Path) -> None:
-    """The role's script, run by bash with stand-ins for ldconfig and nvidia-ctk."""
+def test_cdi_spec_is_made_again_when_the_driver_or_the_devices_change(tmp_path: Path) -> None:
+    """The role's script, run by bash with stand-ins for ldconfig, nvidia-smi and nvidia-ctk: a
+    new driver, or a new MIG layout (new instances in `nvidia-smi -L`), makes the spec again."""
     import os
     import subprocess
 
@@ -343,7 +344,10 @@ def test_cdi_spec_is_made_again_when_the_driver_changes(tmp_path: Path) -> None:
     bindir = tmp_path / "bin"
     bindir.mkdir()
     lib = tmp_path / "libcuda.so.1"
+    listing = tmp_path / "nvidia-smi-L"
+    listing.write_text("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0d3c1d2e)\n")
     (bindir / "ldconfig").write_text(f"#!/bin/sh\necho '\tlibcuda.so.1 (libc6,x86-64) => {lib}'\n")
+    (bindir / "nvidia-smi").write_text(f"#!/bin/sh\ncat {listing}\n")
     (bindir / "nvidia-ctk").write_text(
         '#!/bin/sh\nfor a; do case "$a" in --output=*) echo made >> "${a#--output=}";; esac; done\n'
     )
@@ -365,8 +369,14 @@ def test_cdi_spec_is_made_again_when_the_driver_changes(tmp_path: Path) -> None:
     assert run("550.90.07") == "generated"
     assert run("550.90.07") == ""  # the same driver: left alone (changed_when reads "generated")
     assert run("570.86.15") == "generated"
-    assert cdi.read_text() == "made\nmade\n"
-    assert (tmp_path / "cdi" / "nvidia.yaml.driver").read_text().strip().endswith("570.86.15")
+    listing.write_text(
+        "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0d3c1d2e)\n"
+        "  MIG 1g.10gb     Device  0: (UUID: MIG-8c7a2a4f)\n"
+    )
+    assert run("570.86.15") == "generated"  # a MIG layout: new devices
+    assert run("570.86.15") == ""
+    assert cdi.read_text() == "made\nmade\nmade\n"
+    assert (tmp_path / "cdi" / "nvidia.yaml.made-for").read_text().split()[0].endswith("570.86.15")
 
 
 def test_installed_counts_only_packages_the_facts_name() -> None:
@@ -560,3 +570,87 @@ def test_nvswitch_nodes_get_nscq_of_the_drivers_version_held_with_it(os_name: st
     assert names.index("Lock them with the driver (dnf)") > names.index(
         "The versionlock plugin, which the lock needs (dnf)"
     )
+
+
+def test_mig_is_applied_in_the_role_with_dcgm_stopped_before_it_starts_again() -> None:
+    """The MIG guide: daemons holding the driver stop before MIG changes. The layout is applied
+    by the role's own tasks (no handler at the play's end, after DCGM started), between stopping
+    and starting DCGM's services, and the role runs before DCGM's in the play."""
+    assert not (ROLES / "nvidia_mig" / "handlers").exists()
+    apply = _task_names("nvidia_mig", "apply.yml")
+    assert apply == [
+        "Read which services run",
+        "Stop what holds the GPUs",
+        "Apply the layout (or turn MIG off)",
+        "Start them again (the host engine before its exporter)",
+    ]
+    holders = _load(ROLES / "nvidia_mig" / "vars" / "main.yml")["_nvidia_mig_holders"]
+    assert set(holders) == {"nvidia-dcgm.service", "dcgm-exporter.service"}
+    play = next(
+        p
+        for p in _yaml.load((PLAYBOOKS_DIR / "site.yml").read_text())
+        if p["name"] == "GPU software"
+    )
+    roles = [t["name"] for t in play["tasks"]]
+    assert roles.index("Role nvidia_mig") < roles.index("Role dcgm")
+    mig = play["tasks"][roles.index("Role nvidia_mig")]
+    assert "when" not in mig  # every GPU node: an empty layout takes an earlier one away
+    services = {
+        "nvidia-dcgm.service": {"state": "running"},
+        "dcgm-exporter.service": {"state": "running"},
+        "slurmd.service": {"state": "running"},
+    }
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    variables = _variables("ubuntu22.04", "nvidia")
+    variables["ansible_facts"] = {**variables["ansible_facts"], "services": services}
+    got = Templar(loader=DataLoader(), variables=variables).template(
+        trust_as_template("{{ _nvidia_mig_running }}")
+    )
+    assert got == ["dcgm-exporter.service", "nvidia-dcgm.service"]
+
+
+@pytest.mark.parametrize(
+    ("layout", "modes", "current", "resets", "made"),
+    [
+        ("1g.10gb,1g.10gb", ["-mig 1"], "Disabled", ["0", "1"], ["mig -cgi 1g.10gb,1g.10gb -C"]),
+        ("1g.10gb", ["-mig 1"], "Enabled", [], ["mig -cgi 1g.10gb -C"]),
+        ("", ["-mig 0"], "Enabled", ["0", "1"], []),
+    ],
+)
+def test_the_mig_script_turns_mig_on_or_off_and_makes_the_layout(
+    tmp_path: Path, layout: str, modes: list[str], current: str, resets: list[str], made: list[str]
+) -> None:
+    """The boot script, run by bash with a stand-in nvidia-smi that records what it is asked:
+    an empty layout turns MIG off (reset where the mode is still on) and makes no instance."""
+    import os
+    import subprocess
+
+    log = tmp_path / "calls"
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {log}\n'
+        'case "$*" in --query-gpu=*) '
+        f'echo "0, {current}, {current}"; echo "1, {current}, {current}";; esac\n'
+    )
+    smi.chmod(0o755)
+    (tmp_path / "layout").write_text(f"{layout}\n")
+    env = {
+        **os.environ,
+        "PATH": f"{smi.parent}:{os.environ['PATH']}",
+        "NVIDIA_MIG_LAYOUT": str(tmp_path / "layout"),
+        "NVIDIA_MIG_STAMP": str(tmp_path / "stamp"),
+    }
+    script = str(ROLES / "nvidia_mig" / "files" / "nvidia-mig-apply")
+    r = subprocess.run(["bash", script], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    calls = log.read_text().splitlines()
+    assert [c for c in calls if c.startswith("-mig")] == modes
+    assert [c.split()[-1] for c in calls if c.startswith("--gpu-reset")] == resets
+    assert [c for c in calls if c.startswith("mig -cgi")] == made
+    assert calls.index("mig -dgi") < calls.index(modes[0])  # instances gone before the mode
+    again = subprocess.run(["bash", script], env=env, capture_output=True, text=True)
+    assert "already applied" in again.stdout and len(log.read_text().splitlines()) == len(calls)

@@ -139,7 +139,7 @@ _TABLE = (
         "the pool: names its nftables, NCCL and containerd files",
     ),
     Variable("provision_nvswitch", "pool", ("playbooks/site",), "fabric manager on NVSwitch GPUs"),
-    Variable("provision_mig_layout", "pool", ("playbooks/site", "nvidia_mig"), "pools[].mig"),
+    Variable("provision_mig_layout", "pool", ("nvidia_mig",), "pools[].mig"),
     Variable(
         "provision_fabric_netdevs", "pool", ("rdma", "ipoib"), "the profile's fabric interfaces"
     ),
