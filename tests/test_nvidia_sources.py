@@ -329,7 +329,29 @@ def test_nccl_tests_build_again_when_cuda_or_nccl_change() -> None:
     assert build == f"build-cuda{PINS['cuda_version']}-nccl{PINS['nccl_version']}"
     tasks = (ROLES / "nccl_tests" / "tasks" / "build.yml").read_text()
     assert 'creates: "{{ _nccl_tests_src }}/{{ _nccl_tests_build }}/all_reduce_perf"' in tasks
-    assert "BUILDDIR={{ _nccl_tests_build }}" in tasks
+    make = _template("{{ _nccl_tests_make }}")
+    assert f"BUILDDIR={build}" in make
+
+
+@pytest.mark.parametrize("source", ["nvidia", "distro"])
+def test_nccl_tests_finds_nccl_from_the_wheel_through_an_nccl_home(source: str) -> None:
+    """NCCL's wheel has nccl.h and libnccl.so.2 off the compiler's paths and no libnccl.so: the
+    build gets NCCL_HOME, a directory of links to them; NVIDIA's packages need none."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    variables = _variables("debian12", source) | {"nccl_tests_source": source}
+    templar = Templar(loader=DataLoader(), variables=variables)
+    make = templar.template(trust_as_template("{{ _nccl_tests_make }}"))
+    homes = [a for a in make if a.startswith("NCCL_HOME=")]
+    assert homes == (["NCCL_HOME=/opt/nccl-tests/nccl-home"] if source == "distro" else [])
+    tasks = _yaml.load((ROLES / "nccl_tests" / "tasks" / "build.yml").read_text())
+    (links,) = [t for t in tasks if t["name"] == "The wheel's headers and library in it"]
+    assert {"src": "lib/libnccl.so.2", "dest": "lib/libnccl.so"} in links["loop"]
+    names = [t["name"] for t in tasks]
+    assert names.index("The wheel's headers and library in it") < names.index(
+        "Build against the installed CUDA, NCCL and MPI"
+    )
 
 
 def test_cdi_spec_is_made_again_when_the_driver_or_the_devices_change(tmp_path: Path) -> None:
