@@ -395,3 +395,40 @@ def test_check_fabric_on_a_clouds_infiniband_asks_only_ibstat(tmp_path: Path) ->
     degraded = _Recorded({"ibstat": "ibstat-dgx-degraded.txt"})
     failed = [r.check for r in check_fabric(ctx, node, degraded) if not r.passed]  # type: ignore[arg-type]
     assert failed == ["hca mlx5_4", "hca mlx5_9"]
+
+
+def test_gpudirect_without_peer_memory_names_the_cause() -> None:
+    """perftest made its buffer in GPU memory and the adapter could not register it: the
+    finding says GPUDirect RDMA does not work, not just "no result"."""
+    raw = _read("ib_write_bw-cuda-no-peermem.txt")
+    assert fp.parse_ib_write_bw(raw) is None
+    _, ok, evidence = fp.write_bw_finding("a->b", "mlx5_3", None, raw, 375.0)
+    assert not ok and evidence.startswith("GPU memory could not be registered")
+    assert "GPUDirect RDMA does not work" in evidence
+    # the recorded GPUDirect run parses past perftest's CUDA lines
+    result = fp.parse_ib_write_bw(_read("ib_write_bw-ndr-gpudirect.txt"))
+    assert result is not None and result.average_gbps == 391.42
+
+
+@pytest.mark.parametrize(
+    ("os_name", "rdma", "dmabuf"),
+    [
+        ("debian12", "inbox", True),
+        ("rocky9", "inbox", True),
+        ("ubuntu22.04", "inbox", False),
+        ("debian12", "doca", False),
+        ("rocky9", "doca", False),
+    ],
+)
+def test_gpudirect_goes_through_dmabuf_where_peermem_is_not_loaded(
+    os_name: str, rdma: str, dmabuf: bool
+) -> None:
+    """The rdma role loads nvidia-peermem only with DOCA or on Ubuntu's kernels; elsewhere
+    verify's GPUDirect test registers GPU memory through DMA-BUF (after --use_cuda, as perftest
+    wants it)."""
+    from provision.verify.fabric import gpudirect_through_dmabuf
+
+    assert gpudirect_through_dmabuf(os_name, rdma) is dmabuf
+    command = write_bw_command("mlx5_0", 18515, 0, "10.20.0.22", dmabuf)
+    assert ("--use_cuda=0 --use_cuda_dmabuf" in command) is dmabuf
+    assert "--use_cuda_dmabuf" not in write_bw_command("mlx5_0", 18515, None, None, True)

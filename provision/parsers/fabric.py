@@ -303,6 +303,14 @@ def write_bw_finding(
     pair: str, device: str, result: WriteBw | None, raw: str, threshold: float
 ) -> tuple[str, bool, str]:
     name = f"ib_write_bw {pair} {device}"
+    if result is None and "GPU buffer" in raw and "Couldn't allocate MR" in raw:
+        # perftest made its buffer in GPU memory, and the adapter could not register it
+        return (
+            name,
+            False,
+            "GPU memory could not be registered with the adapter (Couldn't allocate MR): "
+            "GPUDirect RDMA does not work here (nvidia-peermem not loaded, or no DMA-BUF)",
+        )
     if result is None:
         tail = " ".join(raw.split())[-160:] or "no output"
         return (name, False, f"no result: {tail}")

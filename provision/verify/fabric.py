@@ -80,7 +80,11 @@ def pairs(nodes: list[Node]) -> list[tuple[Node, Node]]:
     return out
 
 
-def write_bw_command(device: str, port: int, gpu: int | None, server: str | None) -> str:
+def write_bw_command(
+    device: str, port: int, gpu: int | None, server: str | None, dmabuf: bool = False
+) -> str:
+    """ib_write_bw on one rail; with `gpu`, its buffer in that GPU's memory (GPUDirect RDMA),
+    registered through DMA-BUF where the kernel has no peer-memory API for nvidia-peermem."""
     args = [
         "ib_write_bw",
         "-d",
@@ -94,9 +98,17 @@ def write_bw_command(device: str, port: int, gpu: int | None, server: str | None
     ]
     if gpu is not None:
         args.append(f"--use_cuda={gpu}")
+        if dmabuf:  # perftest takes it only after --use_cuda
+            args.append("--use_cuda_dmabuf")
     if server:
         args.append(server)
     return "timeout 120 " + shlex.join(args)
+
+
+def gpudirect_through_dmabuf(os_name: str, rdma: str) -> bool:
+    """Whether GPUDirect RDMA registers GPU memory through DMA-BUF: on inbox stacks whose kernel
+    has no peer-memory API for nvidia-peermem (Debian's, Rocky's), as the rdma role decides."""
+    return rdma == "inbox" and not os_name.startswith("ubuntu")
 
 
 def check_fabric_bandwidth(
@@ -104,6 +116,9 @@ def check_fabric_bandwidth(
 ) -> list[CheckResult]:
     """Pairwise ib_write_bw per rail, pairs in parallel, a pool's rails one after another."""
     fabric = ctx.cluster.spec.network.fabric
+    # GPU memory reaches the adapter through nvidia-peermem where the kernel has the peer-memory
+    # API (DOCA, Ubuntu's kernels), through DMA-BUF elsewhere (the rdma role loads no peermem)
+    dmabuf = gpudirect_through_dmabuf(ctx.cluster.spec.os, fabric.rdma)
     jobs: list[tuple[PoolView, Node, Node]] = []
     for view in ctx.cluster.pools:
         members = [n for n in nodes if n.pool == view.name and n.name in remotes]
@@ -134,7 +149,7 @@ def check_fabric_bandwidth(
                 served: dict[str, str] = served,
             ) -> None:
                 out = remotes[server.name].run(
-                    write_bw_command(device, port, gpu, None), timeout=150
+                    write_bw_command(device, port, gpu, None, dmabuf), timeout=150
                 )
                 served["out"] = out.stdout + out.stderr
 
@@ -142,7 +157,7 @@ def check_fabric_bandwidth(
             thread.start()
             time.sleep(1.0)  # the server listens before the client connects
             out = remotes[client.name].run(
-                write_bw_command(device, port, gpu, str(server.address)), timeout=150
+                write_bw_command(device, port, gpu, str(server.address), dmabuf), timeout=150
             )
             thread.join(timeout=150)
             threshold = fp.write_bw_threshold(rail.rate_gbps, fabric.ib_write_bw_gbps)
