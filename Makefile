@@ -15,8 +15,7 @@ demo: setup
 	@scripts/demo.sh $(SPEC)
 
 test: setup lint typecheck image
-	@scripts/pytest-lanes.sh
-	$(MAKE) --no-print-directory molecule
+	@scripts/test-lanes.sh
 
 lint: setup
 	$(VENV)/ruff check provision tests bench scripts
