@@ -42,7 +42,8 @@ docs: setup
 	@$(VENV)/python scripts/update_readme.py
 
 goldens: setup
-	$(VENV)/pytest -q tests/test_render.py tests/test_nvidia_sources.py tests/test_fabric_roles.py -k golden --update-goldens
+	$(VENV)/pytest -q tests/test_render.py tests/test_nvidia_sources.py tests/test_nvidia_tasks.py \
+	  tests/test_fabric_roles.py -k golden --update-goldens
 
 constraints: setup
 	@{ echo "# Exact versions the tests were last run with: scripts/setup.sh installs with -c this file."; \

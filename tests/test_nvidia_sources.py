@@ -314,10 +314,15 @@ def _template(expr: str, **facts: Any) -> Any:
 
 
 def test_arm64_paths_come_from_the_architecture() -> None:
-    assert _template("{{ _nvidia_driver_headers }}").strip() == "linux-headers-amd64"
-    assert _template("{{ _nvidia_driver_headers }}", architecture="aarch64").strip() == (
-        "linux-headers-arm64"
-    )
+    kernel = "6.1.0-27-arm64"
+    assert _template("{{ _nvidia_driver_headers }}") == [
+        "linux-headers-6.8.0-45-generic",  # the facts' running kernel
+        "linux-headers-amd64",
+    ]
+    assert _template("{{ _nvidia_driver_headers }}", architecture="aarch64", kernel=kernel) == [
+        f"linux-headers-{kernel}",
+        "linux-headers-arm64",
+    ]
     mpi = "{{ _nccl_tests_mpi_home }}"
     assert _template(mpi).strip() == "/usr/lib/x86_64-linux-gnu/openmpi"
     assert _template(mpi, architecture="aarch64").strip() == "/usr/lib/aarch64-linux-gnu/openmpi"
