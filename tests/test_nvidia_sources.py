@@ -104,24 +104,26 @@ def _load(path: Path) -> dict[str, Any]:
     return (_yaml.load(path.read_text()) or {}) if path.exists() else {}
 
 
-def _variables(os_name: str, source: str) -> dict[str, Any]:
+def trust(value: Any) -> Any:
+    """Role files are trusted templates when Ansible loads them: say so for ours."""
     from ansible.template import trust_as_template
 
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, list):
+        return [trust(v) for v in value]
+    if isinstance(value, dict):
+        return {k: trust(v) for k, v in value.items()}
+    return value
+
+
+def _variables(os_name: str, source: str) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     family = FACTS[os_name]["os_family"]
     for role in sorted(p for p in ROLES.iterdir() if p.is_dir()):
         merged |= _load(role / "defaults" / "main.yml")
         merged |= _load(role / "vars" / "main.yml")
         merged |= _load(role / "vars" / f"{family}.yml")  # as the role's first task loads it
-
-    def trust(value: Any) -> Any:  # role files are trusted templates when Ansible loads them
-        if isinstance(value, str):
-            return trust_as_template(value)
-        if isinstance(value, list):
-            return [trust(v) for v in value]
-        if isinstance(value, dict):
-            return {k: trust(v) for k, v in value.items()}
-        return value
 
     out = {k: trust(v) for k, v in merged.items()}
     out |= PINS

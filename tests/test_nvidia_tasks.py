@@ -19,7 +19,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from .conftest import PLAYBOOKS_DIR, ROLES_DIR, ROOT, assert_golden
-from .test_nvidia_sources import _variables
+from .test_nvidia_sources import _variables, trust
 
 GOLDEN = ROOT / "tests" / "golden" / "nvidia-tasks"
 _yaml = YAML(typ="safe", pure=True)
@@ -88,17 +88,6 @@ class Walk:
         self.node_answers: set[str] = set()
 
     def render(self, value: Any, extra: dict[str, Any] | None = None) -> Any:
-        from ansible.template import trust_as_template
-
-        def trust(v: Any) -> Any:
-            if isinstance(v, str):
-                return trust_as_template(v)
-            if isinstance(v, list):
-                return [trust(x) for x in v]
-            if isinstance(v, dict):
-                return {k: trust(x) for k, x in v.items()}
-            return v
-
         templar = self.templar
         if extra:
             templar = templar.copy_with_new_env(available_variables=self.variables | extra)
