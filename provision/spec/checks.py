@@ -679,7 +679,7 @@ def _check_gpu(spec: Spec) -> list[Problem]:
 
 # NVIDIA's driver documentation: Grace Hopper and Blackwell run only the open kernel modules;
 # Blackwell needs the R570 driver or later
-_GRACE_OR_BLACKWELL = re.compile(r"^(GH|GB|B)\d{3}\b|blackwell", re.IGNORECASE)
+_GRACE_HOPPER = re.compile(r"^GH\d{3}\b", re.IGNORECASE)
 _BLACKWELL = re.compile(r"^G?B\d{3}\b|blackwell", re.IGNORECASE)
 BLACKWELL_DRIVER = 570
 
@@ -701,7 +701,8 @@ def _check_gpu_generation(spec: Spec) -> list[Problem]:
         if prof is None or prof.gpu is None:
             continue
         model = prof.gpu.model
-        if _GRACE_OR_BLACKWELL.search(model) and _proprietary_modules(spec):
+        blackwell = _BLACKWELL.search(model) is not None
+        if (blackwell or _GRACE_HOPPER.search(model)) and _proprietary_modules(spec):
             problems.append(
                 (
                     ("nvidia", "driver_modules"),
@@ -709,7 +710,7 @@ def _check_gpu_generation(spec: Spec) -> list[Problem]:
                     f"modules: set driver_modules: open",
                 )
             )
-        if not _BLACKWELL.search(model):
+        if not blackwell:
             continue
         if driver is not None and int(str(driver).split(".")[0]) < BLACKWELL_DRIVER:
             problems.append(
