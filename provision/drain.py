@@ -19,6 +19,9 @@ from provision.parsers.kubernetes import KubeNode, parse_nodes
 from provision.spec.nodes import login_user
 
 POLL_S = 5.0
+# the reason a rolling apply drains a batch with: a roll run again after an interruption takes up
+# the nodes an earlier one left so, and gives them back
+ROLLING_REASON = "provision apply --batch: rolling change"
 
 
 def on_head(spec_path: Path, state_root: Path, command: str, timeout: float = 60) -> str:
@@ -84,14 +87,16 @@ def drain_nodes(
     requeue, their jobs go back to the queue (or are cancelled, if they cannot) at once."""
     hostlist = compress(nodes)
     why = shlex.quote(reason)
-    on_head(spec_path, state_root, f"scontrol update NodeName={hostlist} State=DRAIN Reason={why}")
+    admin = scontrol(spec_path, state_root)
+    on_head(spec_path, state_root, f"{admin} update NodeName={hostlist} State=DRAIN Reason={why}")
     say(f"drain: {hostlist}: no new job starts there")
     if requeue:
         requeued = on_head(
             spec_path,
             state_root,
             f"for j in $(squeue -h -w {hostlist} -o %i); do "
-            "scontrol requeue $j 2>/dev/null || scancel $j; echo $j; done",
+            f"{admin} requeue $j 2>/dev/null || {as_admin(spec_path, state_root)}scancel $j; "
+            "echo $j; done",
         ).split()
         if requeued:
             say(f"drain: {hostlist}: requeued (or cancelled) job(s) {', '.join(requeued)}")
@@ -99,14 +104,22 @@ def drain_nodes(
         wait_for_jobs(spec_path, state_root, nodes, timeout, say)
 
 
-def kubectl(spec_path: Path, state_root: Path) -> str:
-    """kubectl as the cluster's administrator on the first head (through sudo when its login
-    user is not root)."""
+def as_admin(spec_path: Path, state_root: Path) -> str:
+    """What a command on the first head starts with to run as root: `sudo -n ` when its login
+    user is not root (the examples that log in as ubuntu), else nothing."""
     spec, cluster, _ = open_cluster(spec_path, state_root)
-    user = login_user(spec, cluster.head_nodes[0].provider)
-    return ("" if user == "root" else "sudo -n ") + (
-        "kubectl --kubeconfig /etc/kubernetes/admin.conf"
-    )
+    return "" if login_user(spec, cluster.head_nodes[0].provider) == "root" else "sudo -n "
+
+
+def scontrol(spec_path: Path, state_root: Path) -> str:
+    """scontrol as Slurm's administrator on the first head: `update`, `requeue` and
+    `reconfigure` are refused to any other user."""
+    return as_admin(spec_path, state_root) + "scontrol"
+
+
+def kubectl(spec_path: Path, state_root: Path) -> str:
+    """kubectl as the cluster's administrator on the first head."""
+    return as_admin(spec_path, state_root) + "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 
 
 def kube_nodes(spec_path: Path, state_root: Path) -> dict[str, KubeNode]:
@@ -208,6 +221,13 @@ def node_states(spec_path: Path, state_root: Path, nodes: list[str]) -> dict[str
     return dict(line.split(None, 1) for line in shown.splitlines() if len(line.split()) == 2)
 
 
+def node_reasons(spec_path: Path, state_root: Path, nodes: list[str]) -> dict[str, tuple[str, str]]:
+    """Node -> (Slurm's state as sinfo spells it, the reason it was drained or downed)."""
+    shown = on_head(spec_path, state_root, f"sinfo -h -N -n {compress(nodes)} -o '%N|%T|%E'")
+    split = (line.split("|", 2) for line in shown.splitlines())
+    return {parts[0]: (parts[1], parts[2]) for parts in split if len(parts) == 3}
+
+
 def out_of_service(state: str) -> bool:
     """Drained, draining or down already: not ours to give back."""
     return state.startswith(("drain", "down", "fail")) or "drain" in state
@@ -231,7 +251,11 @@ def resume(spec_path: Path, state_root: Path, names: str, say: Callable[[str], N
     out = [n for n in nodes if out_of_service(states.get(n, ""))]
     rest = [n for n in nodes if n not in out]
     if out:
-        on_head(spec_path, state_root, f"scontrol update NodeName={compress(out)} State=RESUME")
+        on_head(
+            spec_path,
+            state_root,
+            f"{scontrol(spec_path, state_root)} update NodeName={compress(out)} State=RESUME",
+        )
         say(f"resume: {compress(out)}: jobs may start there again")
     if rest:
         say(f"resume: {compress(rest)}: not drained or down, left as they are")
@@ -253,20 +277,29 @@ class SlurmBatchSteps:
     poll_s: float = POLL_S
 
     def drain(self, batch: list[str]) -> list[str]:
-        before = node_states(self.spec_path, self.state_root, batch)
-        kept = [n for n in batch if out_of_service(before.get(n, ""))]
+        before = node_reasons(self.spec_path, self.state_root, batch)
+        # an earlier roll that was interrupted or failed left these drained with its own
+        # reason: they are this roll's to give back, not an operator's
+        left = [
+            n
+            for n in batch
+            if "drain" in before.get(n, ("", ""))[0] and before[n][1] == ROLLING_REASON
+        ]
+        kept = [n for n in batch if n not in left and out_of_service(before.get(n, ("", ""))[0])]
         ours = [n for n in batch if n not in kept]
+        if left:
+            self.say(f"rolling: {compress(left)} left drained by an earlier roll: taken up again")
         if kept:
             self.say(
                 f"rolling: {compress(kept)} already out of service "
-                f"({', '.join(sorted({before[n] for n in kept}))}): left so afterwards"
+                f"({', '.join(sorted({before[n][0] for n in kept}))}): left so afterwards"
             )
-        if ours:
+        if fresh := [n for n in ours if n not in left]:
             drain_nodes(
                 self.spec_path,
                 self.state_root,
-                ours,
-                "provision apply --batch: rolling change",
+                fresh,
+                ROLLING_REASON,
                 False,
                 0,
                 self.say,
@@ -278,11 +311,9 @@ class SlurmBatchSteps:
     def verify(self, batch: list[str]) -> None:
         """slurmd on every node of the batch registered again and answering (a node that
         rebooted comes back as down+drain or drained; `*` marks one not answering)."""
-        query = f"sinfo -h -N -n {compress(batch)} -o '%N|%T|%E'"
 
         def problems() -> dict[str, str]:
-            shown = on_head(self.spec_path, self.state_root, query)
-            states = {n: (s, r) for n, s, r in (ln.split("|", 2) for ln in shown.splitlines())}
+            states = node_reasons(self.spec_path, self.state_root, batch)
             return {
                 n: " ".join(states.get(n, ("unknown to Slurm", ""))).strip()
                 for n in batch
@@ -296,7 +327,8 @@ class SlurmBatchSteps:
         on_head(
             self.spec_path,
             self.state_root,
-            f"scontrol update NodeName={compress(nodes)} State=RESUME",
+            f"{scontrol(self.spec_path, self.state_root)} update NodeName={compress(nodes)} "
+            "State=RESUME",
         )
         self.say(f"resume: {compress(nodes)}: jobs may start there again")
 

@@ -545,7 +545,7 @@ def _roll(
     nodes the cluster already had, a batch at a time (provision/rolling.py). Under Kubernetes
     the heads go first (the control plane before any kubelet, as kubeadm's upgrade needs), then
     the workers, compute and login, in drained batches."""
-    from provision.drain import KubernetesBatchSteps, SlurmBatchSteps, on_head
+    from provision.drain import KubernetesBatchSteps, SlurmBatchSteps, on_head, scontrol
 
     roles = {n.name: n.role for n in cluster.lasting_nodes}
     kubernetes = cluster.spec.scheduler == "kubernetes"
@@ -592,7 +592,9 @@ def _roll(
                 )
             roll(rolled, size, steps, say)
     if reconfigure:
-        on_head(run.spec_path, run.state_root, "scontrol reconfigure")
+        on_head(
+            run.spec_path, run.state_root, f"{scontrol(run.spec_path, run.state_root)} reconfigure"
+        )
         say("slurm: scontrol reconfigure (every node has the new files)")
 
 

@@ -151,7 +151,7 @@ def test_what_the_head_is_asked_in_a_batch(monkeypatch: pytest.MonkeyPatch, tmp_
     steps, log = _steps(monkeypatch, [before, restarting, back], tmp_path)
     roll(["compute001", "compute002"], 2, steps, lambda _m: None)
     assert log == [
-        "sinfo -h -N -n compute[001-002] -o '%N %T'",
+        "sinfo -h -N -n compute[001-002] -o '%N|%T|%E'",
         # the operator's drain (reason "disk") is left alone
         "scontrol update NodeName=compute001 State=DRAIN "
         "Reason='provision apply --batch: rolling change'",
@@ -161,6 +161,49 @@ def test_what_the_head_is_asked_in_a_batch(monkeypatch: pytest.MonkeyPatch, tmp_
         "sinfo -h -N -n compute[001-002] -o '%N|%T|%E'",
         "scontrol update NodeName=compute001 State=RESUME",
     ]
+
+
+def test_a_roll_run_again_gives_back_what_an_interrupted_one_left_drained(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The first roll was stopped (SIGINT, a failed batch) with compute001 drained by it; the
+    same apply again takes it up, drains only the node it had not reached, and resumes both;
+    an operator's drain in the same batch stays."""
+    reason = "provision apply --batch: rolling change"
+    before = {
+        "compute001": ("drained", reason),
+        "compute002": ("idle", "none"),
+        "compute003": ("drained", "health: bad DIMM"),
+    }
+    back = {n: ("drained", r) for n, (_s, r) in before.items()}
+    steps, log = _steps(monkeypatch, [before, back], tmp_path)
+    roll(["compute001", "compute002", "compute003"], 3, steps, lambda _m: None)
+    assert log[1] == f"scontrol update NodeName=compute002 State=DRAIN Reason='{reason}'"
+    assert log[-1] == "scontrol update NodeName=compute[001-002] State=RESUME"
+
+
+def test_operators_commands_go_through_sudo_where_the_login_user_is_not_root(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """scontrol update, requeue and reconfigure are Slurm's administrator's: the examples that
+    log in as ubuntu reach them through sudo, as verify does; squeue and sinfo need not."""
+    spec = tmp_path / "ubuntu.yaml"
+    spec.write_text(LAB.read_text().replace("name: lab\n", "name: lab\nssh: {user: ubuntu}\n"))
+    log: list[str] = []
+    idle = {"compute001": ("idle", "none")}
+    monkeypatch.setattr(drain, "on_head", Head(log, [idle, {"compute001": ("drained", "x")}]))
+    steps = drain.SlurmBatchSteps(
+        spec, tmp_path, change=lambda _b: None, say=lambda _m: None, requeue=True, poll_s=0.01
+    )
+    roll(["compute001"], 1, steps, lambda _m: None)
+    assert [c.split(" NodeName")[0] for c in log if c.startswith(("scontrol", "sudo"))] == [
+        "sudo -n scontrol update", "sudo -n scontrol update"
+    ]  # fmt: skip
+    requeue = next(c for c in log if "requeue" in c)
+    assert "sudo -n scontrol requeue $j" in requeue and "sudo -n scancel $j" in requeue
+    assert not any(c.startswith("sudo") for c in log if "sinfo" in c or c.startswith("squeue"))
+    drain.resume(spec, tmp_path, "compute001", lambda _m: None)
+    assert log[-1] == "sudo -n scontrol update NodeName=compute001 State=RESUME"
 
 
 def test_a_node_back_from_its_reboot_counts_as_back(
