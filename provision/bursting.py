@@ -9,7 +9,7 @@ from pathlib import Path
 
 from provision.burst.config import LOG_DIR
 from provision.cluster import Cluster
-from provision.drain import on_head
+from provision.drain import as_admin, on_head
 from provision.errors import OperationError
 from provision.lifecycle import open_cluster
 
@@ -75,7 +75,12 @@ def burst_status(spec_path: Path, state_root: Path) -> tuple[list[PoolStatus], l
     if not any(n.elastic for n in cluster.nodes):
         raise OperationError(f"{spec_path}: no elastic pool (pools[].elastic)")
     log = LOG_DIR / f"burst-{spec.name}.log"
-    command = f"sinfo -h -N -o '%N|%P|%T|%E' && echo --- && tail -n {LOG_LINES} {log} 2>/dev/null"
+    # the log is root's (the burst programs run as slurm's SlurmUser, root here) and is not
+    # there until the first resume or suspend: no log is no line, not a failure
+    command = (
+        f"sinfo -h -N -o '%N|%P|%T|%E' && echo --- && "
+        f"{{ {as_admin(spec_path, state_root)}tail -n {LOG_LINES} {log} 2>/dev/null || true; }}"
+    )
     try:
         output = on_head(spec_path, state_root, command)
     except OperationError as exc:

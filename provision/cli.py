@@ -15,6 +15,7 @@ from typing import Annotated, ParamSpec
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from provision import __version__
 from provision.assets import example
@@ -512,13 +513,15 @@ def burst_status(
     for p in pools:
         down = ", ".join(f"{n} ({reason})" for n, reason in sorted(p.down.items()))
         cost = "-" if p.usd_per_hour is None else f"{p.usd_per_hour:.2f}"
-        table.add_row(
+        cells = (
             p.pool,
             str(p.nodes),
             *(compress_names(x) for x in (p.up, p.powering_up, p.powering_down, p.powered_down)),
             down or "-",
             cost,
         )
+        # Slurm's reasons are the nodes' text, not rich markup ("[/...]" would end a style)
+        table.add_row(*(Text(cell) for cell in cells))
     out.print(table)
     for line in log:
         out.print(line, markup=False)

@@ -478,6 +478,51 @@ def test_burst_status_reads_the_head_over_ssh(tmp_path: Path) -> None:
     assert "-oBatchMode=yes" in argv
 
 
+# ssh that runs what it was asked to in a shell here, with stand-in sinfo and sudo on PATH
+SHELL_SSH = """#!/bin/sh
+for last; do :; done
+printf '%s\\n' "$last" > "$(dirname "$0")/command"
+exec sh -c "$last"
+"""
+SINFO = """#!/bin/sh
+echo 'burst001|burst|down~|burst resume failed: [/bold] not a style'
+echo 'compute001|compute*|idle|none'
+"""
+SUDO = """#!/bin/sh
+[ "$1" = -n ] && shift
+echo sudo >> "$(dirname "$0")/sudo.log"
+exec "$@"
+"""
+
+
+def test_burst_status_before_any_log_as_a_non_root_login_with_a_reason_in_brackets(
+    tmp_path: Path,
+) -> None:
+    """No burst log yet (no node resumed) is an empty log, not a failure; the root-only log
+    is read through sudo when the head's login user is not root; Slurm's reason is printed as
+    text, not read as rich markup."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in (("ssh", SHELL_SSH), ("sinfo", SINFO), ("sudo", SUDO)):
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    spec = tmp_path / "burst.yaml"
+    spec.write_text(
+        LAB_BURST.read_text().replace("name: labburst", "name: labburst\nssh: {user: ops}")
+    )
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    r = subprocess.run(
+        [sys.executable, "-m", "provision", "burst", "status", "-f", str(spec),
+         "--state-dir", str(tmp_path / "state")],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "burst001 (burst resume failed: [/bold] not a style)" in " ".join(r.stdout.split())
+    command = (bindir / "command").read_text()
+    assert "sudo -n tail -n" in command, command
+    assert (bindir / "sudo.log").read_text() == "sudo\n"  # the log was asked for, through sudo
+
+
 def test_burst_status_of_a_cluster_without_elastic_pools_says_so(tmp_path: Path) -> None:
     r = subprocess.run(
         [sys.executable, "-m", "provision", "burst", "status", "-f", "examples/lab.yaml",
