@@ -156,11 +156,16 @@ def test_decide_drains_a_failing_node_and_resumes_only_its_own_drains() -> None:
     why = reason_for(BAD)
     assert why == "health: disk /dev/shm: 3.1% free (at least 20%)"
     assert decide(BAD, {"IDLE"}, "") == ("drain", why)
-    assert decide(BAD, {"IDLE", "DRAIN"}, why) is None  # already drained for that
-    assert decide(BAD, {"IDLE", "DRAIN"}, PREFIX + "time: x") == ("drain", why)  # new reason
-    assert decide(BAD, {"IDLE", "DRAIN"}, "maintenance") is None  # not ours to touch
-    assert decide(GOOD, {"IDLE", "DRAIN"}, why) == ("resume", "")
-    assert decide(GOOD, {"IDLE", "DRAIN"}, "maintenance") is None
+    assert decide(BAD, {"IDLE", "DRAIN"}, why, own=why) is None  # already drained for that
+    old = PREFIX + "time: x"
+    assert decide(BAD, {"IDLE", "DRAIN"}, old, own=old) == ("drain", why)  # new reason
+    assert decide(BAD, {"IDLE", "DRAIN"}, "maintenance", own=old) is None  # not ours to touch
+    assert decide(GOOD, {"IDLE", "DRAIN"}, why, own=why) == ("resume", "")
+    assert decide(GOOD, {"IDLE", "DRAIN"}, "maintenance", own=why) is None
+    # an operator's drain that starts like ours is still the operator's: no record, or another
+    assert decide(GOOD, {"IDLE", "DRAIN"}, "health: checking the DIMMs") is None
+    assert decide(GOOD, {"IDLE", "DRAIN"}, "health: checking the DIMMs", own=why) is None
+    assert decide(BAD, {"IDLE", "DRAIN"}, "health: checking the DIMMs") is None
     assert decide(GOOD, {"ALLOCATED"}, "") is None
     long = [Result(f"check{i}", False, "x" * 50) for i in range(10)]
     assert len(reason_for(long)) == 200 and reason_for(long).endswith("...")
@@ -201,6 +206,8 @@ def _program(
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
     scontrol, log = _fake_scontrol(tmp_path, node_text)
+    # the record of the program's own drain: here, never on this machine's /var/lib
+    config = {"drain_record": str(tmp_path / "drained"), **config}
     (tmp_path / "health.json").write_text(json.dumps(config))
     done = subprocess.run(
         [sys.executable, "-I", "-c",
@@ -232,10 +239,35 @@ def test_the_program_drains_through_scontrol_and_writes_metrics(tmp_path: Path) 
 
 
 def test_the_program_resumes_its_own_drain_once_well(tmp_path: Path) -> None:
+    """Its own: the drain whose reason it recorded when it made it; the record goes with the
+    resume."""
     config = {"disks": [{"path": "/", "min_free_percent": 1}], "mounts": []}
-    out, calls = _program(tmp_path, config, _node("IDLE+DRAIN", "health: disk /: 0.5% free"))
+    sick = tmp_path / "sick"
+    sick.mkdir()
+    out, calls = _program(
+        sick, {**config, "disks": [{"path": "/", "min_free_percent": 99}]}, _node("IDLE")
+    )
+    why = (sick / "drained").read_text().strip()
+    assert why.startswith("health: disk /: ") and f"Reason={why}" in calls, (out, calls)
+    well = tmp_path / "well"
+    well.mkdir()
+    (well / "drained").write_text(why + "\n")
+    out, calls = _program(well, config, _node("IDLE+DRAIN", why))
     assert out.endswith("rc=0") and "health: compute001: resumed" in out, out
     assert calls.splitlines()[1] == "update NodeName=compute001 State=RESUME"
+    assert not (well / "drained").exists()
+
+
+def test_the_program_leaves_an_operators_drain_that_looks_like_its_own(tmp_path: Path) -> None:
+    """An operator drained with a reason that starts `health: `: not the program's to undo,
+    whether it never drained the node or drained it for something else before."""
+    config = {"disks": [], "mounts": []}
+    node = _node("IDLE+DRAIN", "health: swapping the DIMMs")
+    out, calls = _program(tmp_path, config, node)
+    assert "left as it is (DRAIN+IDLE)" in out and "State=" not in calls, (out, calls)
+    (tmp_path / "drained").write_text("health: disk /: 0.5% free\n")
+    out, calls = _program(tmp_path, config, node)
+    assert "left as it is (DRAIN+IDLE)" in out and "State=" not in calls, (out, calls)
 
 
 def test_the_program_leaves_an_operators_drain(tmp_path: Path) -> None:
@@ -255,6 +287,7 @@ def test_rendered_for_every_compute_pool_and_named_in_slurm_conf() -> None:
         "mounts": [],
         "prolog": False,  # no GPUs in the lab
         "textfile_dir": "/var/lib/prometheus/node-exporter",
+        "drain_record": "/var/lib/provision/health/drained",
     }
     conf = files["files/slurm/slurm.conf"]
     for line in (

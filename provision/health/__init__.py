@@ -3,8 +3,9 @@
 slurmd runs `provision-health` every HealthCheckInterval seconds. It checks what a job on the
 node needs (munge, the clock, free disk, the spec's mounts, the GPUs and fabric ports the
 profile promises), drains the node with a reason naming the failed check, and resumes a node
-that it drained itself (reason `health: ...`) once every check passes again. A node drained by
-someone else stays drained. Each run writes its results for the node exporter's textfile
+that it drained itself once every check passes again: the reason of its last drain is kept on
+the node, and a drain with any other reason (an operator's, even one that starts `health: `)
+stays. Each run writes its results for the node exporter's textfile
 collector, so Prometheus sees them too.
 
 Standard library only: it runs from this project's wheel on the node (see run/wheel.py), with
@@ -27,7 +28,10 @@ from provision.parsers.dcgm import DIAG_TIMEOUT_S, diag_command, parse_diag
 from provision.parsers.gpu import GpuExpect, findings_from, gpu_commands
 
 CONFIG = Path("/etc/provision/health.json")
-PREFIX = "health: "  # the reason of a drain this program made, and so may undo
+PREFIX = "health: "  # what the reason of a drain this program makes starts with
+# the reason of the drain this program made last, kept on the node: only a drain with that very
+# reason is its own to undo (an operator's "health: ..." is the operator's)
+DRAIN_RECORD = "/var/lib/provision/health/drained"
 # Slurm's own reason when a Prolog fails: with the health prolog, that prolog is this program
 PROLOG_ERROR = "Prolog error"
 # node state flags of a node running jobs: a diagnostic that loads the GPUs waits for idle
@@ -236,15 +240,39 @@ def reason_for(failed: list[Result]) -> str:
     return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
 
 
+def own_drain(config: dict[str, object]) -> str | None:
+    """The reason of the drain this program made last on this node, if it made one."""
+    try:
+        return Path(str(config.get("drain_record", DRAIN_RECORD))).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def record_drain(config: dict[str, object], reason: str | None) -> None:
+    """Remember the reason of the drain this program just made (None: it resumed the node)."""
+    record = Path(str(config.get("drain_record", DRAIN_RECORD)))
+    if reason is None:
+        record.unlink(missing_ok=True)
+        return
+    record.parent.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_name(f".{record.name}.tmp")
+    tmp.write_text(reason + "\n")
+    tmp.replace(record)
+
+
 def decide(
-    results: list[Result], flags: set[str], reason: str, prolog: bool = False
+    results: list[Result],
+    flags: set[str],
+    reason: str,
+    prolog: bool = False,
+    own: str | None = None,
 ) -> tuple[str, str] | None:
     """(action, reason) for scontrol: ("drain", why) or ("resume", ""), or None to leave the
-    node as it is. `prolog`: this program is Slurm's Prolog too, so a "Prolog error" drain is
-    its own."""
+    node as it is. `own`: the reason of the drain this program made last (own_drain);
+    `prolog`: this program is Slurm's Prolog too, so a "Prolog error" drain is its own."""
     failed = [r for r in results if not r.ok]
     drained = bool(flags & {"DRAIN", "DRAINED", "DRAINING"})
-    ours = reason.startswith(PREFIX) or (prolog and reason == PROLOG_ERROR)
+    ours = (own is not None and reason == own) or (prolog and reason == PROLOG_ERROR)
     if failed:
         why = reason_for(failed)
         if drained and not ours:

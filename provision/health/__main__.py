@@ -25,7 +25,9 @@ from provision.health import (
     diag_due,
     diag_passed,
     load_config,
+    own_drain,
     parse_node,
+    record_drain,
     run_checks,
     shell,
     write_metrics,
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     if level is not None and level >= 2 and not args.prolog:
         # levels 2 and 3 load the GPUs for minutes: on an idle node only, held by a drain of
         # this program's own while they run (resumed below when they pass)
-        level = _hold_for_diag(node, level, args.scontrol, args.report_only)
+        level = _hold_for_diag(config, node, level, args.scontrol, args.report_only)
     results = run_checks(config, diag_level=level)
     if not args.report_only:
         diag_passed(config, results)
@@ -74,20 +76,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"provision-health: slurmctld does not answer for {node}: {out.strip()[:200]}")
         return 1 if failed else 0
     flags, reason = parse_node(out)
-    action = decide(results, flags, reason, prolog=bool(config.get("prolog")))
+    action = decide(
+        results, flags, reason, prolog=bool(config.get("prolog")), own=own_drain(config)
+    )
     if action is None:
         print(f"health: {node}: left as it is ({'+'.join(sorted(flags)) or 'no state'})")
     else:
         code, out = act(node, action, args.scontrol)
         done = "drained" if action[0] == "drain" else "resumed"
         if code == 0:
+            record_drain(config, action[1] if action[0] == "drain" else None)
             print(f"health: {node}: {done}" + (f" ({action[1]})" if action[1] else ""))
         else:
             print(f"provision-health: {node} not {done}: {out.strip()[:200]}", file=sys.stderr)
     return 1 if failed else 0
 
 
-def _hold_for_diag(node: str, level: int, scontrol: str, report_only: bool) -> int | None:
+def _hold_for_diag(
+    config: dict[str, object], node: str, level: int, scontrol: str, report_only: bool
+) -> int | None:
     """The level to run now, or None: the node runs jobs, or someone else drained it."""
     if report_only:
         return level
@@ -98,10 +105,14 @@ def _hold_for_diag(node: str, level: int, scontrol: str, report_only: bool) -> i
     if flags & BUSY_FLAGS:
         print(f"dcgm diag level {level}: not run: jobs on {node}; the next idle run does it")
         return None
-    if flags & {"DRAIN", "DRAINED", "DRAINING"} and not reason.startswith(PREFIX):
+    if flags & {"DRAIN", "DRAINED", "DRAINING"} and reason != own_drain(config):
         return None  # an operator's drain: the node is theirs
-    code, out = act(node, ("drain", f"{PREFIX}dcgm diag level {level} running"), scontrol)
-    return level if code == 0 else None
+    hold = f"{PREFIX}dcgm diag level {level} running"
+    code, out = act(node, ("drain", hold), scontrol)
+    if code != 0:
+        return None
+    record_drain(config, hold)
+    return level
 
 
 if __name__ == "__main__":

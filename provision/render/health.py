@@ -8,6 +8,7 @@ import dataclasses
 import json
 
 from provision.cluster import Cluster, PoolView
+from provision.health import DRAIN_RECORD
 from provision.parsers.gpu import GpuExpect
 from provision.spec.fabric import rails
 
@@ -58,6 +59,7 @@ def health_config(cluster: Cluster, view: PoolView) -> dict[str, object]:
         "disks": [d.model_dump() for d in spec.health.disks],
         "mounts": mounts,
         "textfile_dir": TEXTFILE_DIR if spec.monitoring is not None else None,
+        "drain_record": DRAIN_RECORD,
     }
     want = gpu_expect(view, spec.software.nvidia_driver)
     if want is not None and view.pool.provider != "lab":

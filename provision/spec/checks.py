@@ -917,7 +917,8 @@ def _check_dcgm_diag(spec: Spec, health: Health) -> list[Problem]:
             problems.append(
                 (
                     (*at, "level"),
-                    "level 3 runs for about half an hour: not before every job; use when: periodic",
+                    "level 3 runs for about half an hour: not before every job; run it by hand "
+                    "in a maintenance reservation, or use level 2",
                 )
             )
         if not health.prolog:
