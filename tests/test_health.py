@@ -338,8 +338,8 @@ def test_slurm_metrics_from_sinfo_and_squeue() -> None:
     text = metrics(sinfo, squeue, 1796108028.0)
     lines = set(text.splitlines())
     assert "slurm_controller_up 1" in lines
-    assert 'slurm_node_state{node="compute002",state="drained"} 1' in lines
-    assert 'slurm_node_state{node="burst001",state="idle"} 1' in lines
+    assert 'slurm_node_state{slurm_node="compute002",state="drained"} 1' in lines
+    assert 'slurm_node_state{slurm_node="burst001",state="idle"} 1' in lines
     assert 'slurm_nodes{state="idle"} 2' in lines and 'slurm_nodes{state="drained"} 1' in lines
     assert 'slurm_jobs{state="pending"} 3' in lines and 'slurm_jobs{state="running"} 1' in lines
     assert "slurm_jobs_pending_on_resources 2" in lines  # not the one waiting on a dependency

@@ -326,3 +326,61 @@ def test_grafana_role_templates_render_with_the_spec_port() -> None:
     provider = yaml.safe_load(rendered("dashboards.yaml.j2"))["providers"][0]
     assert provider["options"]["path"] == variables["_grafana_dashboards_dir"]
     assert provider["allowUiUpdates"] is False
+
+
+def _relabel(rules: list[dict], labels: dict[str, str]) -> dict[str, str] | None:  # type: ignore[type-arg]
+    """Prometheus's metric relabelling as its documentation gives it, for the actions the
+    renderer uses (replace, drop, labeldrop): source values joined by `;`, regexes anchored at
+    both ends, `$1` the first group; None when the sample is dropped."""
+    out = dict(labels)
+    for rule in rules:
+        action = rule.get("action", "replace")
+        regex = re.compile(f"^(?:{rule.get('regex', '(.*)')})$")
+        if action == "labeldrop":
+            out = {k: v for k, v in out.items() if not regex.match(k)}
+            continue
+        value = ";".join(out.get(name, "") for name in rule["source_labels"])
+        match = regex.match(value)
+        if action == "drop":
+            if match:
+                return None
+        elif action == "replace":
+            if match:
+                new = match.expand(rule.get("replacement", "$1").replace("$1", r"\1"))
+                if new:
+                    out[rule["target_label"]] = new
+                else:
+                    out.pop(rule["target_label"], None)
+        else:
+            raise AssertionError(f"the test knows no relabel action {action}")
+    return out
+
+
+def test_no_exporter_speaks_for_another_node() -> None:
+    """A process that binds a node's exporter port while the exporter is down cannot write
+    series under another node's name (no honor_labels), nor Slurm's; the heads' Slurm metrics
+    still name the node they are about."""
+    config = yaml.safe_load(
+        render(Cluster(load_spec(ROOT / "examples" / "lab.yaml")))[
+            "files/monitoring/prometheus.yml"
+        ]
+    )
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "node"]
+    assert "honor_labels" not in job
+    rules = job["metric_relabel_configs"]
+
+    def scraped(target: str, its_pool: str, name: str, **exposed: str) -> dict[str, str] | None:
+        # without honor_labels a clashing exposed label is kept as exported_<name>
+        labels = {("exported_" + k if k in ("node", "pool") else k): v for k, v in exposed.items()}
+        return _relabel(rules, {**labels, "__name__": name, "node": target, "pool": its_pool})
+
+    about = scraped("head001", "head", "slurm_node_state", slurm_node="compute002", state="idle")
+    assert about == {"__name__": "slurm_node_state", "node": "compute002", "state": "idle"}
+    assert scraped("head001", "head", "slurm_controller_up") == {
+        "__name__": "slurm_controller_up", "node": "head001", "pool": "head",
+    }  # fmt: skip
+    # a compute node's port: its own series stay its own, Slurm's are not taken from it
+    lie = scraped("compute001", "compute", "node_load1", node="compute002", pool="head")
+    assert lie is not None and lie["node"] == "compute001" and lie["pool"] == "compute"
+    for name in ("slurm_node_state", "slurm_controller_up", "slurm_jobs"):
+        assert scraped("compute001", "compute", name, slurm_node="compute002", state="down") is None

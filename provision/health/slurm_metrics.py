@@ -2,14 +2,15 @@
 textfile collector on the head nodes (a systemd timer runs it; Debian has no Slurm exporter).
 
     slurm_controller_up 1                       sinfo got an answer from slurmctld
-    slurm_node_state{node="gpu001", state="drained"} 1   one series per node: its state now
+    slurm_node_state{slurm_node="gpu001", state="drained"} 1   one series per node: its state
     slurm_nodes{state="idle"} 6                 nodes per state
     slurm_jobs{state="pending"} 3               jobs per state
     slurm_jobs_pending_on_resources 1           pending for Resources or Priority (they wait for
                                                 nodes, not for a dependency, a hold or a limit)
 
-The node label is the Slurm node's own name; the monitoring role's scrape of node exporters
-keeps it (honor_labels), so an alert on a node's Slurm state names that node.
+slurm_node is the Slurm node's own name; the monitoring scrape makes it the node label of the
+series from a head alone (a metric_relabel_config), so an alert on a node's Slurm state names
+that node, and no other node's exporter can speak for one.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def metrics(sinfo: tuple[int, str], squeue: tuple[int, str], now: float) -> str:
     counts: dict[str, int] = {}
     for node, state in sorted(states.items()):
         lines.append(
-            f'slurm_node_state{{node="{label_value(node)}",state="{label_value(state)}"}} 1'
+            f'slurm_node_state{{slurm_node="{label_value(node)}",state="{label_value(state)}"}} 1'
         )
         counts[state] = counts.get(state, 0) + 1
     lines += ["# HELP slurm_nodes nodes per state", "# TYPE slurm_nodes gauge"]

@@ -9,6 +9,7 @@ copies them and never templates them.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -62,6 +63,23 @@ def _own(node: Node) -> dict[str, str]:
     return {"node": node.name, "pool": node.pool}
 
 
+SLURM_SOURCE = "__tmp_slurm_source"
+
+
+def _slurm_relabel(cluster: Cluster) -> list[dict[str, Any]]:
+    heads = "|".join(re.escape(n.name) for n in cluster.head_nodes)
+    return [
+        {"source_labels": ["node"], "regex": heads, "target_label": SLURM_SOURCE,
+         "replacement": "head"},
+        {"source_labels": ["__name__", SLURM_SOURCE], "regex": "slurm_.*;", "action": "drop"},
+        {"source_labels": ["__name__", "slurm_node"], "regex": "slurm_node_state;(.+)",
+         "target_label": "pool", "replacement": ""},
+        {"source_labels": ["__name__", "slurm_node"], "regex": "slurm_node_state;(.+)",
+         "target_label": "node", "replacement": "$1"},
+        {"regex": f"slurm_node|{SLURM_SOURCE}", "action": "labeldrop"},
+    ]  # fmt: skip
+
+
 def _prometheus(cluster: Cluster) -> dict[str, Any]:
     spec = cluster.spec
     monitoring = spec.monitoring
@@ -83,17 +101,12 @@ def _prometheus(cluster: Cluster) -> dict[str, Any]:
         },
         {
             "job_name": "node",
-            # the Slurm metrics of the heads name the node they are about (node="gpu001"):
-            # that label wins over the head's own, and the head's pool is not theirs
-            "honor_labels": True,
-            "metric_relabel_configs": [
-                {
-                    "source_labels": ["__name__"],
-                    "regex": "slurm_node_state",
-                    "target_label": "pool",
-                    "replacement": "",
-                }
-            ],
+            # no honor_labels: what an exporter says never replaces the target's node and pool
+            # (a process that binds the port while the exporter is down could write series under
+            # any node's name). The heads' Slurm metrics name the node they are about
+            # (slurm_node="gpu001"): that becomes the node label for slurm_node_state from a head
+            # alone, and the slurm_ series of any other node are dropped.
+            "metric_relabel_configs": _slurm_relabel(cluster),
             "static_configs": _static(lasting, monitoring.node_exporter_port),
         },
     ]
