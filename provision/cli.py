@@ -60,16 +60,23 @@ StateOpt = Annotated[
     typer.Option(
         "--state-dir",
         help="root of the per-cluster state directories "
-        "[default: $PROVISION_STATE_DIR or .provision]",
+        "[default: $PROVISION_STATE_DIR, or .provision beside the spec; for the examples this "
+        "package carries, ~/.local/state/provision]",
         show_default=False,
     ),
 ]
 
 
-def _state_root(value: Path | None) -> Path:
-    from provision.state import default_root
+def _state_root(value: Path | None, spec: Path) -> Path:
+    """--state-dir, or where the spec's cluster keeps its state (provision/state.py)."""
+    from provision.spec import load_spec
+    from provision.state import default_root, refuse_lost_state
 
-    return value if value is not None else default_root()
+    if value is not None:
+        return value
+    root = default_root(spec)
+    refuse_lost_state(root, load_spec(spec).name)
+    return root
 
 
 def guarded(verb: Callable[P, None]) -> Callable[P, None]:
@@ -156,7 +163,7 @@ def render(
         target = out_dir
         changed = write_render(files, target)
     else:
-        state = State(_state_root(state_dir), loaded.name)
+        state = State(_state_root(state_dir, spec), loaded.name)
         target = state.build
         with state.locked(command_line()):
             changed = write_render(files, target)
@@ -190,7 +197,7 @@ def plan(
 
     loaded = load_spec(spec)
     cluster = Cluster(loaded)
-    root = _state_root(state_dir)
+    root = _state_root(state_dir, spec)
     state = State(root, loaded.name)
     refuse_unsupported_changes(spec, read_render(state.applied), cluster)
     p = make_plan(cluster, state)
@@ -259,7 +266,7 @@ def apply(
 
     report = do_apply(
         spec,
-        _state_root(state_dir),
+        _state_root(state_dir, spec),
         out,
         verify=not no_verify,
         leaving=Leaving(timeout=drain_timeout, force=force),
@@ -309,7 +316,7 @@ def verify(
     def say(line: str) -> None:
         err.print(line, markup=False)
 
-    results = do_verify(spec, _state_root(state_dir), maintenance, wait, say)
+    results = do_verify(spec, _state_root(state_dir, spec), maintenance, wait, say)
     if as_json:
         sys.stdout.write(json_lines(results))
         failed = sum(not r.passed for r in results)
@@ -338,7 +345,7 @@ def ssh(
     its output and exit code pass through unchanged."""
     from provision.lifecycle import ssh_argv
 
-    argv = ssh_argv(spec, _state_root(state_dir), node, list(command or []))
+    argv = ssh_argv(spec, _state_root(state_dir, spec), node, list(command or []))
     sys.stdout.flush()
     os.execvp(argv[0], argv)
 
@@ -357,7 +364,7 @@ def destroy(
     name = load_spec(spec).name
     if not yes and not typer.confirm(f"destroy cluster '{name}' and its state?"):
         raise typer.Exit(1)
-    removed = do_destroy(spec, _state_root(state_dir), out)
+    removed = do_destroy(spec, _state_root(state_dir, spec), out)
     out.print(f"destroy: cluster '{name}' removed ({len(removed)} node(s) deleted)")
 
 
@@ -401,7 +408,7 @@ def power(
     if settings is None:
         raise UsageError(f"{spec}: network.bmc is not set: the spec names no BMC network")
     chosen = pw.select_nodes(expand_nodes(cluster), nodes)
-    creds = pw.load_credentials(State(_state_root(state_dir), cluster.name))
+    creds = pw.load_credentials(State(_state_root(state_dir, spec), cluster.name))
     pw.check_settings(settings)
     names = compress([n.name for n in chosen])
     if action in ("off", "cycle") and not yes:
@@ -449,7 +456,7 @@ def bmc_credentials(
         raise UsageError("the password is empty")
     from provision.state import command_line
 
-    state = State(_state_root(state_dir), name)
+    state = State(_state_root(state_dir, spec), name)
     with state.locked(command_line()):
         path = pw.save_credentials(state, pw.Credentials(user, password))
     out.print(f"bmc-credentials: saved for user {user} in {path} (0600)")
@@ -475,7 +482,7 @@ def drain_nodes(
     """Take compute nodes out of scheduling and wait until their jobs have ended."""
     from provision.drain import drain
 
-    drain(spec, _state_root(state_dir), nodes, reason, wait, timeout, out.print)
+    drain(spec, _state_root(state_dir, spec), nodes, reason, wait, timeout, out.print)
 
 
 @app.command("resume")
@@ -488,7 +495,7 @@ def resume_nodes(
     """Give drained compute nodes back to the scheduler."""
     from provision.drain import resume
 
-    resume(spec, _state_root(state_dir), nodes, out.print)
+    resume(spec, _state_root(state_dir, spec), nodes, out.print)
 
 
 burst_app = typer.Typer(help="Elastic pools: what Slurm has up, powering up and down.")
@@ -505,7 +512,7 @@ def burst_status(
     programs' last log lines."""
     from provision.bursting import burst_status as read_status
 
-    pools, log = read_status(spec, _state_root(state_dir))
+    pools, log = read_status(spec, _state_root(state_dir, spec))
     table = Table(title="Elastic pools")
     for col in ("pool", "nodes", "up", "powering up", "powering down", "powered down", "down"):
         table.add_column(col)

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from provision.assets import package_dir
 from provision.errors import OperationError, UsageError
 
 DEFAULT_ROOT = Path(".provision")
@@ -49,8 +50,42 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def default_root() -> Path:
-    return Path(os.environ.get(ENV_ROOT, str(DEFAULT_ROOT)))
+def user_root() -> Path:
+    """The user's own state directory for provision: $XDG_STATE_HOME/provision, by default
+    ~/.local/state/provision."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "provision"
+
+
+def default_root(spec_path: Path) -> Path:
+    """Where the state of the cluster a spec describes is when --state-dir is not given, the
+    same from any working directory: $PROVISION_STATE_DIR; else `.provision` beside the spec;
+    for a spec this package carries (the embedded default, the examples), which may lie in an
+    installation nobody may write to, the user's own state directory (user_root)."""
+    if os.environ.get(ENV_ROOT):
+        return Path(os.environ[ENV_ROOT])
+    spec = spec_path.resolve()
+    if spec.is_relative_to(package_dir().resolve()):
+        return user_root()
+    return spec.parent / DEFAULT_ROOT
+
+
+def refuse_lost_state(root: Path, cluster: str) -> None:
+    """A cluster whose state is not under `root` but under the working directory, where
+    earlier versions kept it by default, is refused with how to move it: a run without it would
+    make new keys and secrets and push them to the running cluster."""
+    legacy = Path.cwd() / DEFAULT_ROOT / cluster
+    here = root / cluster
+    if here.exists() or not (legacy / "secrets").is_dir():
+        return
+    if legacy.resolve() == here.resolve():
+        return
+    raise UsageError(
+        f"cluster '{cluster}': its state is in {legacy} (under the working directory, where "
+        f"earlier versions kept it), not in {here}, where provision looks for it from any "
+        f"directory now: move it there (mkdir -p {root} && mv {legacy} {root}/), or pass "
+        f"--state-dir {legacy.parent}"
+    )
 
 
 @dataclass(frozen=True)

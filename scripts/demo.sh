@@ -14,7 +14,7 @@ cat <<TXT
 
 The lab is up. Next:
   $P verify $spec      # the checks again
-  ssh -i .provision/lab/keys/id_ed25519 -o UserKnownHostsFile=.provision/lab/known_hosts root@10.77.0.11 sinfo
+  $P ssh -f $spec head001 -- sinfo   # the cluster's key and known hosts, from its state
   $P destroy $spec     # containers, network, keys and state: all gone
 Monitoring (from this machine, an admin address of the lab; Debian's Prometheus has its classic
 web pages only):

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,15 @@ UNBUILT = sorted((ROOT / "tests" / "data" / "unbuilt").glob("*.yaml"))
 def load_any(path: Path) -> Spec:
     """An example, or an unbuilt feature's spec with its refusals lifted."""
     return load_spec(path, unbuilt=path.parent.name == "unbuilt")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The user's own state directory (where the state of the examples this package carries
+    goes) is one of the test run's, never this user's: set before any test starts a process."""
+    if not os.environ.get("PROVISION_TEST_STATE_HOME"):
+        home = tempfile.mkdtemp(prefix="provision-test-state-")
+        os.environ["PROVISION_TEST_STATE_HOME"] = home
+        os.environ["XDG_STATE_HOME"] = home
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from provision.burst.config import LAB_LABEL, LAB_SOCKET_DIR, lab_container_prefix, lab_network
 from provision.cluster import compress
-from provision.errors import OperationError
+from provision.errors import OperationError, UsageError
 from provision.providers import ProviderPlan
 from provision.providers.lab import burst, podman
 from provision.providers.lab.image import debian_mirror, ensure_image
@@ -109,13 +109,21 @@ class LabProvider:
 
     def create(self, nodes: list[Node], state: State) -> dict[str, ipaddress.IPv4Address]:
         _require_root()
+        existing = self.containers()
+        if existing and not (state.keys / "id_ed25519").exists():
+            # the containers take the key they were made with: a new one would lock us out,
+            # and new secrets would replace the running cluster's
+            raise UsageError(
+                f"lab: cluster '{self.cluster}' runs ({', '.join(sorted(existing))}), but its "
+                f"state (keys, secrets) is not in {state.dir}: pass the state it was made with "
+                f"(--state-dir), or `provision destroy` it first"
+            )
         key = ensure_ssh_key(state)
         image, seconds = ensure_image(debian_mirror(), log=self.log)
         if seconds:
             self.log(f"image: built in {seconds:.0f}s")
         self._ensure_network()
         api = burst.ensure_api_service(state, self.log) if self.burst_pools else None
-        existing = self.containers()
         self._ensure_volumes()
         created = []
         for node in nodes:
