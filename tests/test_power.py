@@ -330,12 +330,14 @@ def test_a_trickling_bmc_cannot_hold_the_command_past_its_timeout(
 
 
 def test_a_missing_ca_bundle_is_a_usage_error(tmp_path: Path) -> None:
-    spec = _spec(tmp_path, "    cidr: 127.0.0.0/24\n    ca_file: /nonexistent/bmc-ca.pem")
+    # a relative path is the spec's directory's, from any working directory
+    spec = _spec(tmp_path, "    cidr: 127.0.0.0/24\n    ca_file: certs/bmc-ca.pem")
     state = tmp_path / "state"
     _login(spec, state)
     r = provision("power", "status", "gpu001", "-f", str(spec), "--state-dir", str(state))
     assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stderr.strip() == "error: network.bmc.ca_file: /nonexistent/bmc-ca.pem does not exist"
+    missing = spec.parent / "certs" / "bmc-ca.pem"
+    assert r.stderr.strip() == f"error: network.bmc.ca_file: {missing} does not exist"
 
 
 def test_what_a_bmc_says_reaches_the_terminal_as_one_plain_line(

@@ -31,18 +31,21 @@ def load_spec(path: Path | str, *, unbuilt: bool = False) -> Spec:
 
     path = Path(path)
     doc = read_yaml(path)
-    spec = validate_document(doc, Spec, str(path))
+    spec = validate_document(doc, Spec, str(path), {"spec_dir": path.absolute().parent})
     problems = ([] if unbuilt else check_unbuilt(spec)) + check_spec(spec)
     if problems:
         raise SpecError([issue_at(doc, str(path), loc, msg) for loc, msg in problems])
     return spec
 
 
-def validate_document(doc: Any, model: type[M], file: str) -> M:
+def validate_document(
+    doc: Any, model: type[M], file: str, context: dict[str, Any] | None = None
+) -> M:
+    """`context`: what validators may ask (spec_dir, for the workstation's files)."""
     if not isinstance(doc, dict):
         raise SpecError([Issue(file, 1, "", "the top level must be a mapping of keys to values")])
     try:
-        return model.model_validate(plain(doc))
+        return model.model_validate(plain(doc), context=context)
     except ValidationError as exc:
         issues = [_issue_from_error(doc, file, model, err) for err in exc.errors()]
         raise SpecError(_dedupe(issues)) from None

@@ -13,11 +13,21 @@ import ipaddress
 import re
 import typing
 from datetime import date
+from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from provision.errors import NOT_ONE_LINE
+from provision.spec.paths import FileKind, workstation_file
 
 OsName = Literal["ubuntu22.04", "ubuntu24.04", "debian12", "rocky9"]
 SchedulerKind = Literal["slurm", "kubernetes"]
@@ -176,6 +186,24 @@ UserName = Annotated[str, AfterValidator(_user_name)]
 Version = Annotated[str, AfterValidator(_version)]
 SshPublicKey = Annotated[str, AfterValidator(_ssh_public_key)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
+
+
+def _on_workstation(kind: FileKind) -> AfterValidator:
+    """A file on the workstation (spec/paths.py): made absolute against the spec's directory
+    (the loader's context), refused where a spec may not point."""
+
+    def check(value: str, info: ValidationInfo) -> str:
+        one_line(value)  # before the value is shown in a message
+        context = info.context if isinstance(info.context, dict) else {}
+        spec_dir = Path(context.get("spec_dir") or Path.cwd()).absolute()
+        return workstation_file(value, kind, spec_dir)
+
+    return AfterValidator(check)
+
+
+SecretFile = Annotated[str, _on_workstation("secret")]
+SshKeyFile = Annotated[str, _on_workstation("ssh key")]
+CaFile = Annotated[str, _on_workstation("ca bundle")]
 Directory = Annotated[str, AfterValidator(_directory)]
 PortRange = Annotated[int | str, AfterValidator(port_range)]
 MigProfile = Annotated[
@@ -438,8 +466,10 @@ class BmcNetwork(Model):
     verify_tls: bool = Field(
         default=True, description="check the BMCs' HTTPS certificates (Redfish)"
     )
-    ca_file: str | None = Field(
-        default=None, description="CA bundle that signed the BMCs' certificates (Redfish)"
+    ca_file: CaFile | None = Field(
+        default=None,
+        description="CA bundle that signed the BMCs' certificates (Redfish): beside the spec, in "
+        "a secrets directory or the system's certificate directories",
     )
 
 
@@ -858,8 +888,10 @@ class SshAccess(Model):
         "of root",
     )
     port: int = Field(default=22, ge=1, le=65535, description="SSH port")
-    private_key_file: str | None = Field(
-        default=None, description="path to the private key; the lab generates its own"
+    private_key_file: SshKeyFile | None = Field(
+        default=None,
+        description="path to the private key, beside the spec, in ~/.ssh or a secrets "
+        "directory; the lab generates its own",
     )
 
 
@@ -931,10 +963,11 @@ class EmailReceiver(Model):
         default=None,
         description="user name the relay knows the cluster by (LOGIN/PLAIN/CRAM-MD5 auth)",
     )
-    password_file: str | None = Field(
+    password_file: SecretFile | None = Field(
         default=None,
-        description="file on the workstation holding that user's password (one line, mode 0600); "
-        "it is copied to the monitoring node, readable by Alertmanager only",
+        description="file on the workstation holding that user's password (one line, mode 0600), "
+        "beside the spec or in a secrets directory ($PROVISION_SECRETS_DIR, by default "
+        "~/.config/provision); it is copied to the monitoring node, readable by Alertmanager only",
     )
 
 
