@@ -15,6 +15,7 @@ from typing import Any
 
 from provision import assets
 from provision.errors import OperationError
+from provision.secrets import write_private
 from provision.sshkeys import host_key_options
 from provision.state import State
 
@@ -154,34 +155,41 @@ def run_playbook(
     started, cpu_started = time.monotonic(), _cpu_seconds()
     private_data_dir = state.dir / "runner"
     private_data_dir.mkdir(mode=0o700, exist_ok=True)
-    runner = ansible_runner.run(
-        private_data_dir=str(private_data_dir.resolve()),
-        artifact_dir=str(state.logs.resolve()),
-        ident=ident,
-        project_dir=str(assets.playbook(playbook).parent),
-        playbook=playbook,
-        inventory=[str(p.resolve()) for p in [inventory, *(extra_inventory or [])]]
-        if extra_inventory
-        else str(inventory.resolve()),
-        envvars=envvars,
-        cmdline=" ".join(cmdline) or None,
-        limit=limit,
-        fact_cache=str(state.facts.resolve()),
-        # ANSIBLE_CACHE_PLUGIN=memory in the environment turns the cache off
-        fact_cache_type="memory"
-        if os.environ.get("ANSIBLE_CACHE_PLUGIN") == "memory"
-        else "jsonfile",
-        event_handler=handle,
-        quiet=True,
-        suppress_env_files=True,
-        rotate_artifacts=20,
-    )
+    os.chmod(state.logs, 0o700)  # run logs may hold host details: keep them to the owner
+    # a run that was killed (SIGKILL, a crash) left its environment in its record: scrub first
+    for earlier in state.logs.iterdir():
+        if earlier.is_dir():
+            _scrub_environment(earlier)
+    try:
+        runner = ansible_runner.run(
+            private_data_dir=str(private_data_dir.resolve()),
+            artifact_dir=str(state.logs.resolve()),
+            ident=ident,
+            project_dir=str(assets.playbook(playbook).parent),
+            playbook=playbook,
+            inventory=[str(p.resolve()) for p in [inventory, *(extra_inventory or [])]]
+            if extra_inventory
+            else str(inventory.resolve()),
+            envvars=envvars,
+            cmdline=" ".join(cmdline) or None,
+            limit=limit,
+            fact_cache=str(state.facts.resolve()),
+            # ANSIBLE_CACHE_PLUGIN=memory in the environment turns the cache off
+            fact_cache_type="memory"
+            if os.environ.get("ANSIBLE_CACHE_PLUGIN") == "memory"
+            else "jsonfile",
+            event_handler=handle,
+            quiet=True,
+            suppress_env_files=True,
+            rotate_artifacts=20,
+        )
+    finally:  # a failure or an interrupt too: the record never keeps the environment
+        _scrub_environment(state.logs / ident)
     result.rc = runner.rc
     result.status = runner.status
     result.seconds = time.monotonic() - started
     result.cpu_seconds = _cpu_seconds() - cpu_started
     result.log_dir = state.logs / ident
-    _scrub_environment(result.log_dir)
     if runner.rc != 0 and not result.hosts and not _stats(runner):
         raise OperationError(
             f"Ansible did not run: {_tail(result.log_dir / 'stdout')} (log: {result.log_dir})"
@@ -191,7 +199,6 @@ def run_playbook(
         entry.ok, entry.changed = stats["ok"], stats["changed"]
         entry.failed, entry.unreachable = stats["failures"], stats["dark"]
         entry.skipped = stats["skipped"]
-    os.chmod(state.logs, 0o700)  # run logs may hold host details: keep them to the owner
     return result
 
 
@@ -199,12 +206,18 @@ def _scrub_environment(log_dir: Path) -> None:
     """ansible-runner records the whole environment of the run; keep only Ansible's settings,
     so credentials in the user's environment never land in a log."""
     command = log_dir / "command"
-    if not command.exists():
+    try:
+        data = json.loads(command.read_text(encoding="utf-8"))
+    except FileNotFoundError:
         return
-    data = json.loads(command.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # cut short while written: nothing in it is kept
+        command.unlink(missing_ok=True)
+        return
     env = data.get("env") or {}
-    data["env"] = {k: v for k, v in env.items() if k.startswith("ANSIBLE_") or k == "PATH"}
-    command.write_text(json.dumps(data), encoding="utf-8")
+    kept = {k: v for k, v in env.items() if k.startswith("ANSIBLE_") or k == "PATH"}
+    if kept != env:
+        data["env"] = kept
+        write_private(command, json.dumps(data).encode())
 
 
 def _tail(path: Path) -> str:
