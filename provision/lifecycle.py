@@ -624,7 +624,9 @@ def verify(
     spec, cluster, state = open_cluster(spec_path, state_root)
     if not (state.build / "files" / "hosts").exists():
         raise UsageError(f"cluster '{spec.name}' has no render in {state.dir}: run apply first")
-    return verify_cluster(cluster, state, private_key(spec, state), maintenance, wait_s, say)
+    # one verify (or apply) of this state at a time: verify's reservation is the state's own
+    with state.locked(command_line()):
+        return verify_cluster(cluster, state, private_key(spec, state), maintenance, wait_s, say)
 
 
 def destroy(spec_path: Path, state_root: Path, console: Console) -> list[str]:

@@ -103,6 +103,16 @@ class _Slurm:
         self.asked.append(command)
         if command.startswith("sinfo"):
             return Output(0, self.sinfo.pop(0) if len(self.sinfo) > 1 else self.sinfo[0], "")
+        if command.startswith("scontrol -o show reservation"):
+            if "provision-verify" not in self.reservations:
+                return Output(1, "", "Reservation provision-verify not found\n")
+            return Output(
+                0,
+                "ReservationName=provision-verify StartTime=2026-12-02T10:00:00 "
+                "EndTime=2026-12-02T11:00:00 Duration=01:00:00 Nodes=compute[001-002] "
+                "NodeCnt=2 Flags=MAINT,IGNORE_JOBS,SPEC_NODES Users=root\n",
+                "",
+            )
         if command.startswith("scontrol create reservation"):
             if self.create_fails:
                 self.create_fails -= 1
@@ -122,16 +132,20 @@ class _Slurm:
 
 
 def _verify_slurm(
-    head: _Slurm, maintenance: bool = False, wait_s: float = 3600.0
+    head: _Slurm, maintenance: bool = False, wait_s: float = 3600.0, state_root: Path | None = None
 ) -> list[tuple[str, str, bool, str]]:
     """hold_nodes, check_scheduler and release against `head`, as verify_cluster runs them."""
+    import tempfile
+
     from provision.cluster import Cluster
     from provision.spec import load_spec
     from provision.state import State
     from provision.verify import VerifyContext, slurm
 
     cluster = Cluster(load_spec(ROOT / "examples" / "lab.yaml"))
-    ctx = VerifyContext(cluster, State(Path("/nonexistent"), "lab"), "")
+    state = State(state_root or Path(tempfile.mkdtemp()), "lab")
+    state.ensure()
+    ctx = VerifyContext(cluster, state, "")
     remotes: dict[str, Any] = {"head001": head}
     said: list[str] = []
     hold = slurm.hold_nodes(ctx, remotes, maintenance, wait_s, said.append)
@@ -236,3 +250,62 @@ def test_a_reservation_verify_cannot_remove_is_a_failure_naming_the_fix(no_sleep
     results = _verify_slurm(head)
     assert results[-1][:3] == ("release", "provision-verify", False)
     assert "`scontrol delete reservation provision-verify` on a head" in results[-1][3]
+
+
+def test_another_verifys_reservation_is_never_removed_from_under_it(
+    no_sleep: None, tmp_path: Path
+) -> None:
+    """A verify from another workstation (or another state) holds the nodes: this one says
+    so and neither removes nor replaces its reservation, so no job lands on nodes under test."""
+    head = _Slurm("compute001 maint\ncompute002 maint\n")
+    head.reservations.add("provision-verify")
+    results = _verify_slurm(head, state_root=tmp_path)
+    hold = next(r for r in results if r[0] == "hold")
+    assert not hold[2]
+    assert hold[3].startswith(
+        "reservation provision-verify is another verify's (compute[001-002] since "
+        "2026-12-02T10:00:00, MAINT,IGNORE_JOBS,SPEC_NODES): wait for it to end"
+    )
+    assert not any(a.startswith(("scontrol delete", "scontrol create")) for a in head.asked)
+    assert head.reservations == {"provision-verify"}
+    assert not (tmp_path / "lab" / "verify-reservation").exists()
+
+
+def test_a_reservation_this_states_killed_verify_left_goes_first(
+    no_sleep: None, tmp_path: Path
+) -> None:
+    head = _Slurm("compute001 idle\ncompute002 idle\n")
+    head.reservations.add("provision-verify")  # left by a verify killed before its release
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "verify-reservation").touch()
+    results = _verify_slurm(head, state_root=tmp_path)
+    assert ("srun", "compute[001-002]", True, "job 7 ran on compute[001-002]") in results
+    changes = [
+        a.split(" Start")[0] for a in head.asked if a.startswith("scontrol ") and "show" not in a
+    ]
+    assert changes == [
+        "scontrol delete reservation provision-verify",
+        "scontrol create reservation ReservationName=provision-verify",
+        "scontrol delete reservation provision-verify",
+    ]
+    assert not (tmp_path / "lab" / "verify-reservation").exists()  # released: no mark left
+
+
+def test_a_verify_while_another_command_holds_the_state_is_refused(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from provision.state import State
+
+    spec = tmp_path / "lab.yaml"
+    spec.write_text((ROOT / "examples" / "lab.yaml").read_text())
+    state = State(tmp_path / ".provision", "lab")
+    (state.build / "files").mkdir(parents=True)
+    (state.build / "files" / "hosts").write_text("")
+    with state.locked("verify lab.yaml"):
+        r = subprocess.run(
+            [sys.executable, "-m", "provision", "verify", str(spec)],
+            capture_output=True, text=True, check=False, timeout=60, cwd=tmp_path,
+        )  # fmt: skip
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "cluster 'lab' is busy: `provision verify lab.yaml`" in r.stderr

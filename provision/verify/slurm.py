@@ -24,7 +24,11 @@ from provision.verify import gpu as gpu_checks
 from provision.verify.remote import Remote
 
 IDLE_WAIT_S = 90  # nodes register with slurmctld on their own schedule after a restart
-RESERVATION = "provision-verify"  # verify's own; one that a killed verify left is replaced
+RESERVATION = "provision-verify"  # verify's own; another verify's is never touched
+# in the state directory while this state's verify holds RESERVATION: a verify that finds it
+# was killed before its release (the state's lock keeps a second one of this state out), so
+# the reservation is its own to remove
+MARK = "verify-reservation"
 RESERVATION_MINUTES = 60  # a verify killed before its release frees the nodes after this
 # node states (sinfo %T) of a node in service: idle, or running jobs
 BUSY = frozenset({"allocated", "mixed", "completing"})
@@ -118,6 +122,13 @@ def hold_nodes(
             {}, False, results=[CheckResult("slurm", "cluster", False, "no head node reachable")]
         )
     compute = [n.name for n in ctx.cluster.lasting_nodes if n.role == "compute"]
+    mark = ctx.state.dir / MARK
+    if mark.exists():  # this state's verify was killed before its release: its own goes first
+        head.run(f"scontrol delete reservation {RESERVATION}", sudo=True)
+        mark.unlink()
+    other = head.run(f"scontrol -o show reservation {RESERVATION}")
+    if other.rc == 0 and f"ReservationName={RESERVATION} " in other.stdout:
+        return Hold({}, False, results=[_held_by_another(compute, other.stdout)])
     deadline = time.monotonic() + IDLE_WAIT_S
     while True:
         states = _states(head)
@@ -132,8 +143,7 @@ def hold_nodes(
         hold.results.append(CheckResult("sinfo", name, state in SERVING, f"state {state}{note}"))
     if out_of_service or not compute:
         return hold
-    # a verify killed before its release left its reservation: it goes first
-    head.run(f"scontrol delete reservation {RESERVATION}", sudo=True)
+    mark.touch(mode=0o600)  # before the reservation: a kill in between still leaves the mark
     user = shlex.quote(head.user)
     if maintenance:
         out = head.run(
@@ -143,6 +153,7 @@ def hold_nodes(
             sudo=True,
         )
         if out.rc != 0:
+            mark.unlink(missing_ok=True)
             hold.results.append(_not_held(compute, out.stderr or out.stdout))
             return hold
         hold.reservation = RESERVATION
@@ -193,8 +204,11 @@ def hold_nodes(
         time.sleep(1)
         states = _states(head)
     else:
+        mark.unlink(missing_ok=True)
         hold.results.append(_not_held(compute, out.stderr or out.stdout))
         return hold
+    if hold.reservation is None:
+        mark.unlink(missing_ok=True)
     busy = [n for n in compute if n not in hold.quiet]
     evidence = f"reservation {RESERVATION} on the idle nodes" if hold.quiet else "no node idle"
     if busy:
@@ -204,6 +218,22 @@ def hold_nodes(
         )
     hold.results.append(CheckResult("hold", compress(compute), True, evidence))
     return hold
+
+
+def _held_by_another(compute: list[str], shown: str) -> CheckResult:
+    """RESERVATION exists and is not this state's: another verify (another workstation, or
+    another state of this cluster) is testing the nodes; never removed from under it."""
+    fields = dict(w.split("=", 1) for w in shown.split() if "=" in w)
+    since = fields.get("StartTime", "?")
+    nodes = fields.get("Nodes", "?")
+    return CheckResult(
+        "hold",
+        compress(compute),
+        False,
+        f"reservation {RESERVATION} is another verify's ({nodes} since {since}, "
+        f"{fields.get('Flags', 'no flags')}): wait for it to end; if that verify was killed, "
+        f"`scontrol delete reservation {RESERVATION}` on a head",
+    )
 
 
 def _not_held(compute: list[str], why: str) -> CheckResult:
@@ -217,6 +247,7 @@ def release(remotes: dict[str, Remote], ctx: VerifyContext, hold: Hold) -> list[
         return []
     out = head.run(f"scontrol delete reservation {hold.reservation}", sudo=True)
     if out.rc == 0:
+        (ctx.state.dir / MARK).unlink(missing_ok=True)
         return []
     return [
         CheckResult(

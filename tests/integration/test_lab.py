@@ -268,6 +268,11 @@ def test_verify_maintenance_waits_for_the_jobs_and_holds_off_new_ones(
             until=lambda got: "Flags=" in got,
         )  # fmt: skip
         assert "MAINT" in shown and "Nodes=compute[001-002]" in shown, shown
+        # a second verify of this state meanwhile is refused at once, its reservation untouched
+        second = provision("verify", str(spec), cwd=work)
+        assert second.returncode == 1 and "is busy: `provision verify " in second.stderr, (
+            second.stdout + second.stderr
+        )
         late = _on(spec, work, "head001", "sbatch --parsable -w compute002 --wrap true")
         time.sleep(3)
         assert _on(spec, work, "head001", f"squeue -h -j {late} -o %T") == "PENDING"
