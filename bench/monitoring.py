@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import statistics
 import sys
 import tempfile
 import threading
 import time
 import urllib.parse
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -31,7 +31,6 @@ from apply import ROOT, provision
 from failover import on, until
 
 NAME = "benchmon"
-HEAD = "10.70.0.11"
 RUNS = 3
 COUNTERS = (
     ROOT / "provision/ansible_collections/gpu_provision/cluster/roles/dcgm/files/counters.csv"
@@ -72,10 +71,14 @@ class Receiver(ThreadingHTTPServer):
         raise SystemExit(f"no {status} {name} for {node} within {limit:.0f}s")
 
 
-def query(expr: str) -> list[dict]:  # type: ignore[type-arg]
-    url = f"http://{HEAD}:9090/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        return json.load(answer)["data"]["result"]  # type: ignore[no-any-return]
+def query(spec: Path, work: Path, expr: str) -> list[dict]:  # type: ignore[type-arg]
+    """Prometheus answers the head's loopback alone: asked there, over SSH."""
+    url = "http://127.0.0.1:9090/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    fetch = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())"
+    code, out = on(spec, work, "head001", f"python3 -c {shlex.quote(fetch)} {shlex.quote(url)}")
+    if code != 0:
+        raise SystemExit(f"Prometheus on head001 did not answer {expr!r}")
+    return json.loads(out)["data"]["result"]  # type: ignore[no-any-return]
 
 
 def dcgm_fields() -> int:
@@ -130,12 +133,14 @@ def main() -> int:
                 f" freed -> resumed: median {statistics.median(resumed):.0f}s"
                 " (health.interval 15 s; polled every 0.5 s over SSH)"
             )
-            rss = float(query('process_resident_memory_bytes{job="prometheus"}')[0]["value"][1])
-            series = int(float(query("prometheus_tsdb_head_series")[0]["value"][1]))
-            per_node = int(float(query('count({node="compute001"})')[0]["value"][1]))
+            rss = float(
+                query(spec, work, 'process_resident_memory_bytes{job="prometheus"}')[0]["value"][1]
+            )
+            series = int(float(query(spec, work, "prometheus_tsdb_head_series")[0]["value"][1]))
+            per_node = int(float(query(spec, work, 'count({node="compute001"})')[0]["value"][1]))
             scrape = {
                 r["metric"]["job"]: float(r["value"][1])
-                for r in query("max by (job) (scrape_duration_seconds)")
+                for r in query(spec, work, "max by (job) (scrape_duration_seconds)")
             }
             print(
                 f"Prometheus: {rss / 2**20:.0f} MiB resident, {series} series in its head block;"

@@ -340,12 +340,26 @@ def ssh(
     ] = None,
     spec: SpecOpt = DEFAULT_SPEC,
     state_dir: StateOpt = None,
+    forward: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--forward",
+            "-L",
+            help="PORT or LOCAL:PORT: this machine's port LOCAL (default: PORT) reaches the "
+            "node's loopback port PORT, as long as the command runs (none: until Ctrl-C); "
+            "how admins reach Prometheus (9090) and Alertmanager (9093)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run a command on a node (or open a shell there) with the cluster's key and host keys;
     its output and exit code pass through unchanged."""
-    from provision.lifecycle import ssh_argv
+    from provision.lifecycle import forward_options, ssh_argv
 
     argv = ssh_argv(spec, _state_root(state_dir, spec), node, list(command or []))
+    if forward:
+        at = argv.index("--")
+        argv[at:at] = forward_options(forward, bool(command))
     sys.stdout.flush()
     os.execvp(argv[0], argv)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -640,6 +641,19 @@ def destroy(spec_path: Path, state_root: Path, console: Console) -> list[str]:
             console.print("static hosts are left as they are: destroy only forgets them")
         state.remove()
     return removed
+
+
+def forward_options(forwards: list[str], with_command: bool) -> list[str]:
+    """ssh's options for `provision ssh --forward PORT|LOCAL:PORT`: this machine's 127.0.0.1
+    port to the node's loopback port; without a command, no shell: the forward alone."""
+    options = ["-o", "ExitOnForwardFailure=yes"]
+    for text in forwards:
+        match = re.fullmatch(r"(?:([1-9][0-9]{0,4}):)?([1-9][0-9]{0,4})", text.strip())
+        if not match or any(int(p) > 65535 for p in match.groups() if p):
+            raise UsageError(f"--forward {text!r}: a port (9090) or LOCAL:PORT (19090:9090)")
+        local, remote = match[1] or match[2], match[2]
+        options += ["-L", f"127.0.0.1:{local}:127.0.0.1:{remote}"]
+    return options if with_command else [*options, "-N"]
 
 
 def ssh_argv(spec_path: Path, state_root: Path, node_name: str, command: list[str]) -> list[str]:

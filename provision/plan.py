@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from provision import converged
 from provision.changes import Changes, changes
@@ -18,7 +19,7 @@ from provision.cluster import Cluster, compress
 from provision.errors import ProvisionError
 from provision.providers import ProviderPlan, get_provider
 from provision.render import read_render, render
-from provision.render.firewall import OpenRule, internet_rules
+from provision.render.firewall import OpenRule, Reach, admin_reach, internet_rules
 from provision.spec.models import PROVIDER_ORDER
 from provision.state import State
 
@@ -85,6 +86,7 @@ class Plan:
     # the others converge
     probed: list[str] = field(default_factory=list)
     converge_why: str = ""
+    reach: list[Reach] = field(default_factory=list)  # who reaches SSH and the monitoring
 
     @property
     def total_kw(self) -> float:
@@ -155,6 +157,7 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
         changes(old, new) if old else None,
         probed=probed,
         converge_why=why,
+        reach=admin_reach(cluster),
     )
 
 
@@ -198,6 +201,7 @@ def plan_json(plan: Plan, cluster: Cluster) -> dict[str, Any]:
             }
             for o in plan.exposed
         ],
+        "who_reaches": [dataclasses.asdict(r) for r in plan.reach],
         "power_kw": {"total": round(plan.total_kw, 3), "lasting": round(plan.lasting_kw, 3)},
         "pools_power": [
             {"pool": p.pool, "nodes": p.nodes, "kw": round(p.kw, 3), "elastic": p.elastic}
@@ -407,6 +411,13 @@ def print_plan(plan: Plan, cluster: Cluster, console: Console, diff: bool = Fals
         console.print(exposed)
     else:
         console.print("open to the internet: nothing (every source is private address space)")
+
+    reach = Table(title="Who reaches what changes the cluster or its alerts")
+    for col in ("service", "on", "port", "reached from"):
+        reach.add_column(col)
+    for r in plan.reach:
+        reach.add_row(*(Text(cell) for cell in (r.service, r.where, r.port, r.who)))
+    console.print(reach)
 
     power = Table(title="Peak power")
     for col in ("pool", "profile", "nodes", "kW/node", "kW"):

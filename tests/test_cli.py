@@ -193,3 +193,18 @@ def test_ssh_to_an_unknown_node_or_one_without_an_address_is_exit_2(tmp_path: Pa
     assert r.returncode == 2, r.stderr
     assert "aws-h100-001 has no known address yet: run apply" in r.stderr
     assert not (tmp_path / "bin" / "argv").exists()
+
+
+def test_ssh_forward_reaches_a_nodes_loopback_port() -> None:
+    from provision.errors import UsageError
+    from provision.lifecycle import forward_options
+
+    assert forward_options(["9090"], with_command=False) == [
+        "-o", "ExitOnForwardFailure=yes", "-L", "127.0.0.1:9090:127.0.0.1:9090", "-N",
+    ]  # fmt: skip
+    assert forward_options(["19093:9093"], with_command=True) == [
+        "-o", "ExitOnForwardFailure=yes", "-L", "127.0.0.1:19093:127.0.0.1:9093",
+    ]  # fmt: skip
+    for bad in ("0", "70000", "a:9090", "9090:", "1:2:3", "9090 -oProxyCommand=x"):
+        with pytest.raises(UsageError, match="--forward"):
+            forward_options([bad], with_command=False)

@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import yaml
 from provision.cluster import Cluster
 from provision.providers.cloud.layout import layout as cloud_layout
 from provision.render import render
+from provision.render.firewall import admin_reach
 from provision.spec import load_spec
 from provision.spec.models import Monitoring
 
@@ -110,7 +112,7 @@ def test_every_lasting_node_is_a_target_named_by_its_node() -> None:
     targets = {c["labels"]["node"]: c["targets"] for c in jobs["node"]}
     assert targets == {n.name: [f"{n.address}:9100"] for n in cluster.nodes}
     assert jobs["prometheus"] == [
-        {"targets": ["localhost:9090"], "labels": {"node": "head01", "pool": "head"}}
+        {"targets": ["127.0.0.1:9090"], "labels": {"node": "head01", "pool": "head"}}
     ]
     assert config["global"]["external_labels"] == {"cluster": "dgx8"}
     # the GPU count each node of a pool should show (GpuMissing compares with it)
@@ -151,7 +153,7 @@ def test_every_lasting_node_is_a_target_named_by_its_node() -> None:
 
 def test_the_dcgm_exporters_are_scraped_and_answer_the_monitoring_node_only() -> None:
     spec = load_spec(ROOT / "examples" / "dgx-superpod.yaml")
-    spec = spec.model_copy(update={"monitoring": Monitoring(pool="login")})
+    spec = spec.model_copy(update={"monitoring": Monitoring()})
     files = render(Cluster(spec))
     config = yaml.safe_load(files["files/monitoring/prometheus.yml"])
     dcgm = next(j for j in config["scrape_configs"] if j["job_name"] == "dcgm")
@@ -161,11 +163,12 @@ def test_the_dcgm_exporters_are_scraped_and_answer_the_monitoring_node_only() ->
     rule = 'tcp dport 9400 accept comment "dcgm-exporter (GPU metrics)"'
     assert f"ip saddr @monitoring_nodes {rule}" in gpu
     assert f"ip saddr @admin {rule}" not in gpu and f"ip saddr @cluster_nodes {rule}" not in gpu
-    login = files["files/nftables/login.nft"]
-    assert 'ip saddr @admin tcp dport 9090 accept comment "prometheus web"' in login
-    assert "9090" not in files["files/nftables/head.nft"]
+    # Prometheus and Alertmanager on the head's loopback: no pool's firewall opens them
+    for name, text in files.items():
+        if name.startswith("files/nftables/"):
+            assert "dport 9090 " not in text and "dport 9093 " not in text, name
     watcher = Cluster(spec).monitoring_node
-    assert watcher is not None and watcher.pool == "login"
+    assert watcher is not None and watcher.pool == "head"
     sets = files["files/nftables/sets.nft"].split("set monitoring_nodes {")[1].split("}")[0]
     assert str(watcher.address) in sets and sets.count(",") == 1
 
@@ -176,8 +179,7 @@ def test_lab_firewall_admits_the_monitoring_node_to_the_exporters() -> None:
     assert 'ip saddr @monitoring_nodes tcp dport 9100 accept comment "node exporter' in compute
     assert "9090" not in compute and "9093" not in compute
     head = files["files/nftables/head.nft"]
-    for port, name in (("9090", "prometheus"), ("9093", "alertmanager")):
-        assert f'ip saddr @admin tcp dport {port} accept comment "{name} web"' in head
+    assert "9090" not in head and "9093" not in head  # their loopback only (through SSH)
 
 
 def test_cloud_pools_admit_the_exporters_to_their_own_network_alone() -> None:
@@ -281,7 +283,7 @@ def test_grafana_renders_its_data_source_firewall_and_variables() -> None:
             "uid": "prometheus",
             "type": "prometheus",
             "access": "proxy",
-            "url": "http://localhost:9090",
+            "url": "http://127.0.0.1:9090",
             "isDefault": True,
             "editable": False,
             "jsonData": {"timeInterval": "15s"},
@@ -384,3 +386,39 @@ def test_no_exporter_speaks_for_another_node() -> None:
     assert lie is not None and lie["node"] == "compute001" and lie["pool"] == "compute"
     for name in ("slurm_node_state", "slurm_controller_up", "slurm_jobs"):
         assert scraped("compute001", "compute", name, slurm_node="compute002", state="down") is None
+
+
+def test_prometheus_and_alertmanager_listen_on_the_loopback_only() -> None:
+    """No address but the monitoring node's loopback: a job, another node, the admin network
+    all reach them only through SSH (provision ssh --forward)."""
+    templates = ROLES_DIR / "monitoring" / "templates"
+    for name, port in (("prometheus", "prometheus"), ("alertmanager", "alertmanager")):
+        unit = (templates / f"{name}.conf.j2").read_text()
+        assert f"--web.listen-address=127.0.0.1:{{{{ monitoring_{port}_port }}}}" in unit, name
+    flags = (templates / "alertmanager.conf.j2").read_text().split()
+    assert "--cluster.listen-address=" in flags  # no gossip port either
+
+
+def test_plan_says_who_reaches_ssh_and_the_monitoring(tmp_path: Path) -> None:
+    """dgx-8's admin network is the management /24 itself: plan says jobs there reach SSH and
+    Grafana's login, and that Prometheus and Alertmanager answer the head's loopback alone."""
+    done = subprocess.run(
+        [sys.executable, "-m", "provision", "plan", str(ROOT / "examples" / "dgx-8.yaml"),
+         "--json", "--state-dir", str(tmp_path)],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    reach = {r["service"]: r for r in json.loads(done.stdout)["who_reaches"]}
+    assert set(reach) == {"ssh", "prometheus", "alertmanager", "grafana", "node exporter"}
+    assert reach["ssh"]["who"] == (
+        "the admin networks (10.20.0.0/24); they hold dgx[01-08], where users log in or jobs "
+        "run (the admins' keys)"
+    )
+    for name, port in (("prometheus", "9090"), ("alertmanager", "9093")):
+        assert (reach[name]["where"], reach[name]["port"]) == ("head01", port)
+        assert reach[name]["who"].startswith(
+            f"head01's loopback only: admins through SSH (provision ssh --forward {port} head01)"
+        )
+    assert reach["node exporter"]["who"] == "head01 only (it scrapes them)"
+    lab = admin_reach(Cluster(load_spec(ROOT / "examples" / "lab.yaml")))
+    assert lab[0].who == "the admin networks (10.77.0.1/32) (the admins' keys)"  # no node in it

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from provision.cluster import Cluster
+from provision.cluster import Cluster, compress
 from provision.render.kubernetes import API_PORT, ETCD_CLIENT_PORT, ETCD_PEER_PORT, HA_PORT
 from provision.render.tunnel import INTERFACE, far_ranges
 from provision.spec.exposure import public_addresses
@@ -98,15 +98,11 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
         if spec.monitoring is not None:
             port = str(spec.monitoring.node_exporter_port)
             rules.append(Rule("node exporter (node metrics)", "tcp", port, scrapers))
-            if spec.monitoring_pool == view.name:
-                for name, number in (
-                    ("prometheus", spec.monitoring.prometheus_port),
-                    ("alertmanager", spec.monitoring.alertmanager_port),
-                ):
-                    rules.append(Rule(f"{name} web", "tcp", str(number), (ADMIN,)))
-                if spec.monitoring.grafana is not None:
-                    port = str(spec.monitoring.grafana.port)
-                    rules.append(Rule("grafana web", "tcp", port, (ADMIN,)))
+            # Prometheus and Alertmanager answer on the monitoring node's loopback only
+            # (Alertmanager's API silences alerts): no rule opens them to any network
+            if spec.monitoring_pool == view.name and spec.monitoring.grafana is not None:
+                port = str(spec.monitoring.grafana.port)
+                rules.append(Rule("grafana web", "tcp", port, (ADMIN,)))
         if view.profile.gpu is not None and spec.nvidia.dcgm and spec.nvidia.dcgm_exporter_url:
             port = str(spec.nvidia.dcgm_exporter_port)
             rules.append(Rule("dcgm-exporter (GPU metrics)", "tcp", port, scrapers))
@@ -225,3 +221,64 @@ def rule_lines(rules: list[Rule]) -> list[str]:
             )
             lines.append(f'{match} {what} accept comment "{rule.service}"')
     return lines
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Who reaches one of the services that change the cluster or its alerts (plan)."""
+
+    service: str
+    where: str  # the nodes it runs on
+    port: str
+    who: str
+
+
+def admin_reach(cluster: Cluster) -> list[Reach]:
+    """SSH and the monitoring services: where they answer and from where, naming the nodes
+    where jobs run that an admin network holds (a job there reaches what that network does)."""
+    spec = cluster.spec
+    ports = service_ports(spec)
+    admin = spec.security.admin_cidrs
+    jobs = [
+        n.name
+        for n in cluster.lasting_nodes
+        if n.role in ("compute", "login") and n.address is not None
+        and any(n.address in net for net in admin)
+    ]  # fmt: skip
+    networks = ", ".join(str(c) for c in admin)
+    from_admin = f"the admin networks ({networks})" + (
+        f"; they hold {compress(jobs)}, where users log in or jobs run" if jobs else ""
+    )
+    rows = [Reach("ssh", "every node", ports.ssh, from_admin + " (the admins' keys)")]
+    monitoring = spec.monitoring
+    watcher = cluster.monitoring_node
+    if monitoring is not None and watcher is not None:
+        for name, port in (
+            ("prometheus", monitoring.prometheus_port),
+            ("alertmanager", monitoring.alertmanager_port),
+        ):
+            rows.append(
+                Reach(
+                    name,
+                    watcher.name,
+                    str(port),
+                    f"{watcher.name}'s loopback only: admins through SSH "
+                    f"(provision ssh --forward {port} {watcher.name}), and whoever logs in to "
+                    f"{watcher.name} (a {watcher.role} node)",
+                )
+            )
+        if monitoring.grafana is not None:
+            rows.append(
+                Reach(
+                    "grafana", watcher.name, str(monitoring.grafana.port), from_admin + " (login)"
+                )
+            )
+        rows.append(
+            Reach(
+                "node exporter",
+                "every node",
+                str(monitoring.node_exporter_port),
+                f"{watcher.name} only (it scrapes them)",
+            )
+        )
+    return rows

@@ -90,13 +90,13 @@ def _prometheus(cluster: Cluster) -> dict[str, Any]:
         {
             "job_name": "prometheus",
             "static_configs": [
-                {"targets": [f"localhost:{monitoring.prometheus_port}"], "labels": _own(watcher)}
+                {"targets": [f"127.0.0.1:{monitoring.prometheus_port}"], "labels": _own(watcher)}
             ],
         },
         {
             "job_name": "alertmanager",
             "static_configs": [
-                {"targets": [f"localhost:{monitoring.alertmanager_port}"], "labels": _own(watcher)}
+                {"targets": [f"127.0.0.1:{monitoring.alertmanager_port}"], "labels": _own(watcher)}
             ],
         },
         {
@@ -128,7 +128,7 @@ def _prometheus(cluster: Cluster) -> dict[str, Any]:
         "rule_files": [f"{RULES_DIR}/*.yml"],
         "alerting": {
             "alertmanagers": [
-                {"static_configs": [{"targets": [f"localhost:{monitoring.alertmanager_port}"]}]}
+                {"static_configs": [{"targets": [f"127.0.0.1:{monitoring.alertmanager_port}"]}]}
             ]
         },
         "scrape_configs": scrape,
@@ -201,7 +201,7 @@ def grafana_datasource(cluster: Cluster) -> dict[str, Any]:
                 "uid": GRAFANA_DATASOURCE_UID,
                 "type": "prometheus",
                 "access": "proxy",
-                "url": f"http://localhost:{monitoring.prometheus_port}",
+                "url": f"http://127.0.0.1:{monitoring.prometheus_port}",
                 "isDefault": True,
                 "editable": False,
                 "jsonData": {"timeInterval": monitoring.scrape_interval},

@@ -809,6 +809,16 @@ def _check_monitoring(spec: Spec) -> list[Problem]:
             problems.append(
                 (at, f"'{pool.name}' is elastic: its nodes come and go; name a lasting pool")
             )
+        elif pool.role in ("compute", "login"):
+            who = "jobs run" if pool.role == "compute" else "users log in"
+            problems.append(
+                (
+                    at,
+                    f"'{pool.name}' is a {pool.role} pool, where {who}: they would reach "
+                    "Prometheus and Alertmanager on its loopback (and could silence the "
+                    "cluster's alerts); name a head or storage pool, or leave pool unset",
+                )
+            )
     ports = service_ports(spec)
     taken = {
         ports.ssh: "SSH",

@@ -175,17 +175,68 @@ def test_cold_apply(lab: tuple[Path, Path]) -> None:
     assert RELAY_PASSWORD not in config
 
 
-def _prometheus(path: str) -> dict:  # type: ignore[type-arg]
-    """Prometheus' HTTP API on head001, from this machine (an admin address)."""
-    with urllib.request.urlopen(f"http://10.76.0.11:9090{path}", timeout=10) as answer:
+@pytest.fixture(scope="module")
+def prometheus(lab: tuple[Path, Path]) -> Iterator[int]:
+    """head001's Prometheus as an admin reaches it: through `provision ssh --forward`, its
+    port on the head's loopback forwarded to one of this machine's; the local port."""
+    spec, work = lab
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    forward = subprocess.Popen(
+        [sys.executable, "-m", "provision", "ssh", "-f", str(spec), "--forward", f"{port}:9090",
+         "head001"],
+        cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+                break
+            except OSError:
+                assert forward.poll() is None, forward.communicate()[1]
+                assert time.monotonic() < deadline, "the forward never listened"
+                time.sleep(0.5)
+        yield port
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)
+
+
+def _prometheus(port: int, path: str) -> dict:  # type: ignore[type-arg]
+    """Prometheus' HTTP API on head001, through the admin's SSH forward."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
         data: dict = json.load(answer)  # type: ignore[type-arg]
     return data["data"]  # type: ignore[no-any-return]
 
 
-def test_prometheus_scrapes_every_node_and_loads_the_rules(lab: tuple[Path, Path]) -> None:
+def test_prometheus_and_alertmanager_answer_the_heads_loopback_alone(
+    lab: tuple[Path, Path],
+) -> None:
+    """Not this machine (an admin address), not a compute node where jobs run: no network
+    reaches them, so no job can read the receivers or silence an alert."""
+    spec, work = lab
+    listening = _on(spec, work, "head001", "ss -Hltn '( sport = :9090 or sport = :9093 )'")
+    assert sorted(line.split()[3] for line in listening.splitlines()) == [
+        "127.0.0.1:9090", "127.0.0.1:9093",
+    ], listening  # fmt: skip
+    for port in (9090, 9093):
+        with pytest.raises(OSError):  # dropped by the firewall, and nothing listens there
+            socket.create_connection(("10.76.0.11", port), timeout=3).close()
+    probe = (
+        'python3 -c "import socket; s = socket.socket(); s.settimeout(3); '
+        "print(s.connect_ex(('10.76.0.11', 9093)))\" 2>/dev/null || echo dropped"
+    )
+    assert _on(spec, work, "compute001", probe) != "0"  # a job's view: refused or dropped
+
+
+def test_prometheus_scrapes_every_node_and_loads_the_rules(
+    lab: tuple[Path, Path], prometheus: int
+) -> None:
     deadline = time.monotonic() + 60
     while True:
-        targets = _prometheus("/api/v1/targets")["activeTargets"]
+        targets = _prometheus(prometheus, "/api/v1/targets")["activeTargets"]
         health = {(t["labels"]["job"], t["labels"]["node"]): t["health"] for t in targets}
         if set(health.values()) == {"up"} or time.monotonic() > deadline:
             break
@@ -197,7 +248,9 @@ def test_prometheus_scrapes_every_node_and_loads_the_rules(lab: tuple[Path, Path
         ("node", "compute001"): "up",
         ("node", "compute002"): "up",
     }
-    groups = {g["name"]: len(g["rules"]) for g in _prometheus("/api/v1/rules")["groups"]}
+    groups = {
+        g["name"]: len(g["rules"]) for g in _prometheus(prometheus, "/api/v1/rules")["groups"]
+    }
     assert groups == {
         "provision-node": 6,
         "provision-gpu": 8,
@@ -212,7 +265,7 @@ def test_prometheus_scrapes_every_node_and_loads_the_rules(lab: tuple[Path, Path
         query = urllib.parse.urlencode({"query": "slurm_node_state"})
         found = {
             m["metric"]["node"]: (m["metric"]["state"], m["metric"].get("pool"))
-            for m in _prometheus(f"/api/v1/query?{query}")["result"]
+            for m in _prometheus(prometheus, f"/api/v1/query?{query}")["result"]
         }
         if found or time.monotonic() > deadline:
             break
@@ -298,7 +351,7 @@ def test_verify_maintenance_waits_for_the_jobs_and_holds_off_new_ones(
 
 
 def test_a_full_dev_shm_drains_the_node_naming_the_check_and_freeing_it_resumes(
-    lab: tuple[Path, Path],
+    lab: tuple[Path, Path], prometheus: int
 ) -> None:
     """slurmd runs the health checks every 15 s here: /dev/shm (64 MB in a lab container)
     filled past its 20% floor drains compute002 with the check in the reason; freed, the node
@@ -321,7 +374,7 @@ def test_a_full_dev_shm_drains_the_node_naming_the_check_and_freeing_it_resumes(
     print(f"health: compute002 resumed {time.monotonic() - freed:.0f} s after /dev/shm freed")
     assert _on(spec, work, "head001", "sinfo -h -n compute001 -o %T") == "idle"
     query = urllib.parse.urlencode({"query": 'provision_health_check_ok{node="compute002"}'})
-    metrics = _prometheus(f"/api/v1/query?{query}")
+    metrics = _prometheus(prometheus, f"/api/v1/query?{query}")
     assert {m["metric"]["check"] for m in metrics["result"]} == {
         "munge",
         "time",
@@ -330,7 +383,9 @@ def test_a_full_dev_shm_drains_the_node_naming_the_check_and_freeing_it_resumes(
     }
 
 
-def test_every_dashboard_query_is_answered_by_the_lab_prometheus(lab: tuple[Path, Path]) -> None:
+def test_every_dashboard_query_is_answered_by_the_lab_prometheus(
+    lab: tuple[Path, Path], prometheus: int
+) -> None:
     """Grafana itself comes from its own repository, which is out of reach here; the queries of
     its panels and variables go to the lab's Prometheus: each one is answered, and every one of
     the cluster and Slurm dashboards shows data (the lab has no GPU and no fabric)."""
@@ -344,7 +399,9 @@ def test_every_dashboard_query_is_answered_by_the_lab_prometheus(lab: tuple[Path
     while True:
         empty = []
         for board, title, expr in waiting:
-            result = _prometheus("/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+            result = _prometheus(
+                prometheus, "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+            )
             if board in ("cluster.json", "slurm.json") and not result["result"]:
                 empty.append((board, title, expr))
         if not empty or time.monotonic() > deadline:
