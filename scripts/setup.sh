@@ -32,18 +32,23 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
   touch "$stamp"
 fi
 
-# promtool (the alert rules' unit tests): Debian's prometheus package carries it. Only the
-# binary is unpacked into .venv/bin; the package is not installed, so no Prometheus starts here.
-if [ ! -x .venv/bin/promtool ]; then
-  echo "setup: unpacking promtool from Debian's prometheus package into .venv/bin"
+# promtool (the alert rules' unit tests, the rendered Prometheus files) and amtool (the rendered
+# Alertmanager files): Debian's prometheus and prometheus-alertmanager packages carry them. Only
+# the binaries are unpacked into .venv/bin; the packages are not installed, so nothing starts.
+unpack_tool() {  # unpack_tool PACKAGE BINARY
+  [ -x ".venv/bin/$2" ] && return 0
+  echo "setup: unpacking $2 from Debian's $1 package into .venv/bin"
+  local tmp
   tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
-  if ! (cd "$tmp" && apt-get download -q prometheus >/dev/null 2>&1); then
+  if ! (cd "$tmp" && apt-get download -q "$1" >/dev/null 2>&1); then
     SUDO=""
     if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    (cd "$tmp" && apt-get download -q prometheus >/dev/null)
+    (cd "$tmp" && apt-get download -q "$1" >/dev/null)
   fi
-  dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -x -C "$tmp" ./usr/bin/promtool
-  install -m 0755 "$tmp/usr/bin/promtool" .venv/bin/promtool
-fi
+  dpkg-deb --fsys-tarfile "$tmp/$1"_*.deb | tar -x -C "$tmp" "./usr/bin/$2"
+  install -m 0755 "$tmp/usr/bin/$2" ".venv/bin/$2"
+  rm -rf "$tmp"
+}
+unpack_tool prometheus promtool
+unpack_tool prometheus-alertmanager amtool

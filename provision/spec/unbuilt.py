@@ -14,8 +14,27 @@ from provision.spec.nodes import Loc
 Problem = tuple[Loc, str]
 
 
+# The Alertmanager each OS ships (Debian 12: 0.25; Ubuntu 22.04: 0.23; Ubuntu 24.04: 0.26): a
+# relay's password is read from a file (auth_password_file) from 0.25 on; before, only inline.
+ALERTMANAGER = {"debian12": (0, 25), "ubuntu22.04": (0, 23), "ubuntu24.04": (0, 26)}
+PASSWORD_FILE_SINCE = (0, 25)
+
+
 def check_unbuilt(spec: Spec) -> list[Problem]:
     problems: list[Problem] = []
+    shipped = ALERTMANAGER.get(spec.os)
+    receivers = spec.monitoring.receivers if spec.monitoring is not None else []
+    for i, receiver in enumerate(receivers):
+        if shipped and shipped < PASSWORD_FILE_SINCE and receiver.email and receiver.email.username:
+            problems.append(
+                (
+                    ("monitoring", "receivers", i, "email", "username"),
+                    f"not supported yet: a mail relay login on {spec.os} (its Alertmanager "
+                    f"{'.'.join(map(str, shipped))} takes the password only inside "
+                    "alertmanager.yml, which holds no secret; auth_password_file came in 0.25): "
+                    "a relay that takes the cluster's mail without a login, or a webhook",
+                )
+            )
     if spec.scheduler == "kubernetes":
         problems.extend(_kubernetes(spec))
     if spec.monitoring is not None and spec.os == "rocky9":
