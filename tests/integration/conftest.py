@@ -41,6 +41,9 @@ def lab_image() -> str:
     return name
 
 
+OPERATOR = "ops"  # the static hosts' login user: not root, with sudo
+
+
 def start_node(
     image: str, name: str, hostname: str, network: str, address: str, pubkey: Path
 ) -> None:
@@ -64,6 +67,15 @@ def start_node(
     )
     podman.podman("cp", str(pubkey), f"{name}:/root/.ssh/authorized_keys")
     podman.podman("start", name)
+    # the login of most real sites: a user of the image's with passwordless sudo (ubuntu on
+    # Ubuntu's cloud and DGX images), never root
+    podman.podman(
+        "exec", name, "sh", "-c",
+        f"useradd -m -s /bin/bash {OPERATOR} && install -d -m 700 -o {OPERATOR} "
+        f"/home/{OPERATOR}/.ssh && install -m 600 -o {OPERATOR} /root/.ssh/authorized_keys "
+        f"/home/{OPERATOR}/.ssh/ && echo '{OPERATOR} ALL=(ALL:ALL) NOPASSWD: ALL' "
+        f"> /etc/sudoers.d/{OPERATOR} && chmod 440 /etc/sudoers.d/{OPERATOR}",
+    )  # fmt: skip
 
 
 def wait_for_ssh(address: str, key: Path, timeout: float = 60) -> None:
@@ -103,7 +115,8 @@ def ssh_key(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def static_hosts(lab_image: str, ssh_key: Path) -> Iterator[dict[str, str]]:
-    """Three throwaway hosts, reachable over SSH as root: a head and a node on their site's
+    """Three throwaway hosts, reachable over SSH as root and as OPERATOR (passwordless sudo): a
+    head and a node on their site's
     network, and a node on a "remote" network of its own, which reaches the head only through
     this machine's NAT (podman masquerades what leaves a network), as a cloud node reaches an
     on-premises head."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..conftest import PLAYBOOKS_DIR
 from ..conftest import run_provision as provision
+from .conftest import OPERATOR
 
 
 def test_apply_static_hosts(static_hosts: dict[str, str], ssh_key: Path, tmp_path: Path) -> None:
@@ -52,7 +53,8 @@ security:
   admins:
     - name: alice
       ssh_keys: ["{admin_pub}"]
-ssh: {{private_key_file: {ssh_key}}}
+# as most sites log in: not root, with sudo (Ansible, verify, drain and resume go through it)
+ssh: {{user: {OPERATOR}, private_key_file: {ssh_key}}}
 """)
     first = provision("apply", str(spec), cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -68,6 +70,18 @@ ssh: {{private_key_file: {ssh_key}}}
     # followed further: this machine's bridge netfilter masquerades what one podman network
     # sends to another address through a container, so st-cpu1 would see this machine.)
     assert _on(ssh_key, "10.78.0.12", "ip route get 10.84.0.12").stdout.split()[2] == "10.78.0.11"
+
+    # an operator's drain and resume through sudo, as the login user is not root
+    drained = provision("drain", "st-cpu0", "-f", str(spec), "--reason", "new DIMM", cwd=tmp_path)
+    assert drained.returncode == 0, drained.stdout + drained.stderr
+    shown = _on(ssh_key, "10.78.0.11", "sinfo -h -n st-cpu0 -o '%T|%E'").stdout.strip()
+    assert shown == "drained|new DIMM", shown
+    resumed = provision("resume", "st-cpu0", "-f", str(spec), cwd=tmp_path)
+    assert resumed.returncode == 0 and "jobs may start there again" in resumed.stdout, (
+        resumed.stdout + resumed.stderr
+    )
+    shown = _on(ssh_key, "10.78.0.11", "sinfo -h -n st-cpu0 -o %T").stdout.strip()
+    assert shown == "idle", shown
 
     second = provision("apply", str(spec), "--full", cwd=tmp_path)  # the roles, idempotent
     assert second.returncode == 0, second.stdout + second.stderr
