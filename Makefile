@@ -66,6 +66,7 @@ bench: setup image
 	$(VENV)/python bench/scale.py
 	$(VENV)/python bench/failover.py
 	$(VENV)/python bench/monitoring.py
+	$(VENV)/python bench/faults.py
 
 clean:
 	rm -rf .venv .provision .pytest_cache .mypy_cache .ruff_cache .ansible dist .molecule-*.log
