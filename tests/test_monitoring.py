@@ -480,3 +480,24 @@ def test_every_rendered_alertmanager_and_prometheus_file_passes_the_tools(
             "auth_password_file: /etc/prometheus/smtp-mail.password"
             in files["files/monitoring/alertmanager.yml"]
         )
+
+
+def test_the_loopback_guard_admits_the_admins_and_the_monitoring_alone(tmp_path: Path) -> None:
+    """Whoever logs in to the monitoring node reaches its loopback: only root, the login user,
+    the admins, Prometheus and Grafana may connect to the two ports there (live in the lab)."""
+    files = render(Cluster(load_spec(ROOT / "examples" / "dgx-8.yaml")))
+    guard = files["files/monitoring/loopback-guard.nft"]
+    users = "root, prometheus, grafana, ubuntu, alice"
+    assert f'oif "lo" tcp dport {{ 9090, 9093 }} meta skuid {{ {users} }} accept' in guard
+    assert 'oif "lo" tcp dport { 9090, 9093 } reject with tcp reset' in guard
+    # the syntax, checked by nft with users this machine has (the node has the real ones)
+    path = tmp_path / "guard.nft"
+    path.write_text(re.sub(r"meta skuid \{[^}]*\}", "meta skuid { root }", guard))
+    done = subprocess.run(
+        ["nft", "-c", "-f", str(path)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    lab = render(Cluster(load_spec(ROOT / "examples" / "lab.yaml")))[
+        "files/monitoring/loopback-guard.nft"
+    ]
+    assert "meta skuid { root, prometheus, labadmin } accept" in lab  # no Grafana, root logs in

@@ -16,7 +16,7 @@ import yaml
 
 from provision.cluster import Cluster
 from provision.spec.models import EmailReceiver
-from provision.spec.nodes import Node
+from provision.spec.nodes import Node, login_user
 
 RULES_DIR = "/etc/prometheus/rules"  # the monitoring role installs every rule file here
 # seconds Alertmanager waits to batch a new group's alerts before the first notification
@@ -41,7 +41,48 @@ def monitoring_files(cluster: Cluster) -> dict[str, str]:
         files["files/monitoring/grafana-datasources.yml"] = header + _dump(
             grafana_datasource(cluster)
         )
+    files["files/monitoring/loopback-guard.nft"] = loopback_guard(cluster)
     return files
+
+
+GUARD_TABLE = "provision_monitoring"
+
+
+def loopback_guard(cluster: Cluster) -> str:
+    """nftables for the monitoring node's own connections: Prometheus' and Alertmanager's
+    ports on the loopback take them only from root, the admins (SSH forwards run as the admin
+    who logged in), Prometheus itself and Grafana; anyone else logged in there (a user, a
+    job) is refused. User names are resolved when nft loads the file: the monitoring role
+    loads it once the packages have made their users."""
+    monitoring = cluster.spec.monitoring
+    watcher = cluster.monitoring_node
+    assert monitoring is not None and watcher is not None
+    users = ["root", "prometheus"]
+    if monitoring.grafana is not None:
+        users.append("grafana")
+    users += [login_user(cluster.spec, watcher.provider)]
+    users += [a.name for a in cluster.spec.security.admins]
+    allowed = ", ".join(dict.fromkeys(users))
+    ports = f"{monitoring.prometheus_port}, {monitoring.alertmanager_port}"
+    return "\n".join(
+        [
+            "#!/usr/sbin/nft -f",
+            f"# {cluster.header}",
+            "# Who may connect to Prometheus and Alertmanager on this node's loopback (the only",
+            "# address they listen on): Alertmanager's API silences alerts.",
+            f"table inet {GUARD_TABLE} {{}}",
+            f"delete table inet {GUARD_TABLE}",
+            f"table inet {GUARD_TABLE} {{",
+            "  chain output {",
+            "    type filter hook output priority filter; policy accept;",
+            f'    oif "lo" tcp dport {{ {ports} }} meta skuid {{ {allowed} }} accept',
+            f'    oif "lo" tcp dport {{ {ports} }} reject with tcp reset \\',
+            '      comment "not an admin: no Prometheus or Alertmanager"',
+            "  }",
+            "}",
+            "",
+        ]
+    )
 
 
 def _dump(data: dict[str, Any]) -> str:

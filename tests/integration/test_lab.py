@@ -229,6 +229,14 @@ def test_prometheus_and_alertmanager_answer_the_heads_loopback_alone(
         "print(s.connect_ex(('10.76.0.11', 9093)))\" 2>/dev/null || echo dropped"
     )
     assert _on(spec, work, "compute001", probe) != "0"  # a job's view: refused or dropped
+    # on the head itself, its loopback: root (and the admins) connect, any other user is reset
+    connect = (
+        'python3 -c "import socket; s = socket.socket(); s.settimeout(3); '
+        "print(s.connect_ex(('127.0.0.1', 9093)))\""
+    )
+    assert _on(spec, work, "head001", connect) == "0"
+    guest = f"id guest >/dev/null 2>&1 || useradd -m guest; runuser -u guest -- {connect}"
+    assert _on(spec, work, "head001", guest) == "111"  # ECONNREFUSED: the guard's reset
 
 
 def test_prometheus_scrapes_every_node_and_loads_the_rules(
