@@ -263,8 +263,8 @@ def admin_reach(cluster: Cluster) -> list[Reach]:
                     watcher.name,
                     str(port),
                     f"{watcher.name}'s loopback only: admins through SSH "
-                    f"(provision ssh --forward {port} {watcher.name}), and whoever logs in to "
-                    f"{watcher.name} (a {watcher.role} node)",
+                    f"(provision ssh --forward {port} {watcher.name}); there, root, the login "
+                    "user, the admins, Prometheus and Grafana alone (the loopback guard)",
                 )
             )
         if monitoring.grafana is not None:
