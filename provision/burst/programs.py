@@ -43,7 +43,7 @@ class LabBackend(Backend):
                 "image": self.lab.image,
                 "command": ["/sbin/init"],
                 "systemd": "always",
-                "cap_add": ["NET_ADMIN"],
+                "cap_add": ["NET_ADMIN", "SYS_NICE"],  # SYS_NICE: slurmstepd pins users' tasks
                 "labels": {key: value, "provision.node": node, "provision.burst": self.pool.name},
                 "netns": {"nsmode": "bridge"},
                 "Networks": {self.lab.network: {"static_ips": [self.pool.nodes[node]]}},

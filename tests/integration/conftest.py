@@ -59,6 +59,8 @@ def start_node(
         "--systemd=always",
         "--cap-add",
         "NET_ADMIN",
+        "--cap-add",
+        "SYS_NICE",  # as the lab's nodes: slurmstepd pins a non-root user's tasks
         "--device",
         "/dev/net/tun",  # userspace WireGuard (the tunnel to remote networks)
         "--no-hosts",

@@ -234,6 +234,11 @@ class LabProvider:
             "--systemd=always",
             "--cap-add",
             "NET_ADMIN",
+            # slurmstepd (root) pins a user's tasks to their CPUs: sched_setaffinity on another
+            # user's process needs CAP_SYS_NICE, which a host's root has and podman's default
+            # set leaves out (without it a non-root user's job fails to launch)
+            "--cap-add",
+            "SYS_NICE",
             "--no-hosts",
             *mounts,
             image,
