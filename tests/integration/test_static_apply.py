@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 from ..conftest import PLAYBOOKS_DIR
@@ -80,7 +81,12 @@ ssh: {{user: {OPERATOR}, private_key_file: {ssh_key}}}
     assert resumed.returncode == 0 and "jobs may start there again" in resumed.stdout, (
         resumed.stdout + resumed.stderr
     )
-    shown = _on(ssh_key, "10.78.0.11", "sinfo -h -n st-cpu0 -o %T").stdout.strip()
+    # idle again once slurmctld has heard from it (a resumed node may show idle* until then)
+    deadline = time.monotonic() + 120
+    while (shown := _on(ssh_key, "10.78.0.11", "sinfo -h -n st-cpu0 -o %T").stdout.strip()) != (
+        "idle"
+    ) and time.monotonic() < deadline:
+        time.sleep(2)
     assert shown == "idle", shown
 
     second = provision("apply", str(spec), "--full", cwd=tmp_path)  # the roles, idempotent
