@@ -185,11 +185,12 @@ def main() -> int:
             .replace("    count: 2\n", "    count: 3\n")
         )
         lab = Lab(spec, work)
-        env_ok = lab.provision("apply", str(spec), "--no-verify")
-        if env_ok.returncode != 0:
-            print(env_ok.stdout[-3000:], env_ok.stderr, file=sys.stderr)
-            raise SystemExit("the lab did not come up")
+        lab.provision("destroy", str(spec), "--yes")  # an interrupted earlier run's leftovers
         try:
+            env_ok = lab.provision("apply", str(spec), "--no-verify")
+            if env_ok.returncode != 0:
+                print(env_ok.stdout[-3000:], env_ok.stderr, file=sys.stderr)
+                raise SystemExit("the lab did not come up")
             results = [
                 node_fault(
                     lab, "compute003 killed", "compute003",
