@@ -487,12 +487,12 @@ def test_the_loopback_guard_admits_the_admins_and_the_monitoring_alone(tmp_path:
     the admins, Prometheus and Grafana may connect to the two ports there (live in the lab)."""
     files = render(Cluster(load_spec(ROOT / "examples" / "dgx-8.yaml")))
     guard = files["files/monitoring/loopback-guard.nft"]
-    users = "root, prometheus, grafana, ubuntu, alice"
+    users = '"root", "prometheus", "grafana", "ubuntu", "alice"'
     assert f'oif "lo" tcp dport {{ 9090, 9093 }} meta skuid {{ {users} }} accept' in guard
     assert 'oif "lo" tcp dport { 9090, 9093 } reject with tcp reset' in guard
     # the syntax, checked by nft with users this machine has (the node has the real ones)
     path = tmp_path / "guard.nft"
-    path.write_text(re.sub(r"meta skuid \{[^}]*\}", "meta skuid { root }", guard))
+    path.write_text(re.sub(r"meta skuid \{[^}]*\}", 'meta skuid { "root" }', guard))
     done = subprocess.run(
         ["nft", "-c", "-f", str(path)], capture_output=True, text=True, check=False
     )
@@ -500,4 +500,4 @@ def test_the_loopback_guard_admits_the_admins_and_the_monitoring_alone(tmp_path:
     lab = render(Cluster(load_spec(ROOT / "examples" / "lab.yaml")))[
         "files/monitoring/loopback-guard.nft"
     ]
-    assert "meta skuid { root, prometheus, labadmin } accept" in lab  # no Grafana, root logs in
+    assert 'meta skuid { "root", "prometheus", "labadmin" } accept' in lab  # no Grafana

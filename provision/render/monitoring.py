@@ -62,7 +62,8 @@ def loopback_guard(cluster: Cluster) -> str:
         users.append("grafana")
     users += [login_user(cluster.spec, watcher.provider)]
     users += [a.name for a in cluster.spec.security.admins]
-    allowed = ", ".join(dict.fromkeys(users))
+    # quoted: a user called like an nft keyword (accept, drop) stays a name
+    allowed = ", ".join(f'"{u}"' for u in dict.fromkeys(users))
     ports = f"{monitoring.prometheus_port}, {monitoring.alertmanager_port}"
     return "\n".join(
         [
