@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from apply import ROOT
+from apply import spec as lab_spec
 from failover import on
 
 NAME = "benchfault"
@@ -177,13 +178,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        spec = work / "faults.yaml"
-        text = (ROOT / "examples" / "lab.yaml").read_text()
-        spec.write_text(
-            text.replace("name: lab", f"name: {NAME}")
-            .replace("10.77.0.", "10.81.0.")
-            .replace("    count: 2\n", "    count: 3\n")
-        )
+        spec = lab_spec(work, NAME, "10.81.0.", len(COMPUTE))
         lab = Lab(spec, work)
         lab.provision("destroy", str(spec), "--yes")  # an interrupted earlier run's leftovers
         try:
