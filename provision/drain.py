@@ -215,14 +215,9 @@ def running_jobs(spec_path: Path, state_root: Path, nodes: list[str]) -> list[st
     return [line.strip() for line in shown.splitlines() if line.strip()]
 
 
-def node_states(spec_path: Path, state_root: Path, nodes: list[str]) -> dict[str, str]:
-    """Node -> Slurm's state as sinfo spells it (`drained`, `idle*`, `down+drain` ...)."""
-    shown = on_head(spec_path, state_root, f"sinfo -h -N -n {compress(nodes)} -o '%N %T'")
-    return dict(line.split(None, 1) for line in shown.splitlines() if len(line.split()) == 2)
-
-
 def node_reasons(spec_path: Path, state_root: Path, nodes: list[str]) -> dict[str, tuple[str, str]]:
-    """Node -> (Slurm's state as sinfo spells it, the reason it was drained or downed)."""
+    """Node -> (Slurm's state as sinfo spells it: `drained`, `idle*`, `down+drain` ...; the
+    reason it was drained or downed)."""
     shown = on_head(spec_path, state_root, f"sinfo -h -N -n {compress(nodes)} -o '%N|%T|%E'")
     split = (line.split("|", 2) for line in shown.splitlines())
     return {parts[0]: (parts[1], parts[2]) for parts in split if len(parts) == 3}
@@ -247,8 +242,8 @@ def resume(spec_path: Path, state_root: Path, names: str, say: Callable[[str], N
         if others:
             say(f"resume: {compress(others)}: not cordoned, left as they are")
         return cordoned
-    states = node_states(spec_path, state_root, nodes)
-    out = [n for n in nodes if out_of_service(states.get(n, ""))]
+    states = node_reasons(spec_path, state_root, nodes)
+    out = [n for n in nodes if out_of_service(states.get(n, ("", ""))[0])]
     rest = [n for n in nodes if n not in out]
     if out:
         on_head(

@@ -87,14 +87,15 @@ def test_resume_gives_back_the_drained_and_leaves_the_rest(
     class Sinfo(Head):
         def __call__(self, spec: Path, root: Path, command: str, timeout: float = 60) -> str:
             self.commands.append(command)
-            return "compute001 idle\ncompute002 drained\n" if command.startswith("sinfo") else ""
+            shown = "compute001|idle|none\ncompute002|drained|new DIMM\n"
+            return shown if command.startswith("sinfo") else ""
 
     head = Sinfo([])
     monkeypatch.setattr(drain, "on_head", head)
     said: list[str] = []
     assert drain.resume(LAB, tmp_path, "compute", said.append) == ["compute002"]
     assert head.commands == [
-        "sinfo -h -N -n compute[001-002] -o '%N %T'",
+        "sinfo -h -N -n compute[001-002] -o '%N|%T|%E'",
         "scontrol update NodeName=compute002 State=RESUME",
     ]
     assert said == [
