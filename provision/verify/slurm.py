@@ -8,6 +8,7 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from provision.cluster import compress
 from provision.parsers.node import parse_stat
@@ -21,7 +22,7 @@ from provision.spec.nodes import Node
 from provision.spec.ports import service_ports
 from provision.verify import CheckResult, VerifyContext, closed_ports, probe_ports
 from provision.verify import gpu as gpu_checks
-from provision.verify.remote import Remote
+from provision.verify.remote import Output, Remote
 
 IDLE_WAIT_S = 90  # nodes register with slurmctld on their own schedule after a restart
 RESERVATION = "provision-verify"  # verify's own; another verify's is never touched
@@ -143,17 +144,12 @@ def hold_nodes(
         hold.results.append(CheckResult("sinfo", name, state in SERVING, f"state {state}{note}"))
     if out_of_service or not compute:
         return hold
-    mark.touch(mode=0o600)  # before the reservation: a kill in between still leaves the mark
     user = shlex.quote(head.user)
     if maintenance:
-        out = head.run(
-            f"scontrol create reservation ReservationName={RESERVATION} StartTime=now "
-            f"Duration={RESERVATION_MINUTES} Users={user} Nodes={compress(compute)} "
-            "Flags=MAINT,IGNORE_JOBS",
-            sudo=True,
+        out = _reserve(
+            head, mark, f"Users={user} Nodes={compress(compute)} Flags=MAINT,IGNORE_JOBS"
         )
         if out.rc != 0:
-            mark.unlink(missing_ok=True)
             hold.results.append(_not_held(compute, out.stderr or out.stdout))
             return hold
         hold.reservation = RESERVATION
@@ -192,11 +188,7 @@ def hold_nodes(
         idle = [n for n in compute if states.get(n) == "idle"]
         if not idle:
             break
-        out = head.run(
-            f"scontrol create reservation ReservationName={RESERVATION} StartTime=now "
-            f"Duration={RESERVATION_MINUTES} Users={user} Nodes={compress(idle)}",
-            sudo=True,
-        )
+        out = _reserve(head, mark, f"Users={user} Nodes={compress(idle)}")
         if out.rc == 0:
             hold.reservation = RESERVATION
             hold.quiet = idle
@@ -204,11 +196,8 @@ def hold_nodes(
         time.sleep(1)
         states = _states(head)
     else:
-        mark.unlink(missing_ok=True)
         hold.results.append(_not_held(compute, out.stderr or out.stdout))
         return hold
-    if hold.reservation is None:
-        mark.unlink(missing_ok=True)
     busy = [n for n in compute if n not in hold.quiet]
     evidence = f"reservation {RESERVATION} on the idle nodes" if hold.quiet else "no node idle"
     if busy:
@@ -218,6 +207,20 @@ def hold_nodes(
         )
     hold.results.append(CheckResult("hold", compress(compute), True, evidence))
     return hold
+
+
+def _reserve(head: Remote, mark: Path, what: str) -> Output:
+    """Create RESERVATION (for an hour at most) with the state's mark set first, so a verify
+    killed in between still leaves it; a reservation not made takes the mark away again."""
+    mark.touch(mode=0o600)
+    out = head.run(
+        f"scontrol create reservation ReservationName={RESERVATION} StartTime=now "
+        f"Duration={RESERVATION_MINUTES} {what}",
+        sudo=True,
+    )
+    if out.rc != 0:
+        mark.unlink(missing_ok=True)
+    return out
 
 
 def _held_by_another(compute: list[str], shown: str) -> CheckResult:
