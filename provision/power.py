@@ -236,7 +236,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 def _tls_context(ca_file: str | None) -> ssl.SSLContext:
     if ca_file is None:
         return ssl.create_default_context()
-    path = Path(ca_file).expanduser()
+    path = Path(ca_file)  # absolute: the spec resolved it (spec/paths.py)
     try:
         return ssl.create_default_context(cafile=str(path))
     except FileNotFoundError:

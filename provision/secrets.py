@@ -100,7 +100,7 @@ def monitoring_secrets(directory: Path, grafana: bool, relays: list[tuple[str, s
     if grafana:
         create_once(directory / GRAFANA_PASSWORD, lambda: secrets.token_urlsafe(24).encode())
     for receiver, path, where in relays:
-        source = Path(path).expanduser()
+        source = Path(path)  # absolute: the spec resolved it (spec/paths.py)
         if not source.exists():
             raise UsageError(f"{where}: {source} does not exist")
         try:

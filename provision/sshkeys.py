@@ -29,7 +29,7 @@ def ensure_ssh_key(state: State) -> Path:
 def private_key(spec: Spec, state: State) -> Path | None:
     """The key Ansible and verify log in with: the spec's, or the cluster's own."""
     if spec.ssh.private_key_file:
-        key = Path(spec.ssh.private_key_file).expanduser()
+        key = Path(spec.ssh.private_key_file)  # absolute: the spec resolved it
         if not key.exists():
             raise UsageError(f"ssh.private_key_file: {key} does not exist")
         return key
@@ -42,9 +42,7 @@ def private_key(spec: Spec, state: State) -> Path | None:
 def public_key(spec: Spec, state: State) -> str:
     """The public half of that key, for cloud instances: the spec's, or the cluster's own."""
     private = (
-        Path(spec.ssh.private_key_file).expanduser()
-        if spec.ssh.private_key_file
-        else ensure_ssh_key(state)
+        Path(spec.ssh.private_key_file) if spec.ssh.private_key_file else ensure_ssh_key(state)
     )
     public = private.with_name(private.name + ".pub")
     if not public.exists():
