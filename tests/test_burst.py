@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 
@@ -454,17 +455,25 @@ END
 """
 
 
-def test_burst_status_reads_the_head_over_ssh(tmp_path: Path) -> None:
+def _burst_status(spec: Path, tmp_path: Path, tools: dict[str, str]) -> CompletedProcess[str]:
+    """`provision burst status` with these stand-ins (name -> script) first on PATH, in
+    tmp_path/bin."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "ssh").write_text(SINFO_SSH)
-    (bindir / "ssh").chmod(0o755)
+    for name, text in tools.items():
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
-    r = subprocess.run(
-        [sys.executable, "-m", "provision", "burst", "status", "-f", str(LAB_BURST),
+    return subprocess.run(
+        [sys.executable, "-m", "provision", "burst", "status", "-f", str(spec),
          "--state-dir", str(tmp_path / "state")],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
+
+
+def test_burst_status_reads_the_head_over_ssh(tmp_path: Path) -> None:
+    r = _burst_status(LAB_BURST, tmp_path, {"ssh": SINFO_SSH})
+    bindir = tmp_path / "bin"
     assert r.returncode == 0, r.stderr
     row = next(line for line in r.stdout.splitlines() if line.startswith("│ burst "))
     cells = [c.strip() for c in row.strip("│").split("│")]
@@ -501,21 +510,12 @@ def test_burst_status_before_any_log_as_a_non_root_login_with_a_reason_in_bracke
     """No burst log yet (no node resumed) is an empty log, not a failure; the root-only log
     is read through sudo when the head's login user is not root; Slurm's reason is printed as
     text, not read as rich markup."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    for name, text in (("ssh", SHELL_SSH), ("sinfo", SINFO), ("sudo", SUDO)):
-        (bindir / name).write_text(text)
-        (bindir / name).chmod(0o755)
     spec = tmp_path / "burst.yaml"
     spec.write_text(
         LAB_BURST.read_text().replace("name: labburst", "name: labburst\nssh: {user: ops}")
     )
-    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
-    r = subprocess.run(
-        [sys.executable, "-m", "provision", "burst", "status", "-f", str(spec),
-         "--state-dir", str(tmp_path / "state")],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
+    r = _burst_status(spec, tmp_path, {"ssh": SHELL_SSH, "sinfo": SINFO, "sudo": SUDO})
+    bindir = tmp_path / "bin"
     assert r.returncode == 0, r.stdout + r.stderr
     assert "burst001 (burst resume failed: [/bold] not a style)" in " ".join(r.stdout.split())
     command = (bindir / "command").read_text()
