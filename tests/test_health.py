@@ -190,8 +190,47 @@ def _fake_scontrol(tmp_path: Path, node_text: str) -> tuple[Path, Path]:
     return program, log
 
 
+def _stateful_scontrol(tmp_path: Path, state: str) -> tuple[Path, Path]:
+    """A stand-in for slurmctld's side of scontrol that keeps the node's state from call to
+    call: `update` drains (State=DRAIN Reason=...) and resumes it, `-o show node` answers as
+    Slurm 22.05 does. `state`: the node's base state at first, IDLE or ALLOCATED ("IDLE>MIXED":
+    a job starts on the node as it is drained)."""
+    log = tmp_path / "scontrol.log"
+    node = tmp_path / "node.json"
+    base, _, arrives = state.partition(">")
+    if not node.exists():
+        node.write_text(json.dumps({"state": base, "drain": False, "reason": "", "then": arrives}))
+    program = tmp_path / "scontrol"
+    program.write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys\n"
+        f"log, path, show = {str(log)!r}, {str(node)!r}, {SHOW_NODE!r}\n"
+        "args = sys.argv[1:]\n"
+        "open(log, 'a').write(' '.join(args) + '\\n')\n"
+        "node = json.load(open(path))\n"
+        "if args[0] == '-o':\n"
+        "    state = node['state'] + ('+DRAIN' if node['drain'] else '')\n"
+        "    why = f\" Reason={node['reason']} [root@2026-12-01T06:53:48]\"\n"
+        "    why = why if node['drain'] else ''\n"
+        "    print(show.format(state=state, reason=why))\n"
+        "elif 'State=DRAIN' in args:\n"
+        "    why = next(a for a in args if a.startswith('Reason='))\n"
+        "    node.update(drain=True, reason=why.removeprefix('Reason='))\n"
+        "    node['state'] = node['then'] or node['state']\n"
+        "elif 'State=RESUME' in args:\n"
+        "    node.update(drain=False, reason='')\n"
+        "json.dump(node, open(path, 'w'))\n"
+    )
+    program.chmod(0o755)
+    return program, log
+
+
 def _program(
-    tmp_path: Path, config: dict[str, object], node_text: str, *extra: str
+    tmp_path: Path,
+    config: dict[str, object],
+    node_text: str,
+    *extra: str,
+    stateful: bool = False,
 ) -> tuple[str, str]:
     """The program from this project's wheel, as the role installs it, with a fake scontrol;
     munge and chronyc answer from stand-ins on PATH."""
@@ -205,7 +244,10 @@ def _program(
     }.items():
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
-    scontrol, log = _fake_scontrol(tmp_path, node_text)
+    if stateful:
+        scontrol, log = _stateful_scontrol(tmp_path, node_text)
+    else:
+        scontrol, log = _fake_scontrol(tmp_path, node_text)
     # the record of the program's own drain: here, never on this machine's /var/lib
     config = {"drain_record": str(tmp_path / "drained"), **config}
     (tmp_path / "health.json").write_text(json.dumps(config))
@@ -288,6 +330,7 @@ def test_rendered_for_every_compute_pool_and_named_in_slurm_conf() -> None:
         "prolog": False,  # no GPUs in the lab
         "textfile_dir": "/var/lib/prometheus/node-exporter",
         "drain_record": "/var/lib/provision/health/drained",
+        "interval": 60,
     }
     conf = files["files/slurm/slurm.conf"]
     for line in (
@@ -436,43 +479,139 @@ def _fake_dcgmi(tmp_path: Path, output: Path) -> None:
     (bin_dir / "dcgmi").chmod(0o755)
 
 
-def test_a_heavy_periodic_diag_holds_an_idle_node_and_skips_a_busy_one(tmp_path: Path) -> None:
-    marker = tmp_path / "dcgm-diag.passed"
-    config = {
+def _long_diag(tmp_path: Path, level: int = 2) -> dict[str, object]:
+    return {
         "disks": [],
         "mounts": [],
         "dcgm_diag": {
-            "level": 2,
+            "level": level,
             "when": "periodic",
             "every": 86400,
-            "last_pass_file": str(marker),
+            "last_pass_file": str(tmp_path / "dcgm-diag.passed"),
+            "state_file": str(tmp_path / "dcgm-diag.state"),
+            "lock_file": str(tmp_path / "dcgm-diag.lock"),
+            "timeout_s": 1200,
         },
     }
+
+
+def _drain_calls(calls: str) -> list[str]:
+    return [c for c in calls.splitlines() if c.startswith("update ")]
+
+
+def test_slurmds_health_program_leaves_a_long_diag_to_its_timer(tmp_path: Path) -> None:
+    """slurmd kills its HealthCheckProgram after 60 s: a periodic level 2 diagnostic is never
+    run by it, on an idle node either; the node is left in service."""
+    _fake_dcgmi(tmp_path, DCGM / "diag-r2-fail-dcgm4.txt")
+    out, calls = _program(tmp_path, _long_diag(tmp_path), "IDLE", stateful=True)
+    assert not (tmp_path / "dcgmi.log").exists(), out
+    assert "dcgm diag" not in out and out.endswith("rc=0") and not _drain_calls(calls), out
+
+
+def test_the_timer_holds_an_idle_node_runs_the_diag_and_resumes_it_once_passed(
+    tmp_path: Path,
+) -> None:
+    _fake_dcgmi(tmp_path, DCGM / "diag-r1-pass-dcgm3.txt")
+    out, calls = _program(tmp_path, _long_diag(tmp_path), "IDLE", "--diag", stateful=True)
+    assert "PASS dcgm diag level 2: 9 results passed (DCGM 3.3.9) (the timer's run)" in out, out
+    assert (tmp_path / "dcgmi.log").read_text() == "diag -r 2 -j\n"
+    assert _drain_calls(calls) == [
+        "update NodeName=compute001 State=DRAIN Reason=health: dcgm diag level 2: running (the "
+        "node is held while it runs)",
+        "update NodeName=compute001 State=RESUME",
+    ]
+    assert (tmp_path / "dcgm-diag.passed").exists() and not (tmp_path / "dcgm-diag.state").exists()
+    assert not (tmp_path / "drained").exists() and out.endswith("rc=0")
+    # passed: not due again for a day, the node is not held again
+    (tmp_path / "dcgmi.log").unlink()
+    (tmp_path / "scontrol.log").unlink()
+    out, calls = _program(tmp_path, _long_diag(tmp_path), "IDLE", "--diag", stateful=True)
+    assert "dcgm diag level 2: not due: it passed less than 86400 s ago" in out, out
+    assert not (tmp_path / "dcgmi.log").exists() and not _drain_calls(calls)
+
+
+def test_a_failed_long_diag_keeps_the_node_drained_through_slurmds_runs(tmp_path: Path) -> None:
+    _fake_dcgmi(tmp_path, DCGM / "diag-r2-fail-dcgm4.txt")
+    out, calls = _program(tmp_path, _long_diag(tmp_path), "IDLE", "--diag", stateful=True)
+    assert "FAIL dcgm diag level 2:" in out and out.endswith("rc=1"), out
+    drains = _drain_calls(calls)
+    assert len(drains) == 2 and drains[1].startswith(
+        "update NodeName=compute001 State=DRAIN Reason=health: dcgm diag level 2: "
+    ), drains
+    failed = json.loads((tmp_path / "node.json").read_text())["reason"]
+    assert "running" not in failed and not (tmp_path / "dcgm-diag.passed").exists()
+    # slurmd's periodic run: every other check passes, but the node stays drained with the
+    # diagnostic's failure (the program's own drain, which it would resume otherwise)
+    (tmp_path / "scontrol.log").unlink()
+    out, calls = _program(tmp_path, _long_diag(tmp_path), "IDLE", stateful=True)
+    assert "FAIL dcgm diag level 2:" in out and "left as it is (DRAIN+IDLE)" in out, out
+    assert not _drain_calls(calls) and not (tmp_path / "dcgmi.log").read_text().count("\n") > 1
+
+
+def test_while_the_long_diag_runs_slurmds_runs_keep_the_hold(tmp_path: Path) -> None:
+    from provision.health import RUNNING, diag_lock, write_diag_state
+
+    config = {**_long_diag(tmp_path), "textfile_dir": str(tmp_path / "textfile")}
+    config["disks"] = [{"path": "/", "min_free_percent": 1}]
+    write_diag_state(config, 2, RUNNING)
+    hold = "health: dcgm diag level 2: " + RUNNING
+    with diag_lock(config) as mine:  # the timer's run, under way
+        assert mine
+        out, calls = _program(tmp_path, config, _node("IDLE+DRAIN", hold))
+        assert f"FAIL dcgm diag level 2: {RUNNING}" in out, out
+        assert "State=RESUME" not in calls  # the node was not in the record yet: not ours
+        (tmp_path / "drained").write_text(hold + "\n")
+        (tmp_path / "scontrol.log").unlink()
+        out, calls = _program(tmp_path, config, _node("IDLE+DRAIN", hold))
+        assert _drain_calls(calls) == [] and "left as it is" in out, out
+        # no metric while it runs: it is no finding yet
+        metrics = (tmp_path / "textfile" / "provision-health.prom").read_text()
+        assert "provision_health_check_ok" in metrics and "dcgm" not in metrics, metrics
+    # the run was killed midway (its lock went with it): the node stays drained, saying so
+    (tmp_path / "scontrol.log").unlink()
+    out, calls = _program(tmp_path, config, _node("IDLE+DRAIN", hold))
+    assert "did not finish (killed, or past its time limit)" in out, out
+    assert _drain_calls(calls)[0].startswith(
+        "update NodeName=compute001 State=DRAIN Reason=health: dcgm diag level 2: did not finish"
+    )
+
+
+def test_the_timer_skips_a_busy_node_and_an_operators_drain(tmp_path: Path) -> None:
     busy = tmp_path / "busy"
     busy.mkdir()
     _fake_dcgmi(busy, DCGM / "diag-r1-pass-dcgm3.txt")
-    out, calls = _program(busy, config, _node("ALLOCATED"))
+    out, calls = _program(busy, _long_diag(busy), "ALLOCATED", "--diag", stateful=True)
     assert "dcgm diag level 2: not run: jobs on compute001" in out and out.endswith("rc=0"), out
-    assert not (busy / "dcgmi.log").exists() and "State=DRAIN" not in calls
-    idle = tmp_path / "idle"
-    idle.mkdir()
-    _fake_dcgmi(idle, DCGM / "diag-r1-pass-dcgm3.txt")
-    out, calls = _program(idle, config, _node("IDLE"))
-    assert "PASS dcgm diag level 2: 9 results passed (DCGM 3.3.9)" in out, out
-    assert (idle / "dcgmi.log").read_text() == "diag -r 2 -j\n"
-    assert calls.splitlines()[1] == (
-        "update NodeName=compute001 State=DRAIN Reason=health: dcgm diag level 2 running"
+    assert not (busy / "dcgmi.log").exists() and not _drain_calls(calls)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    _fake_dcgmi(theirs, DCGM / "diag-r1-pass-dcgm3.txt")
+    out, calls = _program(
+        theirs, _long_diag(theirs), _node("IDLE+DRAIN", "health: swap the PSU"), "--diag"
     )
-    assert marker.exists()
+    assert "not run: compute001 is drained by someone else (health: swap the PSU)" in out, out
+    assert not (theirs / "dcgmi.log").exists() and not _drain_calls(calls)
+
+
+def test_a_job_that_lands_before_the_hold_goes_first(tmp_path: Path) -> None:
+    """The drain made while a job was starting: the node shows DRAINING with the job; the
+    diagnostic is not run, and the hold is let go."""
+    _fake_dcgmi(tmp_path, DCGM / "diag-r1-pass-dcgm3.txt")
+    out, calls = _program(tmp_path, _long_diag(tmp_path), "IDLE>MIXED", "--diag", stateful=True)
+    assert "not run: a job started on compute001" in out, out
+    assert not (tmp_path / "dcgmi.log").exists() and not (tmp_path / "dcgm-diag.state").exists()
+    assert _drain_calls(calls)[-1] == "update NodeName=compute001 State=RESUME", calls
 
 
 def test_dcgm_diag_is_rendered_for_gpu_pools_only() -> None:
+    from provision.health import DIAG_STATE
     from provision.render.health import DIAG_LAST_PASS
 
     files = render(Cluster(load_spec(ROOT / "examples" / "dgx-8.yaml")))
     dgx = json.loads(files["files/health/dgx.json"])
     assert dgx["dcgm_diag"] == {
         "level": 1, "when": "prolog", "every": 86400, "last_pass_file": DIAG_LAST_PASS,
+        "state_file": DIAG_STATE, "timeout_s": 300,
     }  # fmt: skip
     assert "files/health/head.json" not in files  # the head is no compute pool
     lab = render(Cluster(load_spec(ROOT / "examples" / "lab.yaml")))

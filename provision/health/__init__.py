@@ -14,17 +14,20 @@ the parsers of provision/parsers/.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shlex
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from provision.parsers import fabric as fp
-from provision.parsers.dcgm import DIAG_TIMEOUT_S, diag_command, parse_diag
+from provision.parsers.dcgm import DIAG_TIMEOUT_S, LONG_DIAG_FROM, diag_command, parse_diag
 from provision.parsers.gpu import GpuExpect, findings_from, gpu_commands
 
 CONFIG = Path("/etc/provision/health.json")
@@ -37,6 +40,14 @@ PROLOG_ERROR = "Prolog error"
 # node state flags of a node running jobs: a diagnostic that loads the GPUs waits for idle
 BUSY_FLAGS = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 REASON_MAX = 200  # characters of a Slurm reason kept; the rest of a long finding is cut
+# A periodic DCGM diagnostic from LONG_DIAG_FROM on runs for minutes: slurmd kills its
+# HealthCheckProgram after 60 s, so it runs from its own timer (provision-dcgm-diag.timer,
+# `provision-health --diag`), on an idle node held by a drain, and the health program reads what
+# it left: running (its lock held), or failed with the failed tests, until a run passes.
+DIAG_STATE = "/var/lib/provision/health/dcgm-diag.state"
+DIAG_LOCK = "/run/provision/dcgm-diag.lock"
+RUNNING = "running (the node is held while it runs)"
+UNFINISHED = "did not finish (killed, or past its time limit): the timer runs it again"
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,7 @@ class Result:
     check: str
     ok: bool
     detail: str
+    running: bool = False  # a long diagnostic under way: holds the node, but is no finding
 
 
 class Run(Protocol):
@@ -187,6 +199,80 @@ def diag_passed(config: dict[str, object], results: list[Result]) -> None:
         marker.touch()
 
 
+def long_diag(config: dict[str, object]) -> int | None:
+    """The level of this node's long diagnostic (a periodic level 2 or 3), if it has one."""
+    diag = config.get("dcgm_diag")
+    if not isinstance(diag, dict) or diag.get("when") != "periodic":
+        return None
+    level = int(diag["level"])
+    return level if level >= LONG_DIAG_FROM else None
+
+
+def _diag_files(config: dict[str, object]) -> tuple[Path, Path]:
+    diag = config.get("dcgm_diag")
+    diag = diag if isinstance(diag, dict) else {}
+    state, lock = diag.get("state_file", DIAG_STATE), diag.get("lock_file", DIAG_LOCK)
+    return Path(str(state)), Path(str(lock))
+
+
+@contextlib.contextmanager
+def diag_lock(config: dict[str, object]) -> Iterator[bool]:
+    """Hold the long diagnostic's lock while the block runs: True if this process got it (a
+    lock dies with its process, so a killed run leaves none behind)."""
+    path = _diag_files(config)[1]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
+def _lock_held(config: dict[str, object]) -> bool:
+    path = _diag_files(config)[1]
+    try:
+        with path.open("r") as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def write_diag_state(config: dict[str, object], level: int, detail: str | None) -> None:
+    """Record the long diagnostic's state: RUNNING, its failure, or None once it passed."""
+    state = _diag_files(config)[0]
+    if detail is None:
+        state.unlink(missing_ok=True)
+        return
+    state.parent.mkdir(parents=True, exist_ok=True)
+    tmp = state.with_name(f".{state.name}.tmp")
+    tmp.write_text(json.dumps({"level": level, "detail": detail}) + "\n")
+    tmp.replace(state)
+
+
+def long_diag_result(config: dict[str, object]) -> Result | None:
+    """What the long diagnostic left for the health program: None when its last run passed (or
+    none ran yet), else a failing result: it runs now, it failed, or it was killed midway."""
+    level = long_diag(config)
+    if level is None:
+        return None
+    try:
+        state = json.loads(_diag_files(config)[0].read_text())
+    except (OSError, ValueError):
+        return None
+    check = f"dcgm diag level {level}"
+    detail = str(state.get("detail", "")) if isinstance(state, dict) else ""
+    if detail == RUNNING:
+        if _lock_held(config):
+            return Result(check, False, RUNNING, running=True)
+        return Result(check, False, UNFINISHED)
+    return Result(check, False, detail or UNFINISHED)
+
+
 def run_checks(
     config: dict[str, object],
     run: Run = shell,
@@ -298,6 +384,8 @@ def prometheus_text(results: list[Result], now: float) -> str:
         "# TYPE provision_health_check_ok gauge",
     ]
     for r in results:
+        if r.running:  # no finding yet: left out until it ends
+            continue
         lines.append(f'provision_health_check_ok{{check="{label_value(r.check)}"}} {int(r.ok)}')
     lines += [
         "# HELP provision_health_last_run_timestamp_seconds when the health checks last ran",

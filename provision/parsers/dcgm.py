@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 # seconds a level takes at most on an 8-GPU node (DCGM's guide: level 1 seconds, level 2 about
 # two minutes, level 3 about half an hour), with room to spare
 DIAG_TIMEOUT_S = {1: 300, 2: 1200, 3: 5400}
+# from this level on a diagnostic runs for minutes: periodically, it runs from its own timer
+LONG_DIAG_FROM = 2
 _ROOTS = ("DCGM GPU Diagnostic", "DCGM Diagnostic")
 
 

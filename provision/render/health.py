@@ -8,7 +8,8 @@ import dataclasses
 import json
 
 from provision.cluster import Cluster, PoolView
-from provision.health import DRAIN_RECORD
+from provision.health import DIAG_STATE, DRAIN_RECORD
+from provision.parsers.dcgm import DIAG_TIMEOUT_S
 from provision.parsers.gpu import GpuExpect
 from provision.spec.fabric import rails
 
@@ -60,6 +61,7 @@ def health_config(cluster: Cluster, view: PoolView) -> dict[str, object]:
         "mounts": mounts,
         "textfile_dir": TEXTFILE_DIR if spec.monitoring is not None else None,
         "drain_record": DRAIN_RECORD,
+        "interval": spec.health.interval,  # slurmd's; a long diagnostic's timer checks as often
     }
     want = gpu_expect(view, spec.software.nvidia_driver)
     if want is not None and view.pool.provider != "lab":
@@ -71,6 +73,9 @@ def health_config(cluster: Cluster, view: PoolView) -> dict[str, object]:
             "when": diag.when,
             "every": diag.every or DIAG_EVERY_S,
             "last_pass_file": DIAG_LAST_PASS,
+            "state_file": DIAG_STATE,
+            # the longest a run may take: the diagnostic's own limit (its timer's unit has it)
+            "timeout_s": DIAG_TIMEOUT_S[diag.level],
         }
     # the prolog runs on every node of the cluster: it checks the GPU pools' nodes only
     config["prolog"] = spec.health.prolog and view.profile.gpu is not None

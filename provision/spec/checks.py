@@ -9,6 +9,7 @@ import posixpath
 import re
 from collections.abc import Callable
 
+from provision.parsers.dcgm import DIAG_TIMEOUT_S, LONG_DIAG_FROM
 from provision.spec.exposure import WIDE, describe_size, public_addresses
 from provision.spec.fabric import efa_count, fabric_addresses, fabric_hcas
 from provision.spec.loader import load_profiles
@@ -938,6 +939,20 @@ def _check_dcgm_diag(spec: Spec, health: Health) -> list[Problem]:
     elif diag.every is not None and diag.every < health.interval:
         problems.append(
             ((*at, "every"), f"{diag.every} s is shorter than health.interval ({health.interval})")
+        )
+    elif (
+        diag.level >= LONG_DIAG_FROM
+        and diag.every is not None
+        and diag.every < 10 * DIAG_TIMEOUT_S[diag.level]
+    ):
+        # the node is held while it runs: at most a tenth of its time goes to the diagnostic
+        least = 10 * DIAG_TIMEOUT_S[diag.level]
+        problems.append(
+            (
+                (*at, "every"),
+                f"{diag.every} s: a level {diag.level} diagnostic holds the node for up to "
+                f"{DIAG_TIMEOUT_S[diag.level]} s; run it at most every {least} s",
+            )
         )
     return problems
 

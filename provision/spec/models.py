@@ -1042,7 +1042,8 @@ class DcgmDiag(Model):
     when: Literal["prolog", "periodic"] = Field(
         default="prolog",
         description="before every job (levels 1 and 2), or every `every` seconds on an idle "
-        "node, held by a drain while it runs",
+        "node, held by a drain while it runs (levels 2 and 3 from a timer of their own, "
+        "provision-dcgm-diag.timer, outside slurmd's 60 s limit on its health program)",
     )
     every: int | None = Field(
         default=None,

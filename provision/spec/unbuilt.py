@@ -45,16 +45,6 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                 "Ubuntu's packages; Rocky has none); leave monitoring out",
             )
         )
-    diag = spec.health.dcgm_diag if spec.health is not None else None
-    if diag is not None and diag.when == "periodic" and diag.level >= 2:
-        problems.append(
-            (
-                ("health", "dcgm_diag", "level"),
-                f"not supported yet: a periodic level {diag.level} diagnostic (it runs for "
-                "minutes, and slurmd kills its health program after 60 s, before it records a "
-                "pass); use level 1, or when: prolog for level 2",
-            )
-        )
     for i, pool in enumerate(spec.pools):
         if pool.elastic and pool.provider != "lab":
             problems.append(

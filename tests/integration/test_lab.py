@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shlex
 import socket
 import subprocess
 import sys
@@ -20,11 +21,14 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import jinja2
 import pytest
+import yaml
 
+from provision.parsers.dcgm import DIAG_TIMEOUT_S
 from provision.providers.lab import podman
 
-from ..conftest import ROOT
+from ..conftest import COLLECTION, ROOT
 from ..conftest import run_provision as provision
 from ..fakesmtp import FakeRelay, Mail
 from ..test_monitoring import DASHBOARDS, panel_queries
@@ -389,6 +393,97 @@ def test_a_full_dev_shm_drains_the_node_naming_the_check_and_freeing_it_resumes(
         "disk /",
         "disk /dev/shm",
     }
+
+
+def _diag_units(level: int, interval: int) -> dict[str, str]:
+    """The health role's service and timer of the long DCGM diagnostic, rendered as the role
+    renders them (its own templates and variables)."""
+    role = COLLECTION / "roles" / "health"
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    program = yaml.safe_load((role / "vars" / "main.yml").read_text())["_health_program"]
+    values = {
+        "ansible_managed": "written by the lab test from the health role's templates",
+        "_health_diag": {"level": level, "timeout_s": DIAG_TIMEOUT_S[level]},
+        "_health_program": program,
+        "_health_interval": interval,
+    }
+    return {
+        f"provision-dcgm-diag.{kind}": env.from_string(
+            (role / "templates" / f"provision-dcgm-diag.{kind}.j2").read_text()
+        ).render(values)
+        for kind in ("service", "timer")
+    }
+
+
+def test_a_long_dcgm_diag_runs_from_its_timer_holding_an_idle_node_slurmd_keeps_the_hold(
+    lab: tuple[Path, Path],
+) -> None:
+    """A periodic level 2 diagnostic runs for minutes and slurmd kills its health program after
+    60 s, so it runs from the health role's own service: on compute002, with its health file
+    naming such a diagnostic and a stand-in dcgmi that answers with DCGM's recorded output after
+    25 s (the lab has no GPU), the service holds the idle node with a drain, slurmd's own
+    health runs (every 15 s) keep that hold, and the node comes back once it passed; a failure
+    keeps it drained through slurmd's runs, naming the failed test."""
+    spec, work = lab
+    state = "sinfo -h -n compute002 -o '%T|%E'"
+    hold = "drained|health: dcgm diag level 2: running (the node is held while it runs)"
+    prom = "/var/lib/prometheus/node-exporter/provision-health.prom"
+    assert _until(spec, work, state, "idle|none") == "idle|none"
+    units = _diag_units(2, 15)
+    put = [
+        "cp /etc/provision/health.json /etc/provision/health.json.before-test",
+        'python3 -c \'import json; p = "/etc/provision/health.json"; c = json.load(open(p)); '
+        'c["dcgm_diag"] = {"level": 2, "when": "periodic", "every": 86400, '
+        '"last_pass_file": "/var/lib/provision/health/dcgm-diag.passed", '
+        '"timeout_s": 1200}; json.dump(c, open(p, "w"))\'',
+        "printf '#!/bin/sh\\nsleep 25\\ncat /root/dcgm-diag.txt\\n' > /usr/local/bin/dcgmi",
+        "chmod 755 /usr/local/bin/dcgmi",
+    ]
+    for name, text in units.items():
+        put.append(f"printf %s {shlex.quote(text)} > /etc/systemd/system/{name}")
+    _on(spec, work, "compute002", " && ".join([*put, "systemctl daemon-reload"]))
+
+    def diag(recorded: str) -> str:
+        text = (ROOT / "tests" / "data" / "dcgm" / recorded).read_text()
+        _on(spec, work, "compute002", f"printf %s {shlex.quote(text)} > /root/dcgm-diag.txt")
+        _on(spec, work, "compute002", "systemctl start --no-block provision-dcgm-diag.service")
+        return _until(spec, work, state, hold, seconds=30)
+
+    try:
+        assert diag("diag-r1-pass-dcgm3.txt") == hold
+        held = time.monotonic()
+        since = _on(spec, work, "compute002", f"stat -c %Y {prom}")
+        # slurmd's runs meanwhile: they see the hold and keep it (and write no finding of it)
+        while time.monotonic() - held < 18:
+            assert _on(spec, work, "head001", state) == hold
+            time.sleep(3)
+        assert _on(spec, work, "compute002", f"stat -c %Y {prom}") != since
+        assert "dcgm" not in _on(spec, work, "compute002", f"cat {prom}")
+        assert _until(spec, work, state, "idle|none", seconds=60) == "idle|none"
+        print(f"health: the diagnostic held compute002 for {time.monotonic() - held:.0f} s")
+        result = "systemctl show -p Result --value provision-dcgm-diag.service"
+        assert _on(spec, work, "compute002", result) == "success"
+        passed = "test -e /var/lib/provision/health/dcgm-diag.passed && echo passed"
+        assert _on(spec, work, "compute002", passed) == "passed"
+        assert "not due" in _on(spec, work, "compute002", "/usr/local/sbin/provision-health --diag")
+        # a failure: drained naming the failed test, and slurmd's runs leave it so
+        _on(spec, work, "compute002", "rm /var/lib/provision/health/dcgm-diag.passed")
+        assert diag("diag-r2-fail-dcgm4.txt") == hold
+        failed = _until(spec, work, state, "", seconds=60, until=lambda s: s != hold)
+        assert failed.startswith("drained|health: dcgm diag level 2: "), failed
+        since = _on(spec, work, "compute002", f"stat -c %Y {prom}")
+        time.sleep(20)  # slurmd runs its health program every 15 s here
+        assert _on(spec, work, "compute002", f"stat -c %Y {prom}") != since
+        assert _on(spec, work, "head001", state) == failed
+    finally:
+        _on(
+            spec, work, "compute002",
+            "mv /etc/provision/health.json.before-test /etc/provision/health.json; "
+            "rm -f /usr/local/bin/dcgmi /root/dcgm-diag.txt /var/lib/provision/health/dcgm-diag.*"
+            " /etc/systemd/system/provision-dcgm-diag.*; systemctl daemon-reload",
+        )  # fmt: skip
+    # without the diagnostic in its file, slurmd's next run resumes its own drain
+    assert _until(spec, work, state, "idle|none", seconds=60) == "idle|none"
 
 
 def test_every_dashboard_query_is_answered_by_the_lab_prometheus(
