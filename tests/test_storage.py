@@ -79,6 +79,8 @@ def test_static_nodes_serve_and_mount_nfs_and_mount_lustre(tmp_path: Path) -> No
                 },
                 {"match": ["10.2.0.0/16"], "access": "ro", "squash": "all"},
             ],
+            # mounted as /home: the users' homes are made here (no admins: the login user's)
+            "homes_dir": "/srv/home",
         }
     ]
     # no clients given: every address of the management network, read-write, root squashed

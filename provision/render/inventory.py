@@ -3,6 +3,7 @@ every variable the roles read, each named in contract.py."""
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 from provision.cluster import Cluster
@@ -15,7 +16,13 @@ from provision.render.tunnel import tunnel_host_vars
 from provision.render.yamldata import Template, yaml_mapping, yaml_value
 from provision.spec.fabric import cloud_infiniband, efa_count, fabric_addresses, rails
 from provision.spec.nodes import login_user
-from provision.spec.storage import export_clients, served_by, split_source
+from provision.spec.storage import (
+    HOMES,
+    export_clients,
+    served_by,
+    shared_home_mounts,
+    split_source,
+)
 
 # Where the roles install the rendered nftables sets file on each node.
 NFT_SETS_PATH = "/etc/nftables.d/provision-sets.nft"
@@ -132,17 +139,27 @@ def _storage_vars(cluster: Cluster, pool: str) -> dict[str, object]:
     """A pool's NFS exports (nfs_server role) and mounts (mounts role), where it has any."""
     spec, nodes = cluster.spec, cluster.nodes
     out: dict[str, object] = {}
-    exports = [
-        {
+    exports = []
+    for e in spec.storage.exports:
+        if e.pool != pool:
+            continue
+        entry: dict[str, object] = {
             "path": e.path,
             "clients": [
                 {"match": list(c.matches), "access": c.access, "squash": c.squash}
                 for c in export_clients(spec, nodes, e)
             ],
         }
-        for e in spec.storage.exports
-        if e.pool == pool
-    ]
+        homes_dir = _homes_dir(cluster, e.path)
+        if homes_dir is not None:
+            entry["homes_dir"] = homes_dir
+            entry["homes"] = [
+                {"path": posixpath.join(homes_dir, a.name), "uid": a.uid, "name": a.name}
+                for a in spec.security.admins
+            ]
+            if not entry["homes"]:  # the login user's alone (the role finds it)
+                del entry["homes"]
+        exports.append(entry)
     if exports:
         out["nfs_server_exports"] = exports
     mounts = []
@@ -156,7 +173,23 @@ def _storage_vars(cluster: Cluster, pool: str) -> dict[str, object]:
         mounts.append(entry)
     if mounts:
         out["mounts_filesystems"] = mounts
+    if spec.security.admins and shared_home_mounts(spec, pool):
+        # the admins' homes are on shared storage here: made there, not by useradd
+        out["common_homes_shared"] = True
     return out
+
+
+def _homes_dir(cluster: Cluster, path: str) -> str | None:
+    """The directory of the export at `path` that the spec mounts as /home, if any: the users'
+    homes are made there, on the server, where root squash does not apply."""
+    spec, nodes = cluster.spec, cluster.nodes
+    for mount in shared_home_mounts(spec):
+        served = served_by(spec, nodes, mount)
+        if served is None or served.export is None or served.export.path != path:
+            continue
+        inside = posixpath.join(split_source(mount)[1], posixpath.relpath(HOMES, mount.path))
+        return posixpath.normpath(inside)
+    return None
 
 
 def _pairs(values: dict[str, object]) -> list[tuple[str, str]]:
@@ -184,6 +217,7 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
     if spec.security.admins:
         out["common_admin_users"] = [
             {"name": a.name, "sudo": a.sudo, "ssh_keys": list(a.ssh_keys)}
+            | ({"uid": a.uid} if a.uid is not None else {})
             for a in spec.security.admins
         ]
     if spec.scheduler == "kubernetes":

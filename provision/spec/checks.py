@@ -22,7 +22,13 @@ from provision.spec.ports import (
     service_ports,
     system_directory,
 )
-from provision.spec.storage import check_storage_nodes, client_for, served_by, split_source
+from provision.spec.storage import (
+    check_storage_nodes,
+    client_for,
+    served_by,
+    shared_home_mounts,
+    split_source,
+)
 from provision.spec.yamlfile import format_path
 
 Problem = tuple[Loc, str]
@@ -785,6 +791,7 @@ def _check_security(spec: Spec) -> list[Problem]:
     for i, name in enumerate(names):
         if name in names[:i]:
             problems.append((("security", "admins", i, "name"), f"admin '{name}' is listed twice"))
+    problems += _check_admin_homes(spec)
     pools = {p.name for p in spec.pools}
     for i, rule in enumerate(spec.security.firewall_rules):
         for j, pool in enumerate(rule.pools or []):
@@ -792,6 +799,35 @@ def _check_security(spec: Spec) -> list[Problem]:
                 problems.append(
                     (("security", "firewall_rules", i, "pools", j), f"no pool named '{pool}'")
                 )
+    return problems
+
+
+def _check_admin_homes(spec: Spec) -> list[Problem]:
+    """An admin whose home is on shared storage needs a uid pinned by the spec: the nodes'
+    useradd would each pick their own, and the home's files one owner on one node only."""
+    problems: list[Problem] = []
+    shared = shared_home_mounts(spec)
+    uids: dict[int, str] = {}
+    for i, admin in enumerate(spec.security.admins):
+        if admin.uid is not None:
+            if admin.uid in uids:
+                problems.append(
+                    (
+                        ("security", "admins", i, "uid"),
+                        f"uid {admin.uid} is {uids[admin.uid]}'s too: each admin needs their own",
+                    )
+                )
+            uids.setdefault(admin.uid, admin.name)
+        elif shared:
+            mount = shared[0]
+            problems.append(
+                (
+                    ("security", "admins", i),
+                    f"{admin.name}'s home is on shared storage ({mount.source} at {mount.path}): "
+                    "set uid (1000-59999), the same on every node, so that its files have one "
+                    "owner everywhere",
+                )
+            )
     return problems
 
 

@@ -844,6 +844,13 @@ class AdminUser(Model):
         min_length=1, description="public keys; the only way in (no passwords)"
     )
     sudo: bool = Field(default=True, description="passwordless sudo")
+    uid: int | None = Field(
+        default=None,
+        ge=1000,
+        le=59999,
+        description="user and group ID, the same on every node; needed when /home is on shared "
+        "storage (storage.mounts), where files have one owner everywhere; unset: the node's next",
+    )
 
 
 class FirewallRule(Model):

@@ -26,6 +26,24 @@ _LUSTRE = re.compile(
 _NFS_SERVER = re.compile(r"[A-Za-z0-9.-]{1,253}")
 
 
+# where useradd puts a user's home (HOME in /etc/default/useradd on every OS we support)
+HOMES = "/home"
+
+
+def holds_homes(path: str) -> bool:
+    """A mount at `path` holds the users' homes: it is /home, or a directory above it."""
+    return posixpath.commonpath([path, HOMES]) == path
+
+
+def shared_home_mounts(spec: Spec, pool: str | None = None) -> list[Mount]:
+    """The storage mounts that hold the users' homes (of `pool`, or of any pool)."""
+    return [
+        m
+        for m in spec.storage.mounts
+        if holds_homes(m.path) and (pool is None or m.pools is None or pool in m.pools)
+    ]
+
+
 @dataclass(frozen=True)
 class Served:
     """A mount whose server is a node of this cluster, and the export that serves it."""

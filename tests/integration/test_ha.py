@@ -6,6 +6,7 @@ comes back and takes control again. The figures are bench/failover.py's.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,11 +25,15 @@ NAME = "hatest"
 def ha(lab_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
     work = tmp_path_factory.mktemp("ha")
     spec = work / "lab-ha.yaml"
+    # the admin's key: one of the test's own, to log in as labadmin
+    key = work / "labadmin"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    example = (ROOT / "examples" / "lab-ha.yaml").read_text()
+    example_key = next(line for line in example.splitlines() if "ssh-ed25519" in line)
     spec.write_text(
-        (ROOT / "examples" / "lab-ha.yaml")
-        .read_text()
-        .replace("name: lab-ha", f"name: {NAME}")
+        example.replace("name: lab-ha", f"name: {NAME}")
         .replace("10.79.0.", "10.74.0.")
+        .replace(example_key.strip(), "- " + key.with_suffix(".pub").read_text().strip())
     )
     provision("destroy", str(spec), "--yes", cwd=work)  # a crashed earlier run's leftovers
     yield spec, work
@@ -75,6 +80,30 @@ def test_home_is_shared_by_every_node(ha: tuple[Path, Path]) -> None:
     out = f"/home/slurm-{job}.out"
     assert _until(spec, work, "head002", f"cat {out}", "compute002", 60) == "compute002"
     assert _on(spec, work, "compute001", f"cat {out}") == "compute002"
+
+
+def test_the_admins_home_is_made_on_the_shared_home_once_with_one_owner(
+    ha: tuple[Path, Path],
+) -> None:
+    """labadmin's uid is pinned by the spec (5001) and its home made on the shared /home after
+    the mounts: the same owner on every node; labadmin logs in with its key from root's file
+    (its home has no .ssh), writes there, and runs a job on both compute nodes as itself."""
+    spec, work = ha
+    for node in ("head001", "head002", "compute001", "compute002"):
+        got = _on(spec, work, node, "id -u labadmin; stat -c '%u:%g %a' /home/labadmin")
+        assert got.split() == ["5001", "5001:5001", "700"], (node, got)
+    assert _on(spec, work, "head002", "ls -A /home/labadmin") == ""  # no keys in the home
+    address = _on(spec, work, "head001", "getent hosts compute002").split()[0]
+    session = subprocess.run(
+        ["ssh", "-i", str(work / "labadmin"), "-o", "BatchMode=yes", "-o",
+         "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+         f"labadmin@{address}",
+         "echo written > ~/note && srun -N2 -w compute[001-002] id -u"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert session.stdout.split() == ["5001", "5001"], session.stdout + session.stderr
+    assert _on(spec, work, "head001", "stat -c %u /home/labadmin/note") == "5001"
+    _on(spec, work, "head001", "rm /home/labadmin/note")
 
 
 def test_the_backup_takes_over_and_gives_back(ha: tuple[Path, Path]) -> None:

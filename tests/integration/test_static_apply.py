@@ -116,6 +116,7 @@ ssh: {{user: {OPERATOR}, private_key_file: {ssh_key}}}
         check=False,
     )
     assert login.stdout.split() == ["0", "st-cpu1"], login.stderr
+    _keys_outside_the_homes(ssh_key, admin_key, tmp_path)
 
     # Compute nodes take their time from the head pool, which serves the management network.
     sources = subprocess.run(
@@ -167,6 +168,56 @@ ssh: {{user: {OPERATOR}, private_key_file: {ssh_key}}}
     healed = provision("apply", str(spec), cwd=tmp_path)
     assert healed.returncode == 0, healed.stdout + healed.stderr
     assert "verify: 35 passed, 0 failed" in healed.stdout, healed.stdout
+
+
+def _login(key: Path, user: str, address: str) -> subprocess.CompletedProcess[str]:
+    """A new SSH session (no shared connection), which sshd authenticates afresh."""
+    return subprocess.run(
+        ["ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "ControlMaster=no", "-o",
+         "ControlPath=none", "-o", "StrictHostKeyChecking=no", "-o",
+         "UserKnownHostsFile=/dev/null", f"{user}@{address}", "id -un"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+
+
+def _keys_outside_the_homes(ssh_key: Path, admin_key: Path, tmp_path: Path) -> None:
+    """The keys sshd takes are root's files in /etc/ssh, not in the homes: with the homes' .ssh
+    hidden (as a shared /home mounted over them hides them), the admin and the login user still
+    get in; a key put in an admin's home is not one sshd takes (the spec's keys alone)."""
+    node = "10.84.0.12"
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    show = "sshd -T -C user={},host=h,addr=10.0.0.1 | grep ^authorizedkeysfile"
+    assert _on(ssh_key, node, show.format("alice")).stdout.strip() == (
+        "authorizedkeysfile /etc/ssh/provision-keys/%u"
+    )
+    assert _on(ssh_key, node, show.format(OPERATOR)).stdout.strip() == (
+        "authorizedkeysfile .ssh/authorized_keys /etc/ssh/provision-keys/%u "
+        "/etc/ssh/provision-login-keys/%u"
+    )
+    hide = f"mv /home/{OPERATOR}/.ssh /home/{OPERATOR}/.ssh.hidden"
+    plant = (
+        "install -d -m 700 -o alice -g alice /home/alice/.ssh && install -m 600 -o alice "
+        "-g alice /dev/stdin /home/alice/.ssh/authorized_keys"
+    )
+    assert _on(ssh_key, node, hide).returncode == 0
+    try:
+        planted = subprocess.run(
+            ["ssh", "-i", str(ssh_key), "-o", "StrictHostKeyChecking=no", "-o",
+             "UserKnownHostsFile=/dev/null", f"root@{node}", plant],
+            input=other.with_suffix(".pub").read_text(), capture_output=True, text=True,
+            check=False, timeout=60,
+        )  # fmt: skip
+        assert planted.returncode == 0, planted.stderr
+        assert _login(ssh_key, OPERATOR, node).stdout.strip() == OPERATOR
+        assert _login(admin_key, "alice", node).stdout.strip() == "alice"
+        refused = _login(other, "alice", node)
+        assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused
+    finally:
+        _on(
+            ssh_key, node,
+            f"rm -rf /home/alice/.ssh; mv /home/{OPERATOR}/.ssh.hidden /home/{OPERATOR}/.ssh",
+        )  # fmt: skip
 
 
 def _on(key: Path, address: str, command: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,86 @@
+"""Admins and the login user on a shared /home: pinned IDs from the spec, the homes made on the
+NFS server (or after the mounts), and the keys where neither a mount nor root squash hides
+them. The roles' expressions are evaluated by Ansible's own templating here; sshd's reading of
+the keys and the homes on a shared /home are live in tests/integration/test_static_apply.py and
+test_ha.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from provision.cluster import Cluster
+from provision.render.inventory import group_vars
+from provision.spec import load_spec
+from provision.spec.storage import holds_homes
+
+from .conftest import ROLES_DIR, ROOT
+from .test_nvidia_sources import _load, trust
+
+SUPERPOD = ROOT / "examples" / "dgx-superpod-ha.yaml"
+
+
+def _role_template(role: str, expr: str, variables: dict[str, Any]) -> Any:
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    merged = _load(ROLES_DIR / role / "defaults" / "main.yml") | _load(
+        ROLES_DIR / role / "vars" / "main.yml"
+    )
+    values = {k: trust(v) for k, v in merged.items()} | variables
+    return Templar(loader=DataLoader(), variables=values).template(trust_as_template(expr))
+
+
+def test_a_mount_holds_the_homes_at_home_or_above_it() -> None:
+    assert holds_homes("/home") and holds_homes("/")
+    assert not holds_homes("/home/shared") and not holds_homes("/homes")
+
+
+def test_the_superpods_nfs_server_makes_the_admins_homes_in_its_home_export() -> None:
+    cluster = Cluster(load_spec(SUPERPOD))
+    from provision.render.inventory import _storage_vars
+
+    storage = _storage_vars(cluster, "storage")
+    exports = {e["path"]: e for e in storage["nfs_server_exports"]}  # type: ignore[attr-defined]
+    assert exports["/srv/home"]["homes_dir"] == "/srv/home"
+    assert exports["/srv/home"]["homes"] == [
+        {"path": "/srv/home/alice", "uid": 5001, "name": "alice"},
+        {"path": "/srv/home/bob", "uid": 5002, "name": "bob"},
+    ]
+    assert "homes" not in exports["/srv/slurm"]  # mounted at /shared/slurm: no homes there
+    # the pools that mount /home make no home with useradd; the storage pool does
+    assert _storage_vars(cluster, "gpu")["common_homes_shared"] is True
+    assert "common_homes_shared" not in storage
+    admins = group_vars(cluster)["common_admin_users"]
+    assert [(a["name"], a["uid"]) for a in admins] == [("alice", 5001), ("bob", 5002)]
+
+
+def test_the_server_adds_the_login_users_home_by_its_own_ids() -> None:
+    exports = [
+        {"path": "/srv/home", "homes_dir": "/srv/home", "homes": [
+            {"path": "/srv/home/alice", "uid": 5001, "name": "alice"},
+        ]},
+        {"path": "/srv/slurm"},
+    ]  # fmt: skip
+    facts = {"getent_passwd": {"ubuntu": ["x", "1000", "1000", "", "/home/ubuntu", "/bin/bash"]}}
+    variables = {"nfs_server_exports": exports, "ansible_user": "ubuntu", "ansible_facts": facts}
+    assert _role_template("nfs_server", "{{ _nfs_server_homes }}", variables) == [
+        {"path": "/srv/home/alice", "uid": 5001, "gid": 5001},
+        {"path": "/srv/home/ubuntu", "uid": "1000", "gid": "1000"},
+    ]
+    # root's home is not under /home: nothing more
+    root = {**variables, "ansible_user": "root", "ansible_facts": {}}
+    assert _role_template("nfs_server", "{{ _nfs_server_homes }}", root) == [
+        {"path": "/srv/home/alice", "uid": 5001, "gid": 5001},
+    ]
+
+
+def test_a_client_looks_for_the_admins_and_the_login_users_homes() -> None:
+    admins = [{"name": "alice", "uid": 5001, "ssh_keys": ["k"]}]
+    facts = {"getent_passwd": {"ops": ["x", "1001", "1001", "", "/home/ops", "/bin/bash"]}}
+    variables = {"common_admin_users": admins, "ansible_user": "ops", "ansible_facts": facts}
+    assert _role_template("common", "{{ _common_shared_homes }}", variables) == [
+        {"home": "/home/alice", "uid": 5001, "gid": 5001},
+        {"home": "/home/ops", "uid": "1001", "gid": "1001"},
+    ]
+    paths = _role_template("common", "{{ _common_key_paths }}", variables)
+    assert paths == ["/etc/ssh/provision-keys/alice", "/etc/ssh/provision-login-keys/ops"]
