@@ -6,6 +6,7 @@ test_ha.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from provision.cluster import Cluster
@@ -84,3 +85,52 @@ def test_a_client_looks_for_the_admins_and_the_login_users_homes() -> None:
     ]
     paths = _role_template("common", "{{ _common_key_paths }}", variables)
     assert paths == ["/etc/ssh/provision-keys/alice", "/etc/ssh/provision-login-keys/ops"]
+
+
+class _Node:
+    """A node's answers to verify's admin check: its passwd entries and root's key files."""
+
+    def __init__(self, passwd: dict[str, str], keys: dict[str, str]) -> None:
+        self.passwd, self.keys, self.asked = passwd, keys, []  # type: ignore[var-annotated]
+
+    def run(self, command: str, sudo: bool = False, timeout: float = 60.0) -> Any:
+        from provision.verify.remote import Output
+
+        self.asked.append(command)
+        name = command.split()[2]
+        if name not in self.passwd or name not in self.keys:
+            return Output(2, "", "")
+        return Output(0, self.passwd[name] + "\n" + self.keys[name], "")
+
+
+def test_verify_reads_the_admins_keys_where_sshd_does_and_their_pinned_uid(
+    tmp_path: Path,
+) -> None:
+    from provision.state import State
+    from provision.verify import ADMIN_KEYS_DIR, VerifyContext, check_admin_users
+
+    assert _role_template("common", "{{ _common_keys_dir }}", {}) == ADMIN_KEYS_DIR
+    cluster = Cluster(load_spec(SUPERPOD))
+    alice, bob = cluster.spec.security.admins
+    ctx = VerifyContext(cluster, State(tmp_path, cluster.spec.name), "")
+    node = cluster.nodes[0]
+    good = _Node(
+        {"alice": "alice:x:5001:5001::/home/alice:/bin/bash",
+         "bob": "bob:x:5002:5002::/home/bob:/bin/bash"},
+        {"alice": alice.ssh_keys[0] + "\n", "bob": bob.ssh_keys[0] + "\n"},
+    )  # fmt: skip
+    results = check_admin_users(ctx, node, good)  # type: ignore[arg-type]
+    assert [(r.passed, r.evidence) for r in results] == [(True, "1 key(s) authorized")] * 2
+    assert good.asked[0] == f"getent passwd alice && cat {ADMIN_KEYS_DIR}/alice"
+    drifted = _Node(
+        {"alice": "alice:x:1001:1001::/home/alice:/bin/bash",
+         "bob": "bob:x:5002:5002::/home/bob:/bin/bash"},
+        {"alice": alice.ssh_keys[0], "bob": "ssh-ed25519 AAAAother bob@elsewhere"},
+    )  # fmt: skip
+    results = check_admin_users(ctx, node, drifted)  # type: ignore[arg-type]
+    assert [(r.passed, r.evidence) for r in results] == [
+        (False, "uid 1001, not 5001"),
+        (False, "1 key(s) not authorized"),
+    ]
+    gone = check_admin_users(ctx, node, _Node({}, {}))  # type: ignore[arg-type]
+    assert gone[0].evidence == f"user or {ADMIN_KEYS_DIR}/alice missing" and not gone[0].passed

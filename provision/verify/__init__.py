@@ -43,6 +43,8 @@ class VerifyContext:
 
 
 T = TypeVar("T")
+# where sshd reads the admins' keys: root's files, written by the common role (_common_keys_dir)
+ADMIN_KEYS_DIR = "/etc/ssh/provision-keys"
 NodeCheck = Callable[[VerifyContext, Node, Remote], list[CheckResult]]
 
 
@@ -191,23 +193,28 @@ def check_time_sync(ctx: VerifyContext, node: Node, remote: Remote) -> list[Chec
 
 
 def check_admin_users(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
+    """Each admin exists (with the spec's uid, where it pins one) and sshd's file of its keys
+    (root's, in ADMIN_KEYS_DIR: the common role's) holds every key of the spec."""
     results = []
     for admin in ctx.cluster.spec.security.admins:
+        check = f"admin {admin.name}"
         out = remote.run(
-            f"getent passwd {admin.name} >/dev/null && cat ~{admin.name}/.ssh/authorized_keys",
-            sudo=True,
+            f"getent passwd {admin.name} && cat {ADMIN_KEYS_DIR}/{admin.name}", sudo=True
         )
         if out.rc != 0:
-            results.append(
-                CheckResult(
-                    f"admin {admin.name}", node.name, False, "user or authorized_keys missing"
-                )
-            )
+            missing = f"user or {ADMIN_KEYS_DIR}/{admin.name} missing"
+            results.append(CheckResult(check, node.name, False, missing))
             continue
-        missing = parsers.missing_keys(list(admin.ssh_keys), out.stdout)
+        entry, _, keys = out.stdout.partition("\n")
+        fields = entry.split(":")
+        if admin.uid is not None and (len(fields) < 3 or fields[2] != str(admin.uid)):
+            got = fields[2] if len(fields) >= 3 else "?"
+            results.append(CheckResult(check, node.name, False, f"uid {got}, not {admin.uid}"))
+            continue
+        missing = parsers.missing_keys(list(admin.ssh_keys), keys)
         results.append(
             CheckResult(
-                f"admin {admin.name}",
+                check,
                 node.name,
                 not missing,
                 f"{len(admin.ssh_keys)} key(s) authorized"
