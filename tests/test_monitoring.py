@@ -267,10 +267,13 @@ def test_dashboards_name_the_provisioned_data_source_and_are_distinct() -> None:
 def test_gpu_panels_read_only_fields_the_dcgm_exporter_is_given() -> None:
     counters = (ROLES_DIR / "dcgm" / "files" / "counters.csv").read_text()
     given = {line.split(",")[0].strip() for line in counters.splitlines() if line.strip()}
+    read = 0
     for path in DASHBOARDS:
         for title, expr in panel_queries(path):
             for field in re.findall(r"\bDCGM_FI_[A-Z_]+", expr):
                 assert field in given, f"{path.name}: {title} reads {field}, not exported"
+                read += 1
+    assert read, "no panel reads a DCGM field: the dashboards or the pattern changed"
 
 
 def test_grafana_renders_its_data_source_firewall_and_variables() -> None:

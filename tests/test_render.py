@@ -166,15 +166,18 @@ def test_nftables_rules_parse(example: Path, tmp_path: Path) -> None:
     files = _render(example)
     sets = tmp_path / "sets.nft"
     sets.write_text(files["files/nftables/sets.nft"])
+    checked: list[str] = []
     for rel, content in files.items():
         if not rel.startswith("files/nftables/") or rel.endswith("sets.nft"):
             continue
+        checked.append(rel)
         ruleset = tmp_path / Path(rel).name
         ruleset.write_text(content.replace("/etc/nftables.d/provision-sets.nft", str(sets)))
         out = subprocess.run([nft, "-c", "-f", str(ruleset)], capture_output=True, text=True)
         if out.returncode != 0 and "Operation not permitted" in out.stderr:
             pytest.skip("nft -c needs CAP_NET_ADMIN")
         assert out.returncode == 0, f"{rel}: {out.stderr}"
+    assert checked, "no rule set rendered"
 
 
 def test_firewall_admits_only_what_the_spec_allows() -> None:

@@ -123,7 +123,9 @@ def test_playbooks_syntax(tmp_path: Path) -> None:
 
     write_render(render(Cluster(load_spec(ROOT / "examples" / "lab.yaml"))), tmp_path)
     playbook = Path(sys.executable).parent / "ansible-playbook"
-    for book in sorted((PLAYBOOKS_DIR).glob("*.yml")):
+    books = sorted(PLAYBOOKS_DIR.glob("*.yml"))
+    assert books, f"no playbook in {PLAYBOOKS_DIR}"
+    for book in books:
         r = subprocess.run(
             [
                 str(playbook),
@@ -283,6 +285,7 @@ def test_conditional_roles_are_included_once_per_host() -> None:
     """A role under a condition is an include_role task: one check per host, not the condition
     copied onto each of its tasks (what `when:` on a `roles:` entry does)."""
     plays = _load(PLAYBOOKS_DIR / "site.yml")
+    assert any(play.get("tasks") for play in plays), "site.yml includes no role under a condition"
     for play in plays:
         for entry in play.get("roles") or []:
             assert "when" not in entry, (play["name"], entry)

@@ -72,12 +72,13 @@ def test_bad_spec_reports_expected_issue(path: Path) -> None:
 
 
 def test_every_issue_line_parses() -> None:
+    assert BAD, "no broken spec found"
     for path in BAD:
-        try:
+        with pytest.raises(SpecError) as caught:  # every broken spec is refused
             load_spec(path)
-        except SpecError as exc:
-            for issue in exc.issues:
-                assert LINE_RE.match(str(issue)), str(issue)
+        assert caught.value.issues, path
+        for issue in caught.value.issues:
+            assert LINE_RE.match(str(issue)), str(issue)
 
 
 def test_missing_file() -> None:

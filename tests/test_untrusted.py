@@ -256,7 +256,9 @@ def test_every_rendered_string_is_unsafe_but_the_renderers_own_templates(example
     files = render(Cluster(load_spec(example, unbuilt=every)))
     for rel in ("inventory/hosts.yml", "inventory/group_vars/all.yml"):
         root = YAML(typ="rt").compose(files[rel])
-        for scalar in _value_scalars(root):
+        scalars = list(_value_scalars(root))
+        assert scalars, f"{rel}: no value to check"
+        for scalar in scalars:
             if getattr(scalar.tag, "value", scalar.tag) == "!unsafe":
                 continue
             if scalar.style == '"':  # quoted, untagged: the renderer's own template, or a
