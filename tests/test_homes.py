@@ -31,6 +31,26 @@ def _role_template(role: str, expr: str, variables: dict[str, Any]) -> Any:
     return Templar(loader=DataLoader(), variables=values).template(trust_as_template(expr))
 
 
+def _pool_vars(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    from ansible.parsing.dataloader import DataLoader
+
+    from provision.render import render
+
+    groups = DataLoader().load(render(cluster)["inventory/hosts.yml"])["all"]["children"]
+    return {k.removeprefix("pool_"): dict(v.get("vars") or {}) for k, v in groups.items()}
+
+
+def test_a_lab_pool_on_a_shared_home_volume_gets_its_homes_made_after_useradd_too() -> None:
+    """A lab's /home is a podman volume (there from the container's start): the admins' homes
+    are made on it as on NFS, by the pinned IDs, not by each node's useradd."""
+    pools = _pool_vars(Cluster(load_spec(ROOT / "examples" / "lab-ha.yaml")))
+    assert pools["head"]["common_homes_shared"] and pools["compute"]["common_homes_shared"]
+    assert not any(
+        v.get("common_homes_shared")
+        for v in _pool_vars(Cluster(load_spec(ROOT / "examples" / "lab.yaml"))).values()
+    )
+
+
 def test_a_mount_holds_the_homes_at_home_or_above_it() -> None:
     assert holds_homes("/home") and holds_homes("/")
     assert not holds_homes("/home/shared") and not holds_homes("/homes")
@@ -49,8 +69,9 @@ def test_the_superpods_nfs_server_makes_the_admins_homes_in_its_home_export() ->
     ]
     assert "homes" not in exports["/srv/slurm"]  # mounted at /shared/slurm: no homes there
     # the pools that mount /home make no home with useradd; the storage pool does
-    assert _storage_vars(cluster, "gpu")["common_homes_shared"] is True
-    assert "common_homes_shared" not in storage
+    pools = _pool_vars(cluster)
+    assert all(pools[p].get("common_homes_shared") for p in ("head", "login", "gpu", "mig"))
+    assert "common_homes_shared" not in pools["storage"]
     admins = group_vars(cluster)["common_admin_users"]
     assert [(a["name"], a["uid"]) for a in admins] == [("alice", 5001), ("bob", 5002)]
 

@@ -97,6 +97,10 @@ def render_inventory(cluster: Cluster) -> str:
                 gvars["provision_fabric_devices"] = devices
         if view.pool.provider != "lab":  # a lab's storage is podman volumes (lab/storage.py)
             gvars.update(_storage_vars(cluster, view.name))
+        if cluster.spec.security.admins and shared_home_mounts(cluster.spec, view.name):
+            # the admins' homes are on shared storage here (a lab's volume too): made there
+            # after the mounts, not by useradd
+            gvars["common_homes_shared"] = True
         hosts = [
             _host(n.name, provision_fabric_addresses=addresses[n.name])
             if n.name in addresses
@@ -173,9 +177,6 @@ def _storage_vars(cluster: Cluster, pool: str) -> dict[str, object]:
         mounts.append(entry)
     if mounts:
         out["mounts_filesystems"] = mounts
-    if spec.security.admins and shared_home_mounts(spec, pool):
-        # the admins' homes are on shared storage here: made there, not by useradd
-        out["common_homes_shared"] = True
     return out
 
 
