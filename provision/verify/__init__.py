@@ -202,8 +202,8 @@ def check_admin_users(ctx: VerifyContext, node: Node, remote: Remote) -> list[Ch
             f"getent passwd {admin.name} && cat {ADMIN_KEYS_DIR}/{admin.name}", sudo=True
         )
         if out.rc != 0:
-            missing = f"user or {ADMIN_KEYS_DIR}/{admin.name} missing"
-            results.append(CheckResult(check, node.name, False, missing))
+            gone = f"user or {ADMIN_KEYS_DIR}/{admin.name} missing"
+            results.append(CheckResult(check, node.name, False, gone))
             continue
         entry, _, keys = out.stdout.partition("\n")
         fields = entry.split(":")
