@@ -39,6 +39,8 @@ DRAIN_RECORD = "/var/lib/provision/health/drained"
 PROLOG_ERROR = "Prolog error"
 # node state flags of a node running jobs: a diagnostic that loads the GPUs waits for idle
 BUSY_FLAGS = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+# node state flags of a drained (or draining) node
+DRAIN_FLAGS = frozenset({"DRAIN", "DRAINED", "DRAINING"})
 REASON_MAX = 200  # characters of a Slurm reason kept; the rest of a long finding is cut
 # A periodic DCGM diagnostic from LONG_DIAG_FROM on runs for minutes: slurmd kills its
 # HealthCheckProgram after 60 s, so it runs from its own timer (provision-dcgm-diag.timer,
@@ -357,7 +359,7 @@ def decide(
     node as it is. `own`: the reason of the drain this program made last (own_drain);
     `prolog`: this program is Slurm's Prolog too, so a "Prolog error" drain is its own."""
     failed = [r for r in results if not r.ok]
-    drained = bool(flags & {"DRAIN", "DRAINED", "DRAINING"})
+    drained = bool(flags & DRAIN_FLAGS)
     ours = (own is not None and reason == own) or (prolog and reason == PROLOG_ERROR)
     if failed:
         why = reason_for(failed)

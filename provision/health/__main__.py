@@ -23,6 +23,7 @@ from pathlib import Path
 from provision.health import (
     BUSY_FLAGS,
     CONFIG,
+    DRAIN_FLAGS,
     RUNNING,
     act,
     check_dcgm_diag,
@@ -41,8 +42,6 @@ from provision.health import (
     write_diag_state,
     write_metrics,
 )
-
-DRAINED = frozenset({"DRAIN", "DRAINED", "DRAINING"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,13 +150,13 @@ def run_long_diag(config: dict[str, object], node: str, scontrol: str) -> int:
         if flags & BUSY_FLAGS:
             print(f"{check}: not run: jobs on {node}; the timer tries again on an idle node")
             return 0
-        if flags & DRAINED and reason != own_drain(config):
+        if flags & DRAIN_FLAGS and reason != own_drain(config):
             print(f"{check}: not run: {node} is drained by someone else ({reason})")
             return 0
         write_diag_state(config, level, RUNNING)
         check_and_act(config, node, scontrol, None)  # the hold: a drain of this program's own
         state = _node(scontrol, node)
-        if state is None or not state[0] & DRAINED or state[1] != own_drain(config):
+        if state is None or not state[0] & DRAIN_FLAGS or state[1] != own_drain(config):
             write_diag_state(config, level, None)
             print(f"{check}: not run: {node} could not be held by a drain")
             return 1
