@@ -63,11 +63,7 @@ def test_the_superpods_nfs_server_makes_the_admins_homes_in_its_home_export() ->
     storage = _storage_vars(cluster, "storage")
     exports = {e["path"]: e for e in storage["nfs_server_exports"]}  # type: ignore[attr-defined]
     assert exports["/srv/home"]["homes_dir"] == "/srv/home"
-    assert exports["/srv/home"]["homes"] == [
-        {"path": "/srv/home/alice", "uid": 5001, "name": "alice"},
-        {"path": "/srv/home/bob", "uid": 5002, "name": "bob"},
-    ]
-    assert "homes" not in exports["/srv/slurm"]  # mounted at /shared/slurm: no homes there
+    assert "homes_dir" not in exports["/srv/slurm"]  # mounted at /shared/slurm: no homes there
     # the pools that mount /home make no home with useradd; the storage pool does
     pools = _pool_vars(cluster)
     assert all(pools[p].get("common_homes_shared") for p in ("head", "login", "gpu", "mig"))
@@ -77,14 +73,15 @@ def test_the_superpods_nfs_server_makes_the_admins_homes_in_its_home_export() ->
 
 
 def test_the_server_adds_the_login_users_home_by_its_own_ids() -> None:
-    exports = [
-        {"path": "/srv/home", "homes_dir": "/srv/home", "homes": [
-            {"path": "/srv/home/alice", "uid": 5001, "name": "alice"},
-        ]},
-        {"path": "/srv/slurm"},
-    ]  # fmt: skip
+    exports = [{"path": "/srv/home", "homes_dir": "/srv/home"}, {"path": "/srv/slurm"}]
+    admins = [{"name": "alice", "uid": 5001, "ssh_keys": ["k"]}]
     facts = {"getent_passwd": {"ubuntu": ["x", "1000", "1000", "", "/home/ubuntu", "/bin/bash"]}}
-    variables = {"nfs_server_exports": exports, "ansible_user": "ubuntu", "ansible_facts": facts}
+    variables = {
+        "nfs_server_exports": exports,
+        "common_admin_users": admins,
+        "ansible_user": "ubuntu",
+        "ansible_facts": facts,
+    }
     assert _role_template("nfs_server", "{{ _nfs_server_homes }}", variables) == [
         {"path": "/srv/home/alice", "uid": 5001, "gid": 5001},
         {"path": "/srv/home/ubuntu", "uid": "1000", "gid": "1000"},

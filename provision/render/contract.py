@@ -131,7 +131,7 @@ _TABLE = (
     ),
     Variable("common_time_servers", "all", ("common",), "network.time_servers"),
     Variable("common_time_allow", "all", ("common",), "the management network, chrony's clients"),
-    Variable("common_admin_users", "all", ("common",), "security.admins"),
+    Variable("common_admin_users", "all", ("common", "nfs_server"), "security.admins"),
     Variable(
         "common_homes_shared", "pool", ("common", "playbooks/site"),
         "the pool mounts /home from shared storage: the admins' homes are made there",
@@ -154,8 +154,8 @@ _TABLE = (
     ),
     Variable(
         "nfs_server_exports", "pool", ("nfs_server",),
-        "storage.exports of the pool, each client as addresses or networks, and the admins' "
-        "homes under it (where a mount makes it /home)",
+        "storage.exports of the pool, each client as addresses or networks, and homes_dir: "
+        "the directory the clients mount as /home, where the homes are made",
     ),
     Variable(
         "mounts_filesystems", "pool", ("mounts",),

@@ -155,14 +155,8 @@ def _storage_vars(cluster: Cluster, pool: str) -> dict[str, object]:
             ],
         }
         homes_dir = _homes_dir(cluster, e.path)
-        if homes_dir is not None:
+        if homes_dir is not None:  # the role makes the admins' and the login user's homes there
             entry["homes_dir"] = homes_dir
-            entry["homes"] = [
-                {"path": posixpath.join(homes_dir, a.name), "uid": a.uid, "name": a.name}
-                for a in spec.security.admins
-            ]
-            if not entry["homes"]:  # the login user's alone (the role finds it)
-                del entry["homes"]
         exports.append(entry)
     if exports:
         out["nfs_server_exports"] = exports
