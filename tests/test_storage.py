@@ -146,6 +146,65 @@ def test_the_server_of_a_directory_does_not_mount_it_over_itself(tmp_path: Path)
     assert [m["path"] for m in _mounts_here(mounts, "head002")] == ["/home", "/srv/apps"]
 
 
+def test_a_server_binds_its_own_export_where_the_others_mount_it(tmp_path: Path) -> None:
+    # the head serves /srv/hh, which every pool mounts as /home (the usual small cluster)
+    text = SPEC.replace(
+        "    - {pool: head, path: /srv/apps}\n",
+        "    - {pool: head, path: /srv/apps}\n    - {pool: head, path: /srv/hh}\n",
+    )
+    text = text.replace('"store001.st.example.org:/srv/home"', '"head001:/srv/hh"')
+    pools = _pool_vars(_cluster(tmp_path, text))
+    home = pools["head"]["mounts_filesystems"][0]
+    assert (home["path"], home["bind_on"], home["bind_src"]) == ("/home", "head001", "/srv/hh")
+    # a node of another pool mounts it over NFS, and its pool's entry names no binding
+    gpu = pools["gpu"]["mounts_filesystems"]
+    assert "bind_on" not in gpu[0]
+    assert _mount_task(gpu, "gpu001") == [
+        ("head001:/srv/hh", "/home", "nfs4", "rw,hard,_netdev"),
+        ("10.1.0.10:/srv/apps", "/srv/apps", "nfs4", "defaults,_netdev"),
+        ("10.3.0.5@tcp:/scratch", "/scratch", "lustre", "defaults,_netdev"),
+    ]
+    # on the head: bound, never an NFS mount of itself (its own name may be 127.0.1.1, which
+    # the export does not admit), and no NFS client needed for it; another node of its pool
+    # would mount it
+    head = pools["head"]["mounts_filesystems"]
+    assert _mount_task(head, "head001") == [("/srv/hh", "/home", "none", "bind")]
+    assert _mounts_here(head, "head001") == []
+    assert [m[:3] for m in _mount_task(head, "head002")] == [
+        ("head001:/srv/hh", "/home", "nfs4"),
+        ("10.1.0.10:/srv/apps", "/srv/apps", "nfs4"),
+    ]
+
+
+def _mount_task(filesystems: list[dict[str, str]], host: str) -> list[tuple[str, ...]]:
+    """(src, path, fstype, opts) of each mount the role's mount task makes on host, in order:
+    the task's own arguments and condition, templated per item by Ansible."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    tasks = DataLoader().load((ROLES_DIR / "mounts" / "tasks" / "main.yml").read_text())
+    task = next(
+        t for t in tasks if "ansible.posix.mount" in t and t["loop"] == "{{ mounts_filesystems }}"
+    )
+    args = task["ansible.posix.mount"]
+    made = []
+    for item in filesystems:
+        variables: dict[str, Any] = {"item": item, "inventory_hostname": host}
+        bound = Templar(loader=DataLoader(), variables=variables).template(
+            trust_as_template(task["vars"]["_bound"])
+        )
+        templar = Templar(loader=DataLoader(), variables={**variables, "_bound": bound})
+        if not templar.template(trust_as_template("{{ " + task["when"] + " }}")):
+            continue
+        made.append(
+            tuple(
+                str(templar.template(trust_as_template(args[k])))
+                for k in ("src", "path", "fstype", "opts")
+            )
+        )
+    return made
+
+
 def _ganesha_conf(exports: list[dict[str, Any]]) -> str:
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar, trust_as_template

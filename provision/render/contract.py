@@ -159,7 +159,8 @@ _TABLE = (
     ),
     Variable(
         "mounts_filesystems", "pool", ("mounts",),
-        "storage.mounts of the pool (skip_on: the node serving it at that path)",
+        "storage.mounts of the pool (skip_on: the node serving it at that path; bind_on, "
+        "bind_src: the node serving it elsewhere, and where)",
     ),
     Variable("opensm_priority", "host", ("opensm",), "network.fabric.subnet_managers' order"),
     # GPU software: network.fabric, nvidia and software

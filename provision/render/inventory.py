@@ -168,6 +168,12 @@ def _storage_vars(cluster: Cluster, pool: str) -> dict[str, object]:
         served = served_by(spec, nodes, m)
         if served is not None and split_source(m)[1] == m.path:
             entry["skip_on"] = served.node.name  # the server has the directory itself
+        elif served is not None and served.node.pool == pool:
+            # the server binds its own directory there: never an NFS mount of itself (a loop
+            # through its own page cache, and a name that may resolve to 127.0.1.1, which the
+            # export's clients do not hold)
+            entry["bind_on"] = served.node.name
+            entry["bind_src"] = split_source(m)[1]
         mounts.append(entry)
     if mounts:
         out["mounts_filesystems"] = mounts
