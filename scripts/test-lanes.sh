@@ -3,8 +3,8 @@
 # CPU-bound, the integration tests mostly wait on lab nodes and Slurm, Molecule's scenarios are
 # Ansible runs. No two of them share containers, networks or addresses (each integration file
 # and each scenario has its own).
-#   lane 1: the unit tests, the bursting, two-head and Kubernetes lab tests, then Molecule's
-#           kubernetes, nvidia and common scenarios
+#   lane 1: the unit tests, the bursting, two-head, VM storage and Kubernetes lab tests, then
+#           Molecule's kubernetes, nvidia and common scenarios
 #   lane 2: the lab and static-host tests, then Molecule's slurm, storage and fabric scenarios
 # Each line is printed as it comes, marked with its lane's part; every part runs even after
 # another failed, and the exit code is 1 if any did.
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 PYTEST=(.venv/bin/pytest -q -p no:cacheprovider)
 INTEGRATION_1=(tests/integration/test_burst.py tests/integration/test_ha.py
-  tests/integration/test_k8s_lab.py)
+  tests/integration/test_vm_storage.py tests/integration/test_k8s_lab.py)
 INTEGRATION_2=(tests/integration/test_lab.py tests/integration/test_static_apply.py)
 
 # an integration file in no lane would never run: refuse to start without it in one
