@@ -11,7 +11,7 @@ from provision.burst.config import LOG_DIR
 from provision.cluster import Cluster
 from provision.drain import as_admin, on_head
 from provision.errors import OperationError
-from provision.lifecycle import open_cluster
+from provision.head import open_cluster
 
 LOG_LINES = 10
 

@@ -21,7 +21,7 @@ import yaml
 from provision.burst.hostlist import expand
 from provision.cluster import compress
 from provision.errors import SpecError
-from provision.spec.loader import issue_at
+from provision.spec.validation import issue_at
 from provision.spec.yamlfile import read_yaml
 
 if TYPE_CHECKING:

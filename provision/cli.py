@@ -354,7 +354,7 @@ def ssh(
 ) -> None:
     """Run a command on a node (or open a shell there) with the cluster's key and host keys;
     its output and exit code pass through unchanged."""
-    from provision.lifecycle import forward_options, ssh_argv
+    from provision.head import forward_options, ssh_argv
 
     argv = ssh_argv(spec, _state_root(state_dir, spec), node, list(command or []))
     if forward:
@@ -575,7 +575,7 @@ def schema(
 @guarded
 def profiles() -> None:
     """List the built-in hardware profiles."""
-    from provision.spec.loader import builtin_profiles
+    from provision.spec.profiles import builtin_profiles
 
     table = Table(title="Hardware profiles")
     for col in ("profile", "providers", "GPUs", "max kW", "USD/h"):

@@ -11,9 +11,9 @@ import hostlist
 
 from provision.burst.hostlist import expand
 from provision.errors import UsageError
-from provision.spec.loader import load_profiles
 from provision.spec.models import Pool, Profile, Spec
 from provision.spec.nodes import Node, expand_nodes
+from provision.spec.profiles import load_profiles
 
 HEADER = "Rendered by provision for cluster {name}; do not edit: change the spec and re-render."
 

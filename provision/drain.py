@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import getpass
 import shlex
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from pathlib import Path
 
 from provision.cluster import compress, pick_nodes
 from provision.errors import OperationError, UsageError
-from provision.lifecycle import open_cluster, ssh_argv
+from provision.head import Handle, open_cluster
 from provision.parsers.kubernetes import KubeNode, parse_nodes
 from provision.spec.nodes import login_user
 
@@ -26,15 +25,7 @@ ROLLING_REASON = "provision apply --batch: rolling change"
 
 def on_head(spec_path: Path, state_root: Path, command: str, timeout: float = 60) -> str:
     """Run one shell command on the first head; its output, or OperationError with its error."""
-    _, cluster, _ = open_cluster(spec_path, state_root)
-    head = cluster.head_nodes[0].name
-    argv = ssh_argv(spec_path, state_root, head, [command])
-    argv[1:1] = ["-oBatchMode=yes", "-oConnectTimeout=10"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    if done.returncode != 0:
-        why = " ".join(done.stderr.split())[-300:] or f"exit {done.returncode}"
-        raise OperationError(f"on {head}: {why}")
-    return done.stdout
+    return Handle.open(spec_path, state_root).on_head(command, timeout)
 
 
 def _reason(text: str | None) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -12,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from provision import converged
+from provision import converged, drain
 from provision.changes import (
     INVENTORY,
     ROLE_GROUPS,
@@ -25,6 +24,7 @@ from provision.changes import (
 )
 from provision.cluster import Cluster, compress, pick_nodes
 from provision.errors import OperationError, UsageError
+from provision.head import open_cluster
 from provision.pki import cluster_certificates, tunnel_keys
 from provision.preflight import DRIFT, preflight
 from provision.providers import get_provider
@@ -40,10 +40,9 @@ from provision.run.ansible import HostResult, RunResult, playbook_tags, run_play
 from provision.run.progress import HostProgress, summary_table
 from provision.run.wheel import build_wheel
 from provision.secrets import ensure_cluster_secrets, monitoring_secrets
-from provision.spec import Spec, load_spec
+from provision.spec import Spec
 from provision.spec.models import CLOUD_PROVIDERS, PROVIDER_ORDER
-from provision.spec.nodes import login_user
-from provision.sshkeys import host_key_options, private_key
+from provision.sshkeys import private_key
 from provision.state import State, command_line
 from provision.verify import CheckResult, verify_cluster
 
@@ -92,11 +91,6 @@ class _Phase:
     def __exit__(self, *exc: object) -> None:
         took = time.monotonic() - self.started  # a phase run twice counts both
         self.report.phases[self.name] = self.report.phases.get(self.name, 0.0) + took
-
-
-def open_cluster(spec_path: Path, state_root: Path) -> tuple[Spec, Cluster, State]:
-    spec = load_spec(spec_path)
-    return spec, Cluster(spec), State(state_root, spec.name)
 
 
 def _providers_in(cluster: Cluster) -> list[str]:
@@ -214,15 +208,12 @@ def _drain_leaving(
     computes = sorted(name for name, node in gone.items() if node.role in workers)
     if not computes:
         return gone
-    # the verb layer's drain reaches the head as `provision drain` does (imported here: it
-    # builds on this module)
-    from provision.drain import drain_kubernetes_nodes, drain_nodes
-
+    # the verb layer's drain reaches the head as `provision drain` does
     console.print(f"drain: {compress(computes)} leave the spec: drained before they go")
     with _Phase(report, "drain"):
         try:
             if kubernetes:
-                drain_kubernetes_nodes(
+                drain.drain_kubernetes_nodes(
                     spec_path,
                     state_root,
                     computes,
@@ -231,7 +222,7 @@ def _drain_leaving(
                     force=leaving.force,
                 )
             else:
-                drain_nodes(
+                drain.drain_nodes(
                     spec_path,
                     state_root,
                     computes,
@@ -546,8 +537,6 @@ def _roll(
     nodes the cluster already had, a batch at a time (provision/rolling.py). Under Kubernetes
     the heads go first (the control plane before any kubelet, as kubeadm's upgrade needs), then
     the workers, compute and login, in drained batches."""
-    from provision.drain import KubernetesBatchSteps, SlurmBatchSteps, on_head, scontrol
-
     roles = {n.name: n.role for n in cluster.lasting_nodes}
     kubernetes = cluster.spec.scheduler == "kubernetes"
     # Kubernetes runs pods on the login nodes too (the workers' play)
@@ -571,9 +560,9 @@ def _roll(
             _play(state, key, run, first, extra_vars)
         if rolled:
             say(f"rolling: {compress(rolled)} in batches of {size}")
-            steps: SlurmBatchSteps | KubernetesBatchSteps
+            steps: drain.SlurmBatchSteps | drain.KubernetesBatchSteps
             if kubernetes:
-                steps = KubernetesBatchSteps(
+                steps = drain.KubernetesBatchSteps(
                     run.spec_path,
                     run.state_root,
                     change,
@@ -583,7 +572,7 @@ def _roll(
                     force=run.leaving.force,
                 )
             else:
-                steps = SlurmBatchSteps(
+                steps = drain.SlurmBatchSteps(
                     run.spec_path,
                     run.state_root,
                     change,
@@ -593,8 +582,10 @@ def _roll(
                 )
             roll(rolled, size, steps, say)
     if reconfigure:
-        on_head(
-            run.spec_path, run.state_root, f"{scontrol(run.spec_path, run.state_root)} reconfigure"
+        drain.on_head(
+            run.spec_path,
+            run.state_root,
+            f"{drain.scontrol(run.spec_path, run.state_root)} reconfigure",
         )
         say("slurm: scontrol reconfigure (every node has the new files)")
 
@@ -641,40 +632,3 @@ def destroy(spec_path: Path, state_root: Path, console: Console) -> list[str]:
             console.print("static hosts are left as they are: destroy only forgets them")
         state.remove()
     return removed
-
-
-def forward_options(forwards: list[str], with_command: bool) -> list[str]:
-    """ssh's options for `provision ssh --forward PORT|LOCAL:PORT`: this machine's 127.0.0.1
-    port to the node's loopback port; without a command, no shell: the forward alone."""
-    options = ["-o", "ExitOnForwardFailure=yes"]
-    for text in forwards:
-        match = re.fullmatch(r"(?:([1-9][0-9]{0,4}):)?([1-9][0-9]{0,4})", text.strip())
-        if not match or any(int(p) > 65535 for p in match.groups() if p):
-            raise UsageError(f"--forward {text!r}: a port (9090) or LOCAL:PORT (19090:9090)")
-        local, remote = match[1] or match[2], match[2]
-        options += ["-L", f"127.0.0.1:{local}:127.0.0.1:{remote}"]
-    return options if with_command else [*options, "-N"]
-
-
-def ssh_argv(spec_path: Path, state_root: Path, node_name: str, command: list[str]) -> list[str]:
-    """The ssh command line that reaches a node as Ansible does: the cluster's key, user, port
-    and known_hosts (host keys learned on first contact, checked ever after). The words of
-    `command` are passed on; ssh joins them with spaces and the node's shell runs them."""
-    spec, cluster, state = open_cluster(spec_path, state_root)
-    node = next((n for n in cluster.nodes if n.name == node_name), None)
-    if node is None:
-        names = compress([n.name for n in cluster.nodes])
-        raise UsageError(f"{spec_path}: no node named '{node_name}' (the nodes: {names})")
-    address = node.address
-    if node.provider in CLOUD_PROVIDERS:  # its public address, else its private one
-        found = saved_addresses(state, node.provider, "public") or {}
-        address = found.get(node.name) or saved_addresses(state, node.provider).get(node.name)
-    if address is None:
-        why = "elastic nodes exist only while Slurm has them up" if node.elastic else "run apply"
-        raise UsageError(f"{node_name} has no known address yet: {why}")
-    user = login_user(spec, node.provider)
-    argv = ["ssh", *host_key_options(state), "-p", str(spec.ssh.port), "-l", user]
-    key = private_key(spec, state)
-    if key is not None:
-        argv += ["-i", str(key.resolve()), "-o", "IdentitiesOnly=yes"]
-    return [*argv, "--", str(address), *command]

@@ -197,7 +197,7 @@ def test_ssh_to_an_unknown_node_or_one_without_an_address_is_exit_2(tmp_path: Pa
 
 def test_ssh_forward_reaches_a_nodes_loopback_port() -> None:
     from provision.errors import UsageError
-    from provision.lifecycle import forward_options
+    from provision.head import forward_options
 
     assert forward_options(["9090"], with_command=False) == [
         "-o", "ExitOnForwardFailure=yes", "-L", "127.0.0.1:9090:127.0.0.1:9090", "-N",

@@ -346,7 +346,7 @@ def test_an_image_sold_under_a_plan_is_named_with_it(tmp_path: Path) -> None:
 def test_each_cloud_logs_in_as_its_images_user_or_a_non_root_one(tmp_path: Path) -> None:
     """ssh.user root: AWS's images let in their own user (Ubuntu's ubuntu, Debian's admin),
     Azure refuses root as a VM's administrator, Google's images refuse root over SSH."""
-    from provision.lifecycle import ssh_argv
+    from provision.head import ssh_argv
     from provision.spec.nodes import login_user
 
     spec = _variant(tmp_path, "root", ("  user: ubuntu", "  user: root"))

@@ -12,8 +12,9 @@ from provision.cluster import Cluster
 from provision.parsers import fabric as fp
 from provision.render.gpu import nccl_settings
 from provision.spec.fabric import fabric_addresses, rail_subnets, rails
-from provision.spec.loader import load_profiles, load_spec
+from provision.spec.loader import load_spec
 from provision.spec.nodes import expand_nodes
+from provision.spec.profiles import load_profiles
 from provision.verify.fabric import pairs, write_bw_command
 
 from .conftest import ROOT, load_rendered

@@ -17,7 +17,7 @@ LAYERS: list[set[str]] = [
     {"render", "changes", "converged"},
     {"providers"},
     {"run"},
-    {"preflight", "verify"},
+    {"preflight", "verify", "head"},
     {"lifecycle", "plan", "power", "bursting", "drain", "rolling"},
     {"cli", "__main__"},
 ]

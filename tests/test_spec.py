@@ -10,8 +10,8 @@ import pytest
 
 from provision.errors import SpecError
 from provision.spec import Spec, load_spec
-from provision.spec.loader import builtin_profiles
 from provision.spec.nodes import expand_nodes
+from provision.spec.profiles import builtin_profiles
 from provision.spec.reference import markdown
 
 from .conftest import EXAMPLES, ROOT

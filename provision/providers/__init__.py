@@ -1,44 +1,15 @@
-"""Where nodes come from: one module per kind behind one small interface.
-
-    plan(nodes)            what create would do, without doing it
-    create(nodes)          make the nodes exist; return the addresses the provider assigned
-    destroy(nodes)         remove what create made
-
-Providers take typed Node records and return typed ProviderPlan records; cloud SDKs are imported
-only inside the provider that needs them, so the toolkit runs without them.
-"""
+"""Where nodes come from: one module per kind behind one small interface (base.py), found here
+by kind."""
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from provision.errors import OperationError
+from provision.providers.base import Provider, ProviderPlan, planned_only
 from provision.spec.models import CLOUD_PROVIDERS, Spec
-from provision.spec.nodes import Node
-from provision.state import State
 
-
-@dataclass(frozen=True)
-class ProviderPlan:
-    provider: str
-    create: list[str] = field(default_factory=list)  # node names that would be created
-    existing: list[str] = field(default_factory=list)  # node names already there
-    on_demand: list[str] = field(default_factory=list)  # elastic nodes, created when jobs wait
-    what: str = "node"  # what one node is for this provider ("container", "instance", ...)
-    resources: list[str] = field(default_factory=list)  # what else the provider makes
-
-
-class Provider(Protocol):
-    kind: str
-
-    def plan(self, nodes: list[Node], state: State) -> ProviderPlan: ...
-
-    def create(self, nodes: list[Node], state: State) -> dict[str, ipaddress.IPv4Address]: ...
-
-    def destroy(self, nodes: list[Node], state: State) -> list[str]: ...
+__all__ = ["Provider", "ProviderPlan", "get_provider", "planned_only"]
 
 
 def get_provider(kind: str, spec: Spec, log: Callable[[str], None] | None = None) -> Provider:
@@ -59,14 +30,3 @@ def get_provider(kind: str, spec: Spec, log: Callable[[str], None] | None = None
 
         return CloudProvider(kind, spec, log)
     raise OperationError(f"unknown provider {kind}")
-
-
-def planned_only(kind: str, nodes: list[Node]) -> ProviderPlan:
-    """A plan read from the spec alone, for providers that cannot be asked (yet)."""
-    what = {"lab": "container"}.get(kind, "instance")
-    return ProviderPlan(
-        provider=kind,
-        create=[n.name for n in nodes if not n.elastic],
-        on_demand=[n.name for n in nodes if n.elastic],
-        what=what,
-    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from provision.providers import ProviderPlan
+from provision.providers.base import ProviderPlan
 from provision.spec.nodes import Node
 from provision.state import State
 

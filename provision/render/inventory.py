@@ -7,8 +7,7 @@ import posixpath
 from typing import Any
 
 from provision.cluster import Cluster
-from provision.render import contract
-from provision.render.contract import emitted
+from provision.render.contract import FABRIC, GRAFANA, MONITORING, NVIDIA, ROCE, SOFTWARE, emitted
 from provision.render.jinja import template
 from provision.render.kubernetes import api_endpoint, node_labels, vrrp_router_id
 from provision.render.monitoring import smtp_logins
@@ -243,24 +242,24 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
         out["provision_health"] = True
     if spec.monitoring is not None:
         out["provision_monitoring"] = True
-        for field in sorted(spec.monitoring.model_fields_set & set(contract.MONITORING)):
-            out[contract.MONITORING[field]] = getattr(spec.monitoring, field)
+        for field in sorted(spec.monitoring.model_fields_set & set(MONITORING)):
+            out[MONITORING[field]] = getattr(spec.monitoring, field)
         logins = smtp_logins(cluster)
         if logins:
             out["monitoring_smtp_logins"] = logins
         grafana = spec.monitoring.grafana
         if grafana is not None:
             out["provision_grafana"] = True
-            for field in sorted(grafana.model_fields_set & set(contract.GRAFANA)):
-                out[contract.GRAFANA[field]] = getattr(grafana, field)
+            for field in sorted(grafana.model_fields_set & set(GRAFANA)):
+                out[GRAFANA[field]] = getattr(grafana, field)
     fabric = spec.network.fabric
     if "fabric" in spec.network.model_fields_set:
         out["provision_fabric"] = fabric.kind
     for section, table in (
-        (spec.software, contract.SOFTWARE),
-        (spec.nvidia, contract.NVIDIA),
-        (fabric, contract.FABRIC),
-        (fabric.roce, contract.ROCE),
+        (spec.software, SOFTWARE),
+        (spec.nvidia, NVIDIA),
+        (fabric, FABRIC),
+        (fabric.roce, ROCE),
     ):
         for field in sorted(section.model_fields_set & set(table)):
             value = getattr(section, field)

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from provision.parsers.dcgm import DIAG_TIMEOUT_S, LONG_DIAG_FROM
 from provision.spec.exposure import WIDE, describe_size, public_addresses
 from provision.spec.fabric import efa_count, fabric_addresses, fabric_hcas
-from provision.spec.loader import load_profiles
 from provision.spec.models import BURST_PROVIDERS, CLOUD_PROVIDERS, Health, Spec, port_range
 from provision.spec.nodes import Loc, Node, expand_nodes_checked, node_network
 from provision.spec.ports import (
@@ -22,6 +21,7 @@ from provision.spec.ports import (
     service_ports,
     system_directory,
 )
+from provision.spec.profiles import load_profiles
 from provision.spec.storage import (
     check_storage_nodes,
     client_for,

@@ -8,8 +8,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from provision.spec.loader import builtin_profiles
 from provision.spec.models import Spec
+from provision.spec.profiles import builtin_profiles
 
 
 def _type_name(annotation: Any) -> str:

@@ -12,7 +12,7 @@ from provision.cluster import PoolView
 from provision.parsers import fabric as fp
 from provision.spec.fabric import Rail, cloud_infiniband, efa_count, rails
 from provision.spec.nodes import Node
-from provision.verify import CheckResult, VerifyContext, in_parallel
+from provision.verify.base import CheckResult, VerifyContext, in_parallel
 from provision.verify.remote import Remote
 
 WRITE_BW_SECONDS = 5

@@ -17,7 +17,7 @@ from provision.parsers.gpu import (
 from provision.render.health import gpu_expect
 from provision.spec.fabric import cloud_infiniband, efa_count, rails
 from provision.spec.nodes import Node
-from provision.verify import CheckResult, VerifyContext
+from provision.verify.base import CheckResult, VerifyContext
 from provision.verify.remote import Remote
 
 ALL_REDUCE_TIMEOUT_S = 600.0

@@ -13,7 +13,7 @@ import time
 from provision.cluster import Cluster
 from provision.parsers import kubernetes as kp
 from provision.render.kubernetes import API_PORT, ETCD_CLIENT_PORT, HA_PORT
-from provision.verify import CheckResult, VerifyContext, closed_ports, probe_ports
+from provision.verify.base import CheckResult, VerifyContext, closed_ports, probe_ports
 from provision.verify.remote import Remote
 
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import provision.verify.gpu as gpu_checks
 from provision.cluster import compress
 from provision.parsers.node import parse_stat
 from provision.parsers.slurm import (
@@ -20,8 +21,7 @@ from provision.parsers.slurm import (
 )
 from provision.spec.nodes import Node
 from provision.spec.ports import service_ports
-from provision.verify import CheckResult, VerifyContext, closed_ports, probe_ports
-from provision.verify import gpu as gpu_checks
+from provision.verify.base import CheckResult, VerifyContext, closed_ports, probe_ports
 from provision.verify.remote import Output, Remote
 
 IDLE_WAIT_S = 90  # nodes register with slurmctld on their own schedule after a restart

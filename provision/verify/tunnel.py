@@ -10,7 +10,7 @@ from pathlib import Path
 
 from provision.pki import TUNNEL_DIR
 from provision.render.tunnel import INTERFACE, tunnel_layout
-from provision.verify import CheckResult, VerifyContext
+from provision.verify.base import CheckResult, VerifyContext
 from provision.verify.remote import Remote
 
 STALE_S = 180  # WireGuard's REJECT_AFTER_TIME: a session older than this carries nothing

@@ -23,7 +23,7 @@ from typing import Any
 
 from provision.cluster import Cluster
 from provision.errors import OperationError
-from provision.providers import ProviderPlan, planned_only
+from provision.providers.base import ProviderPlan, planned_only
 from provision.secrets import create_once
 from provision.spec.models import Spec
 from provision.spec.nodes import Node

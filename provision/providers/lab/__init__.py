@@ -18,7 +18,7 @@ from pathlib import Path
 from provision.burst.config import LAB_LABEL, LAB_SOCKET_DIR, lab_container_prefix, lab_network
 from provision.cluster import compress
 from provision.errors import OperationError, UsageError
-from provision.providers import ProviderPlan
+from provision.providers.base import ProviderPlan
 from provision.providers.lab import burst, podman
 from provision.providers.lab.image import debian_mirror, ensure_image
 from provision.providers.lab.storage import Volume

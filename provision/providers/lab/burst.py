@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import provision.providers.lab.podman as podman
 from provision import assets
 from provision.burst.config import LAB_LABEL, lab_container_prefix, lab_image
 from provision.cluster import Cluster
 from provision.errors import OperationError
-from provision.providers.lab import podman
 from provision.render.output import read_render
 from provision.state import State
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import provision.providers.lab.podman as podman
 from provision.errors import OperationError
-from provision.providers.lab import podman
 
 SUITE = "bookworm"
 PACKAGES = [

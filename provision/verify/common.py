@@ -1,0 +1,76 @@
+"""The checks of the common role on every node: name, /etc/hosts, time, the admins."""
+
+from __future__ import annotations
+
+from provision.parsers import node as parsers
+from provision.spec.nodes import Node
+from provision.verify.base import CheckResult, NodeCheck, VerifyContext
+from provision.verify.remote import Remote
+
+# where sshd reads the admins' keys: root's files, written by the common role (_common_keys_dir)
+ADMIN_KEYS_DIR = "/etc/ssh/provision-keys"
+
+
+def check_hostname(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
+    out = remote.run("hostname")
+    got = out.stdout.strip()
+    return [CheckResult("hostname", node.name, got == node.name, f"hostname is {got!r}")]
+
+
+def check_hosts_file(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
+    out = remote.run("cat /etc/hosts")
+    missing = parsers.missing_host_lines(ctx.rendered_hosts, out.stdout)
+    evidence = (
+        f"all {len(parsers.host_entries(ctx.rendered_hosts))} cluster entries present"
+        if not missing
+        else f"missing: {'; '.join(missing[:3])}"
+    )
+    return [CheckResult("/etc/hosts", node.name, not missing, evidence)]
+
+
+def check_time_sync(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
+    service = "chronyd" if ctx.cluster.spec.os == "rocky9" else "chrony"
+    out = remote.run(f"systemctl is-active {service}")
+    state = out.stdout.strip() or out.stderr.strip()
+    return [CheckResult("time sync", node.name, state == "active", f"{service} is {state}")]
+
+
+def check_admin_users(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
+    """Each admin exists (with the spec's uid, where it pins one) and sshd's file of its keys
+    (root's, in ADMIN_KEYS_DIR: the common role's) holds every key of the spec."""
+    results = []
+    for admin in ctx.cluster.spec.security.admins:
+        check = f"admin {admin.name}"
+        out = remote.run(
+            f"getent passwd {admin.name} && cat {ADMIN_KEYS_DIR}/{admin.name}", sudo=True
+        )
+        if out.rc != 0:
+            gone = f"user or {ADMIN_KEYS_DIR}/{admin.name} missing"
+            results.append(CheckResult(check, node.name, False, gone))
+            continue
+        entry, _, keys = out.stdout.partition("\n")
+        fields = entry.split(":")
+        if admin.uid is not None and (len(fields) < 3 or fields[2] != str(admin.uid)):
+            got = fields[2] if len(fields) >= 3 else "?"
+            results.append(CheckResult(check, node.name, False, f"uid {got}, not {admin.uid}"))
+            continue
+        missing = parsers.missing_keys(list(admin.ssh_keys), keys)
+        results.append(
+            CheckResult(
+                check,
+                node.name,
+                not missing,
+                f"{len(admin.ssh_keys)} key(s) authorized"
+                if not missing
+                else f"{len(missing)} key(s) not authorized",
+            )
+        )
+    return results
+
+
+COMMON_CHECKS: list[NodeCheck] = [
+    check_hostname,
+    check_hosts_file,
+    check_time_sync,
+    check_admin_users,
+]
