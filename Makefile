@@ -22,6 +22,7 @@ lint: setup
 	$(VENV)/ruff format --check provision tests bench scripts
 	$(VENV)/yamllint -s .
 	$(VENV)/ansible-lint -q
+	NO_MKDOCS_2_WARNING=1 $(VENV)/mkdocs build --strict
 
 typecheck: setup
 	$(VENV)/mypy provision
@@ -39,7 +40,8 @@ molecule: setup image
 	@scripts/molecule.sh
 
 docs: setup
-	@$(VENV)/python scripts/update_readme.py
+	@$(VENV)/python scripts/update_reference.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/mkdocs build --strict
 
 goldens: setup
 	$(VENV)/pytest -q tests/test_render.py tests/test_nvidia_sources.py tests/test_nvidia_tasks.py \
@@ -69,4 +71,4 @@ bench: setup image
 	$(VENV)/python bench/faults.py
 
 clean:
-	rm -rf .venv .provision .pytest_cache .mypy_cache .ruff_cache .ansible dist .molecule-*.log
+	rm -rf .venv .provision .pytest_cache .mypy_cache .ruff_cache .ansible dist .site .molecule-*.log

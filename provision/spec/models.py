@@ -1,6 +1,6 @@
 """The cluster spec: pydantic models that are the single source of truth.
 
-The JSON Schema (`provision schema`), the spec reference in README.md, the rendered Ansible
+The JSON Schema (`provision schema`), the spec reference in docs/spec.md, the rendered Ansible
 variables and every rendered file come from these classes. Checks that need more than one field
 live in `checks.py`, next to them.
 """

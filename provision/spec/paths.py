@@ -1,6 +1,6 @@
 """Files on the workstation that a spec names: where a spec may point, and how a path is read.
 
-A spec is not trusted (README, "Security model"): a path in it must never make provision read,
+A spec is not trusted (docs/security.md): a path in it must never make provision read,
 copy or send a file of the user's that the spec's author chose (~/.vault-token as an SMTP
 password, another cluster's munge key). So each such path is resolved against the spec's own
 directory (`~` is the user's home), links and `..` followed, and must end up inside one of:

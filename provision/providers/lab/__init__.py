@@ -132,7 +132,7 @@ class LabProvider:
             if status is None:
                 mounts = []
                 if api is not None and node.role == "head":
-                    # root in this head is root on the workstation: a lab's trade (README)
+                    # root in this head is root on the workstation: a lab's trade (docs/security.md)
                     mounts = ["--volume", f"{api.parent.resolve()}:{LAB_SOCKET_DIR}"]
                 for v in self.volumes.get(node.name, []):
                     mounts += ["--volume", f"{v.name}:{v.path}" + (":ro" if v.readonly else "")]

@@ -4,7 +4,7 @@ a podman volume, mounted into every node that serves or mounts it. Files written
 are seen on the others, as on NFS, and a client an export admits read-only mounts it read-only;
 what NFS adds beyond that (its daemons, root squash, mount options) is not exercised here (the
 nfs_server role runs live in its Molecule scenario, and a kernel NFS client under root squash in
-tests/integration/test_vm_storage.py, on VMs). Plan and README say so.
+tests/integration/test_vm_storage.py, on VMs). Plan and docs/ha-and-storage.md say so.
 
 One volume per served directory: an export is one per node of its pool (each node serves its
 own directory, as NFS servers do), named by that node and path; a mount of `node:/path` uses
