@@ -28,12 +28,8 @@ from provision.head import open_cluster
 from provision.pki import cluster_certificates, tunnel_keys
 from provision.preflight import DRIFT, preflight
 from provision.providers import get_provider
-from provision.providers.cloud import check_capacity, check_ready, saved_addresses
-from provision.providers.lab import LabProvider
-from provision.providers.lab import burst as lab_burst
-from provision.providers.lab.image import debian_mirror, ensure_image
+from provision.providers.base import ImageBuilds
 from provision.render import read_render, render, write_render
-from provision.render.burst import burst_config
 from provision.render.tunnel import members
 from provision.rolling import batch_size, roll
 from provision.run.ansible import HostResult, RunResult, playbook_tags, run_playbook
@@ -41,7 +37,7 @@ from provision.run.progress import HostProgress, summary_table
 from provision.run.wheel import build_wheel
 from provision.secrets import ensure_cluster_secrets, monitoring_secrets
 from provision.spec import Spec
-from provision.spec.models import CLOUD_PROVIDERS, PROVIDER_ORDER
+from provision.spec.models import PROVIDER_ORDER
 from provision.sshkeys import private_key
 from provision.state import State, command_line
 from provision.verify import CheckResult, verify_cluster
@@ -102,25 +98,23 @@ def create_nodes(cluster: Cluster, state: State, console: Console) -> Cluster:
     """Ask each provider to make its nodes exist; return the cluster with their addresses."""
     addresses: dict[str, ipaddress.IPv4Address] = {}
     logins: dict[str, ipaddress.IPv4Address] = {}
-    kinds = _providers_in(cluster)
-    for kind in kinds:  # every cloud ready before any node of any provider is made
-        if kind in CLOUD_PROVIDERS:
-            try:
-                check_ready(kind)
-                check_capacity(kind, cluster, lambda m: console.print(m, markup=False))
-            except OperationError as exc:
-                raise OperationError(f"{exc}; nothing was created") from None
-    for kind in kinds:
-        # a cloud's stack also holds the templates its burst pools start from
-        pick = cluster.nodes if kind in CLOUD_PROVIDERS else cluster.lasting_nodes
-        nodes = [n for n in pick if n.provider == kind]
+
+    def log(message: str) -> None:
+        console.print(message, markup=False)
+
+    providers = [get_provider(kind, cluster.spec, log=log) for kind in _providers_in(cluster)]
+    for provider in providers:  # every one ready before any node of any provider is made
+        try:
+            provider.prepare(cluster)
+        except OperationError as exc:
+            raise OperationError(f"{exc}; nothing was created") from None
+    for provider in providers:
+        nodes = provider.chosen(cluster)
         if not nodes:
             continue
-        provider = get_provider(kind, cluster.spec, log=lambda m: console.print(m, markup=False))
-        console.print(f"nodes: {kind}: {len(nodes)} node(s)")
+        console.print(f"nodes: {provider.kind}: {len(nodes)} node(s)")
         addresses.update(provider.create(nodes, state))
-        if kind in CLOUD_PROVIDERS:  # the public addresses this machine logs in at
-            logins.update(saved_addresses(state, kind, "public"))
+        logins.update(provider.login_addresses(state))
     return Cluster(cluster.spec, addresses, logins) if addresses else cluster
 
 
@@ -178,7 +172,7 @@ def apply(
             gone = _drain_leaving(spec_path, state_root, cluster, applied, console, leaving, report)
             run = _Run(spec_path, state_root, console, report, leaving, scope, hosts)
             _apply(spec, cluster, state, applied, run, verify)
-            _release(cluster, gone, console)
+            _release(cluster, state, gone, console)
             return report
         finally:
             (state.dir / REPORT).write_text(report.to_json())
@@ -245,23 +239,14 @@ def _drain_leaving(
     return gone
 
 
-def _release(cluster: Cluster, gone: dict[str, InventoryNode], console: Console) -> None:
-    """What becomes of the nodes that left: lab containers are removed; a cloud's stack has
-    destroyed its instances; static hosts are the site's."""
+def _release(
+    cluster: Cluster, state: State, gone: dict[str, InventoryNode], console: Console
+) -> None:
+    """What becomes of the nodes that left, as each one's provider says (lab containers are
+    removed; a cloud's stack has destroyed its instances; static hosts are the site's)."""
     for kind in sorted({node.provider for node in gone.values()}):
         names = sorted(name for name, node in gone.items() if node.provider == kind)
-        if kind == "lab":
-            lab = get_provider("lab", cluster.spec)
-            assert isinstance(lab, LabProvider)
-            removed = lab.release(names)
-            console.print(f"lab: removed {compress(removed) or 'no container'} (left the spec)")
-        elif kind == "static":
-            console.print(
-                f"static: {compress(names)} left the cluster and were left alone: stop slurmd "
-                "there, or reuse them"
-            )
-        else:
-            console.print(f"{kind}: {compress(names)} destroyed by the stack's update")
+        console.print(get_provider(kind, cluster.spec).release(names, state), markup=False)
 
 
 @dataclass
@@ -435,15 +420,15 @@ def _play(
     run: _Run,
     limit: list[str] | None,
     extra_vars: dict[str, object],
-    builds: tuple[lab_burst.ImageBuild, ...] = (),
-    inventories: list[Path] | None = None,
+    builds: list[ImageBuilds] | None = None,
 ) -> RunResult:
     """One run of playbooks/site.yml, with its progress and summary; OperationError if it
     failed. limit: these hosts only (None: all)."""
     hosts = limit if limit is not None else run.hosts
     console = run.console
-    console.print(f"ansible: playbooks/site.yml on {len(hosts) + len(builds)} host(s)")
-    with HostProgress(console, [*hosts, *(b.host for b in builds)]) as progress:
+    builders = [host for made in builds or [] for host in made.hosts]
+    console.print(f"ansible: playbooks/site.yml on {len(hosts) + len(builders)} host(s)")
+    with HostProgress(console, [*hosts, *builders]) as progress:
         result = run_playbook(
             "site.yml",
             state,
@@ -452,7 +437,7 @@ def _play(
             limit=",".join(limit) if limit is not None else None,
             tags=run.scope.tags,
             extra_vars=extra_vars,
-            extra_inventory=inventories,
+            extra_inventory=[made.inventory for made in builds or []] or None,
         )
     console.print(summary_table(result))
     run.report.run = result if run.report.run is None else _merged(run.report.run, result)
@@ -503,24 +488,21 @@ def _converge(
 ) -> None:
     """All the chosen nodes at once (and the elastic pools' images, in a full apply); only:
     these of them (the others are as the last converge left them)."""
-    builds: list[lab_burst.ImageBuild] = []
-    inventories: list[Path] = []
-    if not run.scope.partial:
-        builds, inventories = _start_image_builds(cluster, state, run.console)
+    builds = [] if run.scope.partial else _start_image_builds(cluster, state, run.console)
     limit = run.hosts if run.scope.limit is not None else only
     ok = False
     try:
         with _Phase(run.report, "ansible"):
-            _play(state, key, run, limit, extra_vars, tuple(builds), inventories)
+            _play(state, key, run, limit, extra_vars, builds)
         ok = True
     finally:
         if builds:
             with _Phase(run.report, "images"):
-                config = burst_config(cluster)
-                assert config is not None  # builds exist only for elastic pools
-                lab_burst.finish_builders(builds, config.conf_server, state, ok)
+                for made in builds:
+                    made.finish(state, ok)
             if ok:
-                run.console.print(f"images: {', '.join(b.image for b in builds)} made")
+                images = [image for made in builds for image in made.images]
+                run.console.print(f"images: {', '.join(images)} made")
 
 
 def _roll(
@@ -590,20 +572,16 @@ def _roll(
         say("slurm: scontrol reconfigure (every node has the new files)")
 
 
-def _start_image_builds(
-    cluster: Cluster, state: State, console: Console
-) -> tuple[list[lab_burst.ImageBuild], list[Path]]:
-    """Builder containers for the elastic lab pools whose image is missing or stale."""
-    if not lab_burst.elastic_lab_pools(cluster):
-        return [], []
-    base, _ = ensure_image(debian_mirror())
-    builds = lab_burst.stale_images(cluster, state, base)
-    if not builds:
-        return [], []
-    console.print(
-        f"images: making {', '.join(b.image for b in builds)} (the compute roles applied)"
-    )
-    return builds, [lab_burst.start_builders(builds, base, cluster, state)]
+def _start_image_builds(cluster: Cluster, state: State, console: Console) -> list[ImageBuilds]:
+    """The images the elastic pools start from that are missing or stale, each provider's."""
+    started = []
+    for kind in _providers_in(cluster):
+        provider = get_provider(kind, cluster.spec, log=lambda m: console.print(m, markup=False))
+        builds = provider.image_builds(cluster, state)
+        if builds is not None:
+            console.print(f"images: making {', '.join(builds.images)} (the compute roles applied)")
+            started.append(builds)
+    return started
 
 
 def verify(
@@ -627,8 +605,9 @@ def destroy(spec_path: Path, state_root: Path, console: Console) -> list[str]:
     with state.locked(command_line()):
         for kind in _providers_in(cluster):
             nodes = [n for n in cluster.nodes if n.provider == kind]
-            removed += get_provider(kind, spec).destroy(nodes, state)
-        if any(n.provider == "static" for n in cluster.nodes):
-            console.print("static hosts are left as they are: destroy only forgets them")
+            provider = get_provider(kind, spec)
+            removed += provider.destroy(nodes, state)
+            if provider.destroy_note is not None:
+                console.print(provider.destroy_note)
         state.remove()
     return removed

@@ -866,11 +866,12 @@ def test_apply_asks_about_capacity_before_it_makes_any_node(
     from rich.console import Console
 
     from provision import lifecycle
+    from provision.providers import cloud
     from provision.providers.cloud import capacity
     from provision.state import State
 
     asked: list[str] = []
-    monkeypatch.setattr(lifecycle, "check_ready", asked.append)
+    monkeypatch.setattr(cloud, "check_ready", asked.append)
     refused = capacity.Findings(["pool awsa100: EC2 does not offer p4d.24xlarge there"], ["n"])
     monkeypatch.setattr(capacity, "aws_capacity", lambda _c, _client: refused)
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):

@@ -21,9 +21,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from provision.cluster import Cluster
+from provision.cluster import Cluster, compress
 from provision.errors import OperationError
-from provision.providers.base import ProviderPlan, planned_only
+from provision.providers.base import Defaults, ProviderPlan, planned_only
 from provision.secrets import create_once
 from provision.spec.models import Spec
 from provision.spec.nodes import Node
@@ -332,13 +332,29 @@ def addresses_from(
     return out
 
 
-class CloudProvider:
+class CloudProvider(Defaults):
     """plan / create / destroy of one cloud's stack for one cluster."""
 
     def __init__(self, kind: str, spec: Spec, log: Callable[[str], None] | None = None) -> None:
         self.kind = kind
         self.spec = spec
         self.log = log or (lambda _m: None)
+
+    def prepare(self, cluster: Cluster) -> None:
+        """The SDK, CLI and credentials, then the capacity the pools ask for."""
+        check_ready(self.kind)
+        check_capacity(self.kind, cluster, self.log)
+
+    def chosen(self, cluster: Cluster) -> list[Node]:
+        # the stack also holds the templates its burst pools start from
+        return [n for n in cluster.nodes if n.provider == self.kind]
+
+    def login_addresses(self, state: State) -> dict[str, ipaddress.IPv4Address]:
+        """The public addresses this machine logs in at."""
+        return saved_addresses(state, self.kind, "public")
+
+    def release(self, names: list[str], state: State) -> str:
+        return f"{self.kind}: {compress(names)} destroyed by the stack's update"
 
     def plan(self, nodes: list[Node], state: State) -> ProviderPlan:
         """The resources from the spec; with the SDK, CLI and credentials, Pulumi's preview."""

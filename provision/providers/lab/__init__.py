@@ -13,15 +13,17 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from provision.burst.config import LAB_LABEL, LAB_SOCKET_DIR, lab_container_prefix, lab_network
-from provision.cluster import compress
+from provision.cluster import Cluster, compress
 from provision.errors import OperationError, UsageError
-from provision.providers.base import ProviderPlan
+from provision.providers.base import Defaults, ProviderPlan
 from provision.providers.lab import burst, podman
 from provision.providers.lab.image import debian_mirror, ensure_image
 from provision.providers.lab.storage import Volume
+from provision.render.burst import burst_config
 from provision.spec.nodes import Node
 from provision.sshkeys import ensure_ssh_key, forget_host_key
 from provision.state import State
@@ -38,7 +40,25 @@ def network_name(cluster: str) -> str:
     return lab_network(cluster)
 
 
-class LabProvider:
+@dataclass
+class LabImageBuilds:
+    builds: list[burst.ImageBuild]
+    conf_server: str
+    inventory: Path
+
+    @property
+    def hosts(self) -> list[str]:
+        return [b.host for b in self.builds]
+
+    @property
+    def images(self) -> list[str]:
+        return [b.image for b in self.builds]
+
+    def finish(self, state: State, ok: bool) -> None:
+        burst.finish_builders(self.builds, self.conf_server, state, ok)
+
+
+class LabProvider(Defaults):
     kind = "lab"
 
     def __init__(
@@ -251,8 +271,21 @@ class LabProvider:
             podman.podman("rm", "-f", "-t", "0", name, check=False)  # nothing half-made stays
             raise
 
-    def release(self, names: list[str]) -> list[str]:
-        """Remove the containers of nodes that left the spec; the nodes whose were there."""
+    def image_builds(self, cluster: Cluster, state: State) -> LabImageBuilds | None:
+        """Builder containers for the elastic lab pools whose image is missing or stale."""
+        if not burst.elastic_lab_pools(cluster):
+            return None
+        config = burst_config(cluster)
+        assert config is not None  # an elastic pool has one
+        base, _ = ensure_image(debian_mirror(), log=self.log)
+        builds = burst.stale_images(cluster, state, base)
+        if not builds:
+            return None
+        inventory = burst.start_builders(builds, base, cluster, state)
+        return LabImageBuilds(builds, config.conf_server, inventory)
+
+    def release(self, names: list[str], state: State) -> str:
+        """Remove the containers of nodes that left the spec."""
         existing = self.containers()
         removed = []
         for name in names:
@@ -260,7 +293,7 @@ class LabProvider:
             if container in existing:
                 podman.podman("rm", "-f", "-t", "0", container)
                 removed.append(name)
-        return removed
+        return f"lab: removed {compress(removed) or 'no container'} (left the spec)"
 
     def destroy(self, nodes: list[Node], state: State) -> list[str]:
         if _podman_missing():
