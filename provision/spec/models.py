@@ -2,7 +2,7 @@
 
 The JSON Schema (`provision schema`), the spec reference in docs/spec.md, the rendered Ansible
 variables and every rendered file come from these classes. Checks that need more than one field
-live in `checks.py`, next to them.
+live in `checks/`, next to them.
 """
 
 from __future__ import annotations
