@@ -81,6 +81,12 @@ def build_disk(lab_image: str, workdir: Path, pubkey: Path, operator: str) -> Di
     # cluster's /etc/hosts)
     (root / "etc" / "resolv.conf").unlink(missing_ok=True)
     (root / "etc" / "resolv.conf").write_text("options timeout:1 attempts:1\n")
+    # no route to a mirror either: the package lists are the image's, and the common role
+    # refreshes them when they are older than an hour (apt's cache_valid_time reads this
+    # stamp), which needs one. The disk is made now: its lists count as refreshed now.
+    stamp = root / "var" / "lib" / "apt" / "periodic" / "update-success-stamp"
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.touch()
     key = pubkey.read_text()
     (root / "root" / ".ssh").mkdir(mode=0o700, exist_ok=True)
     (root / "root" / ".ssh" / "authorized_keys").write_text(key)
