@@ -5,13 +5,12 @@ with the last lines of the burst programs' log."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from provision.burst.config import LOG_DIR
 from provision.cluster import Cluster
-from provision.drain import as_admin, on_head
+from provision.drain import as_admin
 from provision.errors import OperationError
-from provision.head import open_cluster
+from provision.head import Head
 
 LOG_LINES = 10
 
@@ -69,21 +68,20 @@ def parse_sinfo(text: str, cluster: Cluster) -> list[PoolStatus]:
     return list(pools.values())
 
 
-def burst_status(spec_path: Path, state_root: Path) -> tuple[list[PoolStatus], list[str]]:
+def burst_status(head: Head) -> tuple[list[PoolStatus], list[str]]:
     """The elastic pools' status and the burst log's last lines, read on the first head."""
-    spec, cluster, _ = open_cluster(spec_path, state_root)
-    if not any(n.elastic for n in cluster.nodes):
-        raise OperationError(f"{spec_path}: no elastic pool (pools[].elastic)")
-    log = LOG_DIR / f"burst-{spec.name}.log"
+    if not any(n.elastic for n in head.cluster.nodes):
+        raise OperationError(f"{head.spec_path}: no elastic pool (pools[].elastic)")
+    log = LOG_DIR / f"burst-{head.spec.name}.log"
     # the log is root's (the burst programs run as slurm's SlurmUser, root here) and is not
     # there until the first resume or suspend: no log is no line, not a failure
     command = (
         f"sinfo -h -N -o '%N|%P|%T|%E' && echo --- && "
-        f"{{ {as_admin(spec_path, state_root)}tail -n {LOG_LINES} {log} 2>/dev/null || true; }}"
+        f"{{ {as_admin(head)}tail -n {LOG_LINES} {log} 2>/dev/null || true; }}"
     )
     try:
-        output = on_head(spec_path, state_root, command)
+        output = head.on_head(command)
     except OperationError as exc:
         raise OperationError(f"cannot read Slurm's state {exc}") from None
     sinfo, _, tail = output.partition("---\n")
-    return parse_sinfo(sinfo, cluster), [line for line in tail.splitlines() if line.strip()]
+    return parse_sinfo(sinfo, head.cluster), [line for line in tail.splitlines() if line.strip()]

@@ -44,6 +44,11 @@ def _console(stderr: bool) -> Console:
 out = _console(stderr=False)
 err = _console(stderr=True)
 
+
+def _say(line: str) -> None:
+    out.print(line, markup=False)
+
+
 SpecArg = Annotated[
     Path,
     typer.Argument(
@@ -190,10 +195,12 @@ def plan(
     from provision.changes import refuse_unsupported_changes
     from provision.cluster import Cluster
     from provision.drain import running_jobs
-    from provision.plan import ask_leaving_jobs, make_plan, plan_json, print_plan
+    from provision.head import Handle
+    from provision.plan import ask_leaving_jobs, make_plan, plan_json
     from provision.render import read_render
     from provision.spec import load_spec
     from provision.state import State
+    from provision.views import print_plan
 
     loaded = load_spec(spec)
     cluster = Cluster(loaded)
@@ -201,7 +208,8 @@ def plan(
     state = State(root, loaded.name)
     refuse_unsupported_changes(spec, read_render(state.applied), cluster)
     p = make_plan(cluster, state)
-    ask_leaving_jobs(p, lambda nodes: running_jobs(spec, root, nodes))
+    head = Handle(spec, loaded, cluster, state)  # asked only when nodes with jobs would leave
+    ask_leaving_jobs(p, lambda nodes: running_jobs(head, nodes))
     if as_json:
         print(json.dumps(plan_json(p, cluster), indent=1, sort_keys=True))
         return
@@ -262,16 +270,20 @@ def apply(
     """Create the nodes, render, run the roles (gpu_provision.cluster.site) and verify."""
     from provision.lifecycle import Leaving, Scope
     from provision.lifecycle import apply as do_apply
-    from provision.verify import print_checks
+    from provision.views import Reports, print_checks
 
-    report = do_apply(
-        spec,
-        _state_root(state_dir, spec),
-        out,
-        verify=not no_verify,
-        leaving=Leaving(timeout=drain_timeout, force=force),
-        scope=Scope(limit=limit, tags=tags, batch=batch, full=full),
-    )
+    reports = Reports(out)
+    try:
+        report = do_apply(
+            spec,
+            _state_root(state_dir, spec),
+            reports,
+            verify=not no_verify,
+            leaving=Leaving(timeout=drain_timeout, force=force),
+            scope=Scope(limit=limit, tags=tags, batch=batch, full=full),
+        )
+    finally:
+        reports.close()
     failed = print_checks(report.checks, out) if report.checks else 0
     if failed:
         raise typer.Exit(1)
@@ -311,7 +323,8 @@ def verify(
     only read; the idle ones are held in a reservation of verify's own while the test job, NCCL
     and ib_write_bw run there, and given back after."""
     from provision.lifecycle import verify as do_verify
-    from provision.verify import json_lines, print_checks
+    from provision.verify import json_lines
+    from provision.views import print_checks
 
     def say(line: str) -> None:
         err.print(line, markup=False)
@@ -378,7 +391,7 @@ def destroy(
     name = load_spec(spec).name
     if not yes and not typer.confirm(f"destroy cluster '{name}' and its state?"):
         raise typer.Exit(1)
-    removed = do_destroy(spec, _state_root(state_dir, spec), out)
+    removed = do_destroy(spec, _state_root(state_dir, spec), _say)
     out.print(f"destroy: cluster '{name}' removed ({len(removed)} node(s) deleted)")
 
 
@@ -495,8 +508,9 @@ def drain_nodes(
 ) -> None:
     """Take compute nodes out of scheduling and wait until their jobs have ended."""
     from provision.drain import drain
+    from provision.head import Handle
 
-    drain(spec, _state_root(state_dir, spec), nodes, reason, wait, timeout, out.print)
+    drain(Handle.open(spec, _state_root(state_dir, spec)), nodes, reason, wait, timeout, _say)
 
 
 @app.command("resume")
@@ -508,8 +522,9 @@ def resume_nodes(
 ) -> None:
     """Give drained compute nodes back to the scheduler."""
     from provision.drain import resume
+    from provision.head import Handle
 
-    resume(spec, _state_root(state_dir, spec), nodes, out.print)
+    resume(Handle.open(spec, _state_root(state_dir, spec)), nodes, _say)
 
 
 burst_app = typer.Typer(help="Elastic pools: what Slurm has up, powering up and down.")
@@ -525,8 +540,9 @@ def burst_status(
     """Each elastic pool as the head's Slurm sees it, its cost per hour now, and the burst
     programs' last log lines."""
     from provision.bursting import burst_status as read_status
+    from provision.head import Handle
 
-    pools, log = read_status(spec, _state_root(state_dir, spec))
+    pools, log = read_status(Handle.open(spec, _state_root(state_dir, spec)))
     table = Table(title="Elastic pools")
     for col in ("pool", "nodes", "up", "powering up", "powering down", "powered down", "down"):
         table.add_column(col)

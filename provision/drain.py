@@ -9,11 +9,10 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from provision.cluster import compress, pick_nodes
 from provision.errors import OperationError, UsageError
-from provision.head import Handle, open_cluster
+from provision.head import Head
 from provision.parsers.kubernetes import KubeNode, parse_nodes
 from provision.spec.nodes import login_user
 
@@ -21,11 +20,6 @@ POLL_S = 5.0
 # the reason a rolling apply drains a batch with: a roll run again after an interruption takes up
 # the nodes an earlier one left so, and gives them back
 ROLLING_REASON = "provision apply --batch: rolling change"
-
-
-def on_head(spec_path: Path, state_root: Path, command: str, timeout: float = 60) -> str:
-    """Run one shell command on the first head; its output, or OperationError with its error."""
-    return Handle.open(spec_path, state_root).on_head(command, timeout)
 
 
 def _reason(text: str | None) -> str:
@@ -36,8 +30,7 @@ def _reason(text: str | None) -> str:
 
 
 def drain(
-    spec_path: Path,
-    state_root: Path,
+    head: Head,
     names: str,
     reason: str | None,
     wait: bool,
@@ -45,28 +38,22 @@ def drain(
     say: Callable[[str], None],
 ) -> list[str]:
     """Drain the spec's compute nodes these names give; with wait, until no job runs there."""
-    spec, cluster, _ = open_cluster(spec_path, state_root)
-    nodes = pick_nodes(cluster, names, spec_path)
+    nodes = pick_nodes(head.cluster, names, head.spec_path)
     why = _reason(reason)
-    if spec.scheduler == "kubernetes":
+    if head.spec.scheduler == "kubernetes":
         # kubectl drain waits for the evictions itself; without --wait, it is a cordon
         if wait:
-            evict(spec_path, state_root, nodes, timeout, say)
+            evict(head, nodes, timeout, say)
         else:
-            on_head(
-                spec_path,
-                state_root,
-                f"{kubectl(spec_path, state_root)} cordon {shlex.join(nodes)}",
-            )
+            head.on_head(f"{kubectl(head)} cordon {shlex.join(nodes)}")
             say(f"drain: {compress(nodes)}: cordoned, no new pod is scheduled there")
         return nodes
-    drain_nodes(spec_path, state_root, nodes, why, wait, timeout, say)
+    drain_nodes(head, nodes, why, wait, timeout, say)
     return nodes
 
 
 def drain_nodes(
-    spec_path: Path,
-    state_root: Path,
+    head: Head,
     nodes: list[str],
     reason: str,
     wait: bool,
@@ -78,44 +65,42 @@ def drain_nodes(
     requeue, their jobs go back to the queue (or are cancelled, if they cannot) at once."""
     hostlist = compress(nodes)
     why = shlex.quote(reason)
-    admin = scontrol(spec_path, state_root)
-    on_head(spec_path, state_root, f"{admin} update NodeName={hostlist} State=DRAIN Reason={why}")
+    admin = scontrol(head)
+    head.on_head(f"{admin} update NodeName={hostlist} State=DRAIN Reason={why}")
     say(f"drain: {hostlist}: no new job starts there")
     if requeue:
-        requeued = on_head(
-            spec_path,
-            state_root,
+        requeued = head.on_head(
             f"for j in $(squeue -h -w {hostlist} -o %i); do "
-            f"{admin} requeue $j 2>/dev/null || {as_admin(spec_path, state_root)}scancel $j; "
+            f"{admin} requeue $j 2>/dev/null || {as_admin(head)}scancel $j; "
             "echo $j; done",
         ).split()
         if requeued:
             say(f"drain: {hostlist}: requeued (or cancelled) job(s) {', '.join(requeued)}")
     if wait:
-        wait_for_jobs(spec_path, state_root, nodes, timeout, say)
+        wait_for_jobs(head, nodes, timeout, say)
 
 
-def as_admin(spec_path: Path, state_root: Path) -> str:
+def as_admin(head: Head) -> str:
     """What a command on the first head starts with to run as root: `sudo -n ` when its login
     user is not root (the examples that log in as ubuntu), else nothing."""
-    spec, cluster, _ = open_cluster(spec_path, state_root)
-    return "" if login_user(spec, cluster.head_nodes[0].provider) == "root" else "sudo -n "
+    user = login_user(head.spec, head.cluster.head_nodes[0].provider)
+    return "" if user == "root" else "sudo -n "
 
 
-def scontrol(spec_path: Path, state_root: Path) -> str:
+def scontrol(head: Head) -> str:
     """scontrol as Slurm's administrator on the first head: `update`, `requeue` and
     `reconfigure` are refused to any other user."""
-    return as_admin(spec_path, state_root) + "scontrol"
+    return as_admin(head) + "scontrol"
 
 
-def kubectl(spec_path: Path, state_root: Path) -> str:
+def kubectl(head: Head) -> str:
     """kubectl as the cluster's administrator on the first head."""
-    return as_admin(spec_path, state_root) + "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+    return as_admin(head) + "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 
 
-def kube_nodes(spec_path: Path, state_root: Path) -> dict[str, KubeNode]:
+def kube_nodes(head: Head) -> dict[str, KubeNode]:
     """The nodes the Kubernetes API knows, by name."""
-    shown = on_head(spec_path, state_root, f"{kubectl(spec_path, state_root)} get nodes -o json")
+    shown = head.on_head(f"{kubectl(head)} get nodes -o json")
     try:
         return {n.name: n for n in parse_nodes(shown)}
     except ValueError as exc:
@@ -123,8 +108,7 @@ def kube_nodes(spec_path: Path, state_root: Path) -> dict[str, KubeNode]:
 
 
 def evict(
-    spec_path: Path,
-    state_root: Path,
+    head: Head,
     nodes: list[str],
     timeout: float,
     say: Callable[[str], None],
@@ -134,10 +118,8 @@ def evict(
     DaemonSets left); with force, pods no controller owns are deleted too and budgets are not
     waited for."""
     extra = " --force --disable-eviction" if force else ""
-    on_head(
-        spec_path,
-        state_root,
-        f"{kubectl(spec_path, state_root)} drain {shlex.join(nodes)} --ignore-daemonsets "
+    head.on_head(
+        f"{kubectl(head)} drain {shlex.join(nodes)} --ignore-daemonsets "
         f"--delete-emptydir-data --timeout={int(timeout)}s{extra}",
         timeout=timeout + 60,
     )
@@ -145,8 +127,7 @@ def evict(
 
 
 def drain_kubernetes_nodes(
-    spec_path: Path,
-    state_root: Path,
+    head: Head,
     nodes: list[str],
     timeout: float,
     say: Callable[[str], None],
@@ -155,25 +136,18 @@ def drain_kubernetes_nodes(
     """Take these workers out of a Kubernetes cluster, one at a time: cordoned and their pods
     evicted, then the node deleted from the API."""
     for node in nodes:
-        evict(spec_path, state_root, [node], timeout, say, force)
-        on_head(
-            spec_path,
-            state_root,
-            f"{kubectl(spec_path, state_root)} delete node {shlex.quote(node)}",
-        )
+        evict(head, [node], timeout, say, force)
+        head.on_head(f"{kubectl(head)} delete node {shlex.quote(node)}")
         say(f"drain: {node}: removed from the Kubernetes cluster")
 
 
-def uncordon(
-    spec_path: Path, state_root: Path, nodes: list[str], say: Callable[[str], None]
-) -> None:
-    on_head(spec_path, state_root, f"{kubectl(spec_path, state_root)} uncordon {shlex.join(nodes)}")
+def uncordon(head: Head, nodes: list[str], say: Callable[[str], None]) -> None:
+    head.on_head(f"{kubectl(head)} uncordon {shlex.join(nodes)}")
     say(f"resume: {compress(nodes)}: pods may be scheduled there again")
 
 
 def wait_for_jobs(
-    spec_path: Path,
-    state_root: Path,
+    head: Head,
     nodes: list[str],
     timeout: float,
     say: Callable[[str], None],
@@ -183,7 +157,7 @@ def wait_for_jobs(
     deadline = time.monotonic() + timeout
     last = ""
     while True:
-        jobs = on_head(spec_path, state_root, f"squeue -h -w {hostlist} -o '%i %N'").split("\n")
+        jobs = head.on_head(f"squeue -h -w {hostlist} -o '%i %N'").split("\n")
         running = [line.strip() for line in jobs if line.strip()]
         if not running:
             say(f"drain: {hostlist}: drained, no job runs there")
@@ -200,16 +174,16 @@ def wait_for_jobs(
         time.sleep(POLL_S)
 
 
-def running_jobs(spec_path: Path, state_root: Path, nodes: list[str]) -> list[str]:
+def running_jobs(head: Head, nodes: list[str]) -> list[str]:
     """The jobs on these nodes now: "jobid user nodes" each."""
-    shown = on_head(spec_path, state_root, f"squeue -h -w {compress(nodes)} -o '%i %u %N'", 30)
+    shown = head.on_head(f"squeue -h -w {compress(nodes)} -o '%i %u %N'", 30)
     return [line.strip() for line in shown.splitlines() if line.strip()]
 
 
-def node_reasons(spec_path: Path, state_root: Path, nodes: list[str]) -> dict[str, tuple[str, str]]:
+def node_reasons(head: Head, nodes: list[str]) -> dict[str, tuple[str, str]]:
     """Node -> (Slurm's state as sinfo spells it: `drained`, `idle*`, `down+drain` ...; the
     reason it was drained or downed)."""
-    shown = on_head(spec_path, state_root, f"sinfo -h -N -n {compress(nodes)} -o '%N|%T|%E'")
+    shown = head.on_head(f"sinfo -h -N -n {compress(nodes)} -o '%N|%T|%E'")
     split = (line.split("|", 2) for line in shown.splitlines())
     return {parts[0]: (parts[1], parts[2]) for parts in split if len(parts) == 3}
 
@@ -219,29 +193,24 @@ def out_of_service(state: str) -> bool:
     return state.startswith(("drain", "down", "fail")) or "drain" in state
 
 
-def resume(spec_path: Path, state_root: Path, names: str, say: Callable[[str], None]) -> list[str]:
+def resume(head: Head, names: str, say: Callable[[str], None]) -> list[str]:
     """Resume the nodes that are drained, draining or down (Slurm refuses the others); the
     nodes resumed."""
-    spec, cluster, _ = open_cluster(spec_path, state_root)
-    nodes = pick_nodes(cluster, names, spec_path)
-    if spec.scheduler == "kubernetes":
-        known = kube_nodes(spec_path, state_root)
+    nodes = pick_nodes(head.cluster, names, head.spec_path)
+    if head.spec.scheduler == "kubernetes":
+        known = kube_nodes(head)
         cordoned = [n for n in nodes if n in known and known[n].unschedulable]
         others = [n for n in nodes if n not in cordoned]
         if cordoned:
-            uncordon(spec_path, state_root, cordoned, say)
+            uncordon(head, cordoned, say)
         if others:
             say(f"resume: {compress(others)}: not cordoned, left as they are")
         return cordoned
-    states = node_reasons(spec_path, state_root, nodes)
+    states = node_reasons(head, nodes)
     out = [n for n in nodes if out_of_service(states.get(n, ("", ""))[0])]
     rest = [n for n in nodes if n not in out]
     if out:
-        on_head(
-            spec_path,
-            state_root,
-            f"{scontrol(spec_path, state_root)} update NodeName={compress(out)} State=RESUME",
-        )
+        head.on_head(f"{scontrol(head)} update NodeName={compress(out)} State=RESUME")
         say(f"resume: {compress(out)}: jobs may start there again")
     if rest:
         say(f"resume: {compress(rest)}: not drained or down, left as they are")
@@ -253,8 +222,7 @@ class SlurmBatchSteps:
     """The steps of a rolling change (provision/rolling.py) on a Slurm cluster, through the
     first head; `change` runs Ansible on a batch (lifecycle gives it)."""
 
-    spec_path: Path
-    state_root: Path
+    head: Head
     change: Callable[[list[str]], None]
     say: Callable[[str], None]
     drain_timeout: float = 24 * 3600
@@ -263,7 +231,7 @@ class SlurmBatchSteps:
     poll_s: float = POLL_S
 
     def drain(self, batch: list[str]) -> list[str]:
-        before = node_reasons(self.spec_path, self.state_root, batch)
+        before = node_reasons(self.head, batch)
         # an earlier roll that was interrupted or failed left these drained with its own
         # reason: they are this roll's to give back, not an operator's
         left = [
@@ -282,8 +250,7 @@ class SlurmBatchSteps:
             )
         if fresh := [n for n in ours if n not in left]:
             drain_nodes(
-                self.spec_path,
-                self.state_root,
+                self.head,
                 fresh,
                 ROLLING_REASON,
                 False,
@@ -291,7 +258,7 @@ class SlurmBatchSteps:
                 self.say,
                 requeue=self.requeue,
             )
-        wait_for_jobs(self.spec_path, self.state_root, batch, self.drain_timeout, self.say)
+        wait_for_jobs(self.head, batch, self.drain_timeout, self.say)
         return ours
 
     def verify(self, batch: list[str]) -> None:
@@ -299,7 +266,7 @@ class SlurmBatchSteps:
         rebooted comes back as down+drain or drained; `*` marks one not answering)."""
 
         def problems() -> dict[str, str]:
-            states = node_reasons(self.spec_path, self.state_root, batch)
+            states = node_reasons(self.head, batch)
             return {
                 n: " ".join(states.get(n, ("unknown to Slurm", ""))).strip()
                 for n in batch
@@ -310,12 +277,7 @@ class SlurmBatchSteps:
         self.say(f"rolling: {compress(batch)}: slurmd answering")
 
     def resume(self, nodes: list[str]) -> None:
-        on_head(
-            self.spec_path,
-            self.state_root,
-            f"{scontrol(self.spec_path, self.state_root)} update NodeName={compress(nodes)} "
-            "State=RESUME",
-        )
+        self.head.on_head(f"{scontrol(self.head)} update NodeName={compress(nodes)} State=RESUME")
         self.say(f"resume: {compress(nodes)}: jobs may start there again")
 
 
@@ -325,8 +287,7 @@ class KubernetesBatchSteps:
     a batch is cordoned and its pods evicted, changed, checked Ready at the release, and
     uncordoned."""
 
-    spec_path: Path
-    state_root: Path
+    head: Head
     change: Callable[[list[str]], None]
     say: Callable[[str], None]
     release: str  # kubernetes.version: each node's kubelet is at it afterwards
@@ -336,18 +297,18 @@ class KubernetesBatchSteps:
     poll_s: float = POLL_S
 
     def drain(self, batch: list[str]) -> list[str]:
-        before = kube_nodes(self.spec_path, self.state_root)
+        before = kube_nodes(self.head)
         kept = [n for n in batch if n in before and before[n].unschedulable]
         if kept:
             self.say(f"rolling: {compress(kept)} cordoned already: left so afterwards")
-        evict(self.spec_path, self.state_root, batch, self.drain_timeout, self.say, self.force)
+        evict(self.head, batch, self.drain_timeout, self.say, self.force)
         return [n for n in batch if n not in kept]
 
     def verify(self, batch: list[str]) -> None:
         """Every node of the batch Ready, its kubelet at the release."""
 
         def problems() -> dict[str, str]:
-            known = kube_nodes(self.spec_path, self.state_root)
+            known = kube_nodes(self.head)
             bad = {}
             for n in batch:
                 node = known.get(n)
@@ -363,7 +324,7 @@ class KubernetesBatchSteps:
         self.say(f"rolling: {compress(batch)}: Ready at {self.release}")
 
     def resume(self, nodes: list[str]) -> None:
-        uncordon(self.spec_path, self.state_root, nodes, self.say)
+        uncordon(self.head, nodes, self.say)
 
 
 def _wait_back(problems: Callable[[], dict[str, str]], timeout: float, poll_s: float) -> None:

@@ -8,6 +8,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from provision.cluster import Cluster, compress
 from provision.errors import OperationError, UsageError
@@ -22,6 +23,20 @@ from provision.state import State
 def open_cluster(spec_path: Path, state_root: Path) -> tuple[Spec, Cluster, State]:
     spec = load_spec(spec_path)
     return spec, Cluster(spec), State(state_root, spec.name)
+
+
+class Head(Protocol):
+    """What the verbs that talk to a running cluster need of it: its spec and nodes, and a
+    command run on its first head. Handle is the one that reaches it over SSH; tests give a
+    fake that answers as a head would."""
+
+    @property
+    def spec_path(self) -> Path: ...
+    @property
+    def spec(self) -> Spec: ...
+    @property
+    def cluster(self) -> Cluster: ...
+    def on_head(self, command: str, timeout: float = 60) -> str: ...
 
 
 @dataclass(frozen=True)

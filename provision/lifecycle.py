@@ -9,8 +9,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rich.console import Console
-
 from provision import converged, drain
 from provision.changes import (
     INVENTORY,
@@ -24,7 +22,7 @@ from provision.changes import (
 )
 from provision.cluster import Cluster, compress, pick_nodes
 from provision.errors import OperationError, UsageError
-from provision.head import open_cluster
+from provision.head import Handle, open_cluster
 from provision.pki import cluster_certificates, tunnel_keys
 from provision.preflight import DRIFT, preflight
 from provision.providers import get_provider
@@ -33,7 +31,7 @@ from provision.render import read_render, render, write_render
 from provision.render.tunnel import members
 from provision.rolling import batch_size, roll
 from provision.run.ansible import HostResult, RunResult, playbook_tags, run_playbook
-from provision.run.progress import HostProgress, summary_table
+from provision.run.report import PlayEnded, PlayEvent, PlayStarted, Reporter, quiet
 from provision.run.wheel import build_wheel
 from provision.secrets import ensure_cluster_secrets, monitoring_secrets
 from provision.spec import Spec
@@ -94,15 +92,11 @@ def _providers_in(cluster: Cluster) -> list[str]:
     return [k for k in PROVIDER_ORDER if k in kinds]
 
 
-def create_nodes(cluster: Cluster, state: State, console: Console) -> Cluster:
+def create_nodes(cluster: Cluster, state: State, say: Reporter = quiet) -> Cluster:
     """Ask each provider to make its nodes exist; return the cluster with their addresses."""
     addresses: dict[str, ipaddress.IPv4Address] = {}
     logins: dict[str, ipaddress.IPv4Address] = {}
-
-    def log(message: str) -> None:
-        console.print(message, markup=False)
-
-    providers = [get_provider(kind, cluster.spec, log=log) for kind in _providers_in(cluster)]
+    providers = [get_provider(kind, cluster.spec, log=say) for kind in _providers_in(cluster)]
     for provider in providers:  # every one ready before any node of any provider is made
         try:
             provider.prepare(cluster)
@@ -112,7 +106,7 @@ def create_nodes(cluster: Cluster, state: State, console: Console) -> Cluster:
         nodes = provider.chosen(cluster)
         if not nodes:
             continue
-        console.print(f"nodes: {provider.kind}: {len(nodes)} node(s)")
+        say(f"nodes: {provider.kind}: {len(nodes)} node(s)")
         addresses.update(provider.create(nodes, state))
         logins.update(provider.login_addresses(state))
     return Cluster(cluster.spec, addresses, logins) if addresses else cluster
@@ -144,11 +138,14 @@ class Leaving:
 def apply(
     spec_path: Path,
     state_root: Path,
-    console: Console,
+    say: Reporter = quiet,
     verify: bool = True,
     leaving: Leaving = Leaving(),
     scope: Scope = Scope(),
 ) -> ApplyReport:
+    """Apply the spec, phase by phase: the leaving nodes drained, the nodes made and the files
+    rendered, preflight, the converge (or a rolling change), verify. Every phase reports
+    through `say`; the report of what ran is also left in the state as last-apply.json."""
     spec, cluster, state = open_cluster(spec_path, state_root)
     hosts = [n.name for n in cluster.lasting_nodes]
     if scope.limit is not None:
@@ -163,33 +160,43 @@ def apply(
                 f"--tags {scope.tags!r}: {', '.join(map(repr, unknown)) or 'empty'} is no tag of "
                 f"the roles (they are: {', '.join(known)})"
             )
+    head = Handle(spec_path, spec, cluster, state)  # the scheduler's commands run there
     with state.locked(command_line()):
         report = ApplyReport()
         try:
             # the render of the last successful apply: what leaves, what the daemons must do
             applied = read_render(state.applied)
             refuse_unsupported_changes(spec_path, applied, cluster)
-            gone = _drain_leaving(spec_path, state_root, cluster, applied, console, leaving, report)
-            run = _Run(spec_path, state_root, console, report, leaving, scope, hosts)
-            _apply(spec, cluster, state, applied, run, verify)
-            _release(cluster, state, gone, console)
+            run = _Run(head, say, report, leaving, scope, hosts)
+            gone = _drain_leaving(run, applied)
+            _apply(cluster, applied, run, verify)
+            _release(cluster, state, gone, say)
             return report
         finally:
             (state.dir / REPORT).write_text(report.to_json())
 
 
-def _drain_leaving(
-    spec_path: Path,
-    state_root: Path,
-    cluster: Cluster,
-    applied: dict[str, str],
-    console: Console,
-    leaving: Leaving,
-    report: ApplyReport,
-) -> dict[str, InventoryNode]:
+@dataclass
+class _Run:
+    """One apply's choices, the cluster it reaches and where it reports."""
+
+    head: Handle
+    say: Reporter
+    report: ApplyReport
+    leaving: Leaving
+    scope: Scope
+    hosts: list[str]  # the lasting nodes Ansible runs on
+
+    @property
+    def state(self) -> State:
+        return self.head.state
+
+
+def _drain_leaving(run: _Run, applied: dict[str, str]) -> dict[str, InventoryNode]:
     """Drain the compute nodes of the last apply that the spec no longer has, before anything
     changes (a cloud stack would destroy them): jobs end, or with force are requeued. The
     nodes that leave."""
+    cluster, leaving, say = run.head.cluster, run.leaving, run.say
     keep = {n.name for n in cluster.nodes}
     gone = {
         name: node
@@ -203,27 +210,21 @@ def _drain_leaving(
     if not computes:
         return gone
     # the verb layer's drain reaches the head as `provision drain` does
-    console.print(f"drain: {compress(computes)} leave the spec: drained before they go")
-    with _Phase(report, "drain"):
+    say(f"drain: {compress(computes)} leave the spec: drained before they go")
+    with _Phase(run.report, "drain"):
         try:
             if kubernetes:
                 drain.drain_kubernetes_nodes(
-                    spec_path,
-                    state_root,
-                    computes,
-                    leaving.timeout,
-                    lambda m: console.print(m, markup=False),
-                    force=leaving.force,
+                    run.head, computes, leaving.timeout, say, force=leaving.force
                 )
             else:
                 drain.drain_nodes(
-                    spec_path,
-                    state_root,
+                    run.head,
                     computes,
                     "provision apply: leaving the cluster",
                     True,
                     leaving.timeout,
-                    lambda m: console.print(m, markup=False),
+                    say,
                     requeue=leaving.force,
                 )
         except OperationError as exc:
@@ -235,31 +236,16 @@ def _drain_leaving(
                     else "let their jobs end, or run apply --force to requeue them"
                 )
                 raise OperationError(f"{exc}; nothing else was changed: {what}") from None
-            console.print(f"drain: {exc}; --force: they go anyway", markup=False)
+            say(f"drain: {exc}; --force: they go anyway")
     return gone
 
 
-def _release(
-    cluster: Cluster, state: State, gone: dict[str, InventoryNode], console: Console
-) -> None:
-    """What becomes of the nodes that left, as each one's provider says (lab containers are
-    removed; a cloud's stack has destroyed its instances; static hosts are the site's)."""
+def _release(cluster: Cluster, state: State, gone: dict[str, InventoryNode], say: Reporter) -> None:
+    """What becomes of the nodes that left, as each one's provider says (its own containers
+    removed, a cloud's stack has destroyed its instances, static hosts are the site's)."""
     for kind in sorted({node.provider for node in gone.values()}):
         names = sorted(name for name, node in gone.items() if node.provider == kind)
-        console.print(get_provider(kind, cluster.spec).release(names, state), markup=False)
-
-
-@dataclass
-class _Run:
-    """One apply's choices and where it reports."""
-
-    spec_path: Path
-    state_root: Path
-    console: Console
-    report: ApplyReport
-    leaving: Leaving
-    scope: Scope
-    hosts: list[str]  # the lasting nodes Ansible runs on
+        say(get_provider(kind, cluster.spec).release(names, state))
 
 
 def _monitoring_secrets(directory: Path, spec: Spec) -> None:
@@ -274,61 +260,125 @@ def _monitoring_secrets(directory: Path, spec: Spec) -> None:
     monitoring_secrets(directory, monitoring.grafana is not None, relays)
 
 
-def _apply(
-    spec: Spec,
-    cluster: Cluster,
-    state: State,
-    applied: dict[str, str],
-    run: _Run,
-    verify: bool,
-) -> ApplyReport:
-    console, report, scope = run.console, run.report, run.scope
-    with _Phase(report, "nodes"):
-        # secrets first: a relay password file others can read stops the run before any node
-        secrets_dir = ensure_cluster_secrets(state, spec.scheduler)
-        _monitoring_secrets(secrets_dir, spec)
-        cluster = create_nodes(cluster, state, console)
-        cluster_certificates(secrets_dir, cluster)  # they name the nodes' addresses
-        made = tunnel_keys(secrets_dir, members(cluster))
-        if made:
-            console.print(f"tunnel: WireGuard keys made for {compress(made)}")
-        files = render(cluster)
-        changed = write_render(files, state.build)
-    console.print(f"render: {state.build} ({len(changed)} file(s) changed)")
-    key = private_key(spec, state)
+@dataclass(frozen=True)
+class _Made:
+    """What the nodes phase leaves: the nodes with their addresses, the render, the secrets."""
 
+    cluster: Cluster
+    files: dict[str, str]
+    secrets_dir: Path
+
+
+def _apply(cluster: Cluster, applied: dict[str, str], run: _Run, verify: bool) -> None:
+    state, scope = run.state, run.scope
+    made = _nodes_phase(cluster, run)
+    key = private_key(cluster.spec, state)
     # the nodes the last full converge left, when nothing Ansible is given changed since:
     # preflight probes them, and Ansible runs only where something drifted
     known = inventory_nodes(applied.get(INVENTORY, ""))
     rolling = scope.batch is not None and bool(known)
-    stamp = converged.fingerprint(files, secrets_dir)
+    stamp = converged.fingerprint(made.files, made.secrets_dir)
     left: dict[str, converged.Left] = {}
     if not (scope.partial or rolling or scope.full):
-        elastic = any(n.elastic for n in cluster.nodes)
+        elastic = any(n.elastic for n in made.cluster.nodes)
         left, _ = converged.skippable(state, stamp, run.hosts, elastic)
-    with _Phase(report, "preflight"):
-        checks = preflight(cluster, state, key, {h: v.probe() for h, v in left.items()})
+    drift = _preflight_phase(made.cluster, key, left, run)
+    extra_vars, new_nodes, action = _converge_vars(made, applied, known, rolling, run)
+    for c in drift.values():
+        if not c.passed:
+            run.say(f"drift: {c.target}: {c.evidence}")
+    as_left = [h for h in run.hosts if h in drift and drift[h].passed]
+    if as_left:
+        run.say(
+            f"converge: {compress(as_left)} as the last apply left them (nothing Ansible is "
+            "given changed; their files and services as left): skipped; --full converges them"
+        )
+    to_converge = [h for h in run.hosts if h not in as_left]
+    if rolling:
+        converged.forget(state)
+        _roll(made.cluster, key, run, extra_vars, new_nodes, action)
+    elif to_converge:
+        only = to_converge if as_left else None
+        _converge_and_record(made.cluster, key, run, extra_vars, only, stamp)
+    if scope.partial:
+        run.say(
+            "apply: a partial apply (--limit/--tags) is not recorded as the last apply: plan "
+            "still compares with the one before, and a full apply finishes the job"
+        )
+    else:
+        state.record_applied()
+    if verify and (scope.partial or rolling):
+        run.say(
+            "verify: skipped after a partial or rolling apply (it needs every compute node "
+            "idle): run provision verify when the cluster is"
+        )
+    elif verify:
+        _verify_phase(made.cluster, key, run)
+        if as_left and any(not c.passed for c in run.report.checks):
+            # a skip is trusted only as far as verify agrees: what the probe cannot see
+            run.say(f"verify: checks failed with {compress(as_left)} skipped: converging them too")
+            _converge_and_record(made.cluster, key, run, extra_vars, as_left, stamp)
+            _verify_phase(made.cluster, key, run)
+
+
+def _nodes_phase(cluster: Cluster, run: _Run) -> _Made:
+    """The cluster's secrets, its nodes made where the spec says, and every file rendered."""
+    state, spec, say = run.state, cluster.spec, run.say
+    with _Phase(run.report, "nodes"):
+        # secrets first: a relay password file others can read stops the run before any node
+        secrets_dir = ensure_cluster_secrets(state, spec.scheduler)
+        _monitoring_secrets(secrets_dir, spec)
+        cluster = create_nodes(cluster, state, say)
+        cluster_certificates(secrets_dir, cluster)  # they name the nodes' addresses
+        made = tunnel_keys(secrets_dir, members(cluster))
+        if made:
+            say(f"tunnel: WireGuard keys made for {compress(made)}")
+        files = render(cluster)
+        changed = write_render(files, state.build)
+    say(f"render: {state.build} ({len(changed)} file(s) changed)")
+    return _Made(cluster, files, secrets_dir)
+
+
+def _preflight_phase(
+    cluster: Cluster, key: Path | None, left: dict[str, converged.Left], run: _Run
+) -> dict[str, CheckResult]:
+    """Every node reachable and fit before any is changed (OperationError naming the ones that
+    are not); the nodes probed for drift, by name."""
+    with _Phase(run.report, "preflight"):
+        checks = preflight(cluster, run.state, key, {h: v.probe() for h, v in left.items()})
     drift = {c.target: c for c in checks if c.check == DRIFT}
     checks = [c for c in checks if c.check != DRIFT]
     bad = [c for c in checks if not c.passed]
     for c in bad:
-        console.print(f"preflight FAIL {c.check} {c.target}: {c.evidence}", markup=False)
+        run.say(f"preflight FAIL {c.check} {c.target}: {c.evidence}")
     if bad:
         names = ", ".join(sorted({c.target for c in bad}))
         raise OperationError(f"preflight failed on: {names}; nothing was changed on any node")
-    console.print(f"preflight: {len(checks)} checks passed")
+    run.say(f"preflight: {len(checks)} checks passed")
+    return drift
 
-    extra_vars: dict[str, object] = {"provision_secrets_dir": str(secrets_dir.resolve())}
-    slurm = slurm_change(applied, files)
+
+def _converge_vars(
+    made: _Made,
+    applied: dict[str, str],
+    known: dict[str, InventoryNode],
+    rolling: bool,
+    run: _Run,
+) -> tuple[dict[str, object], list[str], str]:
+    """What the roles are told of this change (the daemons' action, the nodes no job runs on,
+    the wheel), said as it is decided; with the new nodes and Slurm's action."""
+    cluster, say = made.cluster, run.say
+    extra_vars: dict[str, object] = {"provision_secrets_dir": str(made.secrets_dir.resolve())}
+    slurm = slurm_change(applied, made.files)
     # the daemons do what the change since the last apply needs: the files on the nodes may
     # be newer than that apply (one that failed), never older
     extra_vars["slurm_config_change"] = SLURM_ACTION[slurm.action]
     if slurm.action in ("reconfigure", "restart"):
-        console.print(f"slurm: {slurm.action}: {'; '.join(slurm.why)}", markup=False)
-    upgrade = kubernetes_upgrade(applied, files)
+        say(f"slurm: {slurm.action}: {'; '.join(slurm.why)}")
+    upgrade = kubernetes_upgrade(applied, made.files)
     if upgrade is not None:
         waiting = [w for w in upgrade.workers if w in run.hosts]
-        console.print(
+        say(
             f"kubernetes: {upgrade.before} -> {upgrade.after}: the control plane first, one "
             "head at a time"
             + (
@@ -338,8 +388,7 @@ def _apply(
                 "apply --batch N drains and upgrades them (verify names them until then)"
                 if waiting
                 else ""
-            ),
-            markup=False,
+            )
         )
     # nodes no job can be running on, which a role may reboot (the NVIDIA driver's): new ones
     # here; in a rolling change, each batch once drained
@@ -347,55 +396,19 @@ def _apply(
     extra_vars["provision_drained"] = new_nodes
     wanted = (cluster.spec.health, cluster.spec.monitoring)  # the nodes' programs run from it
     if any(n.elastic for n in cluster.nodes) or any(w is not None for w in wanted):
-        extra_vars["provision_wheel"] = str(build_wheel(state.dir / "wheel").resolve())
-    if scope.batch is not None and not known:
-        console.print("rolling: first apply, no job runs yet: all nodes at once")
-    for c in drift.values():
-        if not c.passed:
-            console.print(f"drift: {c.target}: {c.evidence}", markup=False)
-    as_left = [h for h in run.hosts if h in drift and drift[h].passed]
-    if as_left:
-        console.print(
-            f"converge: {compress(as_left)} as the last apply left them (nothing Ansible is "
-            "given changed; their files and services as left): skipped; --full converges them"
-        )
-    to_converge = [h for h in run.hosts if h not in as_left]
-    if rolling:
-        converged.forget(state)
-        _roll(cluster, state, key, run, extra_vars, new_nodes, slurm.action)
-    elif to_converge:
-        only = to_converge if as_left else None
-        _converge_and_record(cluster, state, key, run, extra_vars, only, stamp)
-    if scope.partial:
-        console.print(
-            "apply: a partial apply (--limit/--tags) is not recorded as the last apply: plan "
-            "still compares with the one before, and a full apply finishes the job"
-        )
-    else:
-        state.record_applied()
-    if verify and (scope.partial or rolling):
-        console.print(
-            "verify: skipped after a partial or rolling apply (it needs every compute node "
-            "idle): run provision verify when the cluster is"
-        )
-    elif verify:
-        with _Phase(report, "verify"):
-            report.checks = verify_cluster(cluster, state, key)
-        if as_left and any(not c.passed for c in report.checks):
-            # a skip is trusted only as far as verify agrees: what the probe cannot see
-            console.print(
-                f"verify: checks failed with {compress(as_left)} skipped: converging them too",
-                markup=False,
-            )
-            _converge_and_record(cluster, state, key, run, extra_vars, as_left, stamp)
-            with _Phase(report, "verify"):
-                report.checks = verify_cluster(cluster, state, key)
-    return report
+        extra_vars["provision_wheel"] = str(build_wheel(run.state.dir / "wheel").resolve())
+    if run.scope.batch is not None and not known:
+        say("rolling: first apply, no job runs yet: all nodes at once")
+    return extra_vars, new_nodes, slurm.action
+
+
+def _verify_phase(cluster: Cluster, key: Path | None, run: _Run) -> None:
+    with _Phase(run.report, "verify"):
+        run.report.checks = verify_cluster(cluster, run.state, key)
 
 
 def _converge_and_record(
     cluster: Cluster,
-    state: State,
     key: Path | None,
     run: _Run,
     extra_vars: dict[str, object],
@@ -404,9 +417,10 @@ def _converge_and_record(
 ) -> None:
     """Converge (only these nodes, or all), then record what each node was left with: the
     nodes not converged keep the record's entries; none counts as converged meanwhile."""
+    state = run.state
     before = converged.load(state) if only is not None else None
     converged.forget(state)
-    _converge(cluster, state, key, run, extra_vars, only)
+    _converge(cluster, key, run, extra_vars, only)
     if run.scope.partial or run.report.run is None or run.report.run.log_dir is None:
         return
     now = converged.from_events(converged.read_events(run.report.run.log_dir))
@@ -415,31 +429,28 @@ def _converge_and_record(
 
 
 def _play(
-    state: State,
     key: Path | None,
     run: _Run,
     limit: list[str] | None,
     extra_vars: dict[str, object],
     builds: list[ImageBuilds] | None = None,
 ) -> RunResult:
-    """One run of playbooks/site.yml, with its progress and summary; OperationError if it
+    """One run of playbooks/site.yml, its progress and summary reported; OperationError if it
     failed. limit: these hosts only (None: all)."""
     hosts = limit if limit is not None else run.hosts
-    console = run.console
     builders = [host for made in builds or [] for host in made.hosts]
-    console.print(f"ansible: playbooks/site.yml on {len(hosts) + len(builders)} host(s)")
-    with HostProgress(console, [*hosts, *builders]) as progress:
-        result = run_playbook(
-            "site.yml",
-            state,
-            key,
-            on_event=progress,
-            limit=",".join(limit) if limit is not None else None,
-            tags=run.scope.tags,
-            extra_vars=extra_vars,
-            extra_inventory=[made.inventory for made in builds or []] or None,
-        )
-    console.print(summary_table(result))
+    run.say(PlayStarted("site.yml", [*hosts, *builders]))
+    result = run_playbook(
+        "site.yml",
+        run.state,
+        key,
+        on_event=lambda event: run.say(PlayEvent(event)),
+        limit=",".join(limit) if limit is not None else None,
+        tags=run.scope.tags,
+        extra_vars=extra_vars,
+        extra_inventory=[made.inventory for made in builds or []] or None,
+    )
+    run.say(PlayEnded(result))
     run.report.run = result if run.report.run is None else _merged(run.report.run, result)
     if result.rc != 0:
         failed = ", ".join(result.failed_hosts) or "see the log"
@@ -480,7 +491,6 @@ def _merged(a: RunResult, b: RunResult) -> RunResult:
 
 def _converge(
     cluster: Cluster,
-    state: State,
     key: Path | None,
     run: _Run,
     extra_vars: dict[str, object],
@@ -488,12 +498,13 @@ def _converge(
 ) -> None:
     """All the chosen nodes at once (and the elastic pools' images, in a full apply); only:
     these of them (the others are as the last converge left them)."""
-    builds = [] if run.scope.partial else _start_image_builds(cluster, state, run.console)
+    state = run.state
+    builds = [] if run.scope.partial else _start_image_builds(cluster, state, run.say)
     limit = run.hosts if run.scope.limit is not None else only
     ok = False
     try:
         with _Phase(run.report, "ansible"):
-            _play(state, key, run, limit, extra_vars, builds)
+            _play(key, run, limit, extra_vars, builds)
         ok = True
     finally:
         if builds:
@@ -502,12 +513,11 @@ def _converge(
                     made.finish(state, ok)
             if ok:
                 images = [image for made in builds for image in made.images]
-                run.console.print(f"images: {', '.join(images)} made")
+                run.say(f"images: {', '.join(images)} made")
 
 
 def _roll(
     cluster: Cluster,
-    state: State,
     key: Path | None,
     run: _Run,
     extra_vars: dict[str, object],
@@ -531,22 +541,20 @@ def _roll(
     if reconfigure:
         extra_vars = {**extra_vars, "slurm_config_change": "none"}
 
-    def say(message: str) -> None:
-        run.console.print(message, markup=False)
+    say = run.say
 
     def change(batch: list[str]) -> None:
-        _play(state, key, run, batch, {**extra_vars, "provision_drained": batch})
+        _play(key, run, batch, {**extra_vars, "provision_drained": batch})
 
     with _Phase(run.report, "ansible"):
         if first:
-            _play(state, key, run, first, extra_vars)
+            _play(key, run, first, extra_vars)
         if rolled:
             say(f"rolling: {compress(rolled)} in batches of {size}")
             steps: drain.SlurmBatchSteps | drain.KubernetesBatchSteps
             if kubernetes:
                 steps = drain.KubernetesBatchSteps(
-                    run.spec_path,
-                    run.state_root,
+                    run.head,
                     change,
                     say,
                     cluster.spec.kubernetes.version,
@@ -555,8 +563,7 @@ def _roll(
                 )
             else:
                 steps = drain.SlurmBatchSteps(
-                    run.spec_path,
-                    run.state_root,
+                    run.head,
                     change,
                     say,
                     drain_timeout=run.leaving.timeout,
@@ -564,22 +571,18 @@ def _roll(
                 )
             roll(rolled, size, steps, say)
     if reconfigure:
-        drain.on_head(
-            run.spec_path,
-            run.state_root,
-            f"{drain.scontrol(run.spec_path, run.state_root)} reconfigure",
-        )
+        run.head.on_head(f"{drain.scontrol(run.head)} reconfigure")
         say("slurm: scontrol reconfigure (every node has the new files)")
 
 
-def _start_image_builds(cluster: Cluster, state: State, console: Console) -> list[ImageBuilds]:
+def _start_image_builds(cluster: Cluster, state: State, say: Reporter) -> list[ImageBuilds]:
     """The images the elastic pools start from that are missing or stale, each provider's."""
     started = []
     for kind in _providers_in(cluster):
-        provider = get_provider(kind, cluster.spec, log=lambda m: console.print(m, markup=False))
+        provider = get_provider(kind, cluster.spec, log=say)
         builds = provider.image_builds(cluster, state)
         if builds is not None:
-            console.print(f"images: making {', '.join(builds.images)} (the compute roles applied)")
+            say(f"images: making {', '.join(builds.images)} (the compute roles applied)")
             started.append(builds)
     return started
 
@@ -599,7 +602,9 @@ def verify(
         return verify_cluster(cluster, state, private_key(spec, state), maintenance, wait_s, say)
 
 
-def destroy(spec_path: Path, state_root: Path, console: Console) -> list[str]:
+def destroy(
+    spec_path: Path, state_root: Path, say: Callable[[str], None] = lambda _: None
+) -> list[str]:
     spec, cluster, state = open_cluster(spec_path, state_root)
     removed: list[str] = []
     with state.locked(command_line()):
@@ -608,6 +613,6 @@ def destroy(spec_path: Path, state_root: Path, console: Console) -> list[str]:
             provider = get_provider(kind, spec)
             removed += provider.destroy(nodes, state)
             if provider.destroy_note is not None:
-                console.print(provider.destroy_note)
+                say(provider.destroy_note)
         state.remove()
     return removed

@@ -15,6 +15,7 @@ from provision.errors import OperationError, UsageError
 from provision.spec import load_spec
 
 from .conftest import ROOT, run_provision
+from .fakehead import FakeHead
 
 LAB = ROOT / "examples" / "lab.yaml"
 
@@ -49,19 +50,16 @@ class Head:
         self.queues = queues
         self.commands: list[str] = []
 
-    def __call__(self, spec: Path, root: Path, command: str, timeout: float = 60) -> str:
+    def __call__(self, command: str, timeout: float = 60) -> str:
         self.commands.append(command)
         return self.queues.pop(0) if command.startswith("squeue") else ""
 
 
-def test_drain_waits_for_the_jobs_and_says_what_runs(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_drain_waits_for_the_jobs_and_says_what_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     head = Head(["12 compute001\n13 compute001\n", "13 compute001\n", "13 compute001\n", ""])
-    monkeypatch.setattr(drain, "on_head", head)
     monkeypatch.setattr(drain, "POLL_S", 0)
     said: list[str] = []
-    nodes = drain.drain(LAB, tmp_path, "compute001", "new driver", True, 60, said.append)
+    nodes = drain.drain(FakeHead(LAB, head), "compute001", "new driver", True, 60, said.append)
     assert nodes == ["compute001"]
     assert head.commands[0] == "scontrol update NodeName=compute001 State=DRAIN Reason='new driver'"
     assert said == [
@@ -73,27 +71,26 @@ def test_drain_waits_for_the_jobs_and_says_what_runs(
 
 
 def test_drain_gives_up_after_the_timeout_and_leaves_them_drained(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(drain, "on_head", Head(["7 compute002\n"] * 50))
+    head = FakeHead(LAB, Head(["7 compute002\n"] * 50))
     monkeypatch.setattr(drain, "POLL_S", 0.01)
     with pytest.raises(OperationError, match=r"1 job\(s\) still running: 7 compute002 after"):
-        drain.drain(LAB, tmp_path, "compute002", None, True, 0.05, lambda _m: None)
+        drain.drain(head, "compute002", None, True, 0.05, lambda _m: None)
+    # the spec is read once, not at every poll: the handle is the one given
+    assert len(head.asked) > 2 and head.asked[0].startswith("scontrol update")
 
 
-def test_resume_gives_back_the_drained_and_leaves_the_rest(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_resume_gives_back_the_drained_and_leaves_the_rest() -> None:
     class Sinfo(Head):
-        def __call__(self, spec: Path, root: Path, command: str, timeout: float = 60) -> str:
+        def __call__(self, command: str, timeout: float = 60) -> str:
             self.commands.append(command)
             shown = "compute001|idle|none\ncompute002|drained|new DIMM\n"
             return shown if command.startswith("sinfo") else ""
 
     head = Sinfo([])
-    monkeypatch.setattr(drain, "on_head", head)
     said: list[str] = []
-    assert drain.resume(LAB, tmp_path, "compute", said.append) == ["compute002"]
+    assert drain.resume(FakeHead(LAB, head), "compute", said.append) == ["compute002"]
     assert head.commands == [
         "sinfo -h -N -n compute[001-002] -o '%N|%T|%E'",
         "scontrol update NodeName=compute002 State=RESUME",
@@ -104,14 +101,11 @@ def test_resume_gives_back_the_drained_and_leaves_the_rest(
     ]
 
 
-def test_kubernetes_workers_leaving_are_drained_then_deleted(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_kubernetes_workers_leaving_are_drained_then_deleted(tmp_path: Path) -> None:
     head = Head([])
-    monkeypatch.setattr(drain, "on_head", head)
     said: list[str] = []
     spec = ROOT / "examples" / "lab-k8s.yaml"
-    drain.drain_kubernetes_nodes(spec, tmp_path, ["worker002"], 600, said.append)
+    drain.drain_kubernetes_nodes(FakeHead(spec, head), ["worker002"], 600, said.append)
     kubectl = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
     assert head.commands == [
         f"{kubectl} drain worker002 --ignore-daemonsets --delete-emptydir-data --timeout=600s",
@@ -126,7 +120,7 @@ def test_kubernetes_workers_leaving_are_drained_then_deleted(
     other = tmp_path / "k.yaml"
     other.write_text(spec.read_text() + "ssh:\n  user: ubuntu\n")
     head.commands.clear()
-    drain.drain_kubernetes_nodes(other, tmp_path, ["worker001"], 60, said.append, force=True)
+    drain.drain_kubernetes_nodes(FakeHead(other, head), ["worker001"], 60, said.append, force=True)
     assert head.commands[0] == (
         f"sudo -n {kubectl} drain worker001 --ignore-daemonsets --delete-emptydir-data "
         "--timeout=60s --force --disable-eviction"
@@ -152,7 +146,7 @@ class KubeHead:
         self.lists = lists
         self.commands: list[str] = []
 
-    def __call__(self, spec: Path, root: Path, command: str, timeout: float = 60) -> str:
+    def __call__(self, command: str, timeout: float = 60) -> str:
         self.commands.append(command.replace(KUBECTL, "kubectl"))
         if command.endswith("get nodes -o json"):
             return json.dumps({"items": self.lists.pop(0)})
@@ -163,9 +157,7 @@ KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 K8S = ROOT / "examples" / "lab-k8s.yaml"
 
 
-def test_a_kubernetes_batch_is_evicted_changed_checked_at_the_release_and_uncordoned(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_a_kubernetes_batch_is_evicted_changed_checked_at_the_release_and_uncordoned() -> None:
     head = KubeHead(
         [
             # before: worker002 was cordoned by an operator
@@ -175,11 +167,10 @@ def test_a_kubernetes_batch_is_evicted_changed_checked_at_the_release_and_uncord
             [_node("worker001", "1.33.5"), _node("worker002", "1.33.5", cordoned=True)],
         ]
     )
-    monkeypatch.setattr(drain, "on_head", head)
     changed: list[list[str]] = []
     said: list[str] = []
     steps = drain.KubernetesBatchSteps(
-        K8S, tmp_path, changed.append, said.append, "1.33.5", drain_timeout=900, poll_s=0
+        FakeHead(K8S, head), changed.append, said.append, "1.33.5", drain_timeout=900, poll_s=0
     )
     assert rolling.roll(["worker001", "worker002"], 2, steps, said.append) == 1
     assert changed == [["worker001", "worker002"]]
@@ -201,13 +192,15 @@ def test_a_kubernetes_batch_is_evicted_changed_checked_at_the_release_and_uncord
     ]
 
 
-def test_a_kubernetes_batch_not_back_at_the_release_stops_the_roll(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_a_kubernetes_batch_not_back_at_the_release_stops_the_roll() -> None:
     stuck = [_node("worker001", "1.32.9")]
-    monkeypatch.setattr(drain, "on_head", KubeHead([stuck] * 50))
     steps = drain.KubernetesBatchSteps(
-        K8S, tmp_path, lambda _b: None, lambda _m: None, "1.33.5", back_timeout=0.05, poll_s=0.01
+        FakeHead(K8S, KubeHead([stuck] * 50)),
+        lambda _b: None,
+        lambda _m: None,
+        "1.33.5",
+        back_timeout=0.05,
+        poll_s=0.01,
     )
     with pytest.raises(
         OperationError,
@@ -217,15 +210,13 @@ def test_a_kubernetes_batch_not_back_at_the_release_stops_the_roll(
         rolling.roll(["worker001", "worker002"], 1, steps, lambda _m: None)
 
 
-def test_drain_and_resume_of_kubernetes_workers_cordon_and_uncordon(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_drain_and_resume_of_kubernetes_workers_cordon_and_uncordon() -> None:
     head = KubeHead([[_node("worker001", "1.33.5", cordoned=True), _node("worker002", "1.33.5")]])
-    monkeypatch.setattr(drain, "on_head", head)
     said: list[str] = []
-    drain.drain(K8S, tmp_path, "worker001", None, False, 60, said.append)
-    drain.drain(K8S, tmp_path, "worker002", None, True, 60, said.append)
-    assert drain.resume(K8S, tmp_path, "worker", said.append) == ["worker001"]
+    fake = FakeHead(K8S, head)
+    drain.drain(fake, "worker001", None, False, 60, said.append)
+    drain.drain(fake, "worker002", None, True, 60, said.append)
+    assert drain.resume(fake, "worker", said.append) == ["worker001"]
     assert head.commands == [
         "kubectl cordon worker001",
         "kubectl drain worker002 --ignore-daemonsets --delete-emptydir-data --timeout=60s",

@@ -142,7 +142,8 @@ def _applied_then(tmp_path: Path, spec_path: Path, old: str, new: str) -> tuple[
 def test_plan_lists_the_jobs_on_nodes_that_leave(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from provision.plan import ask_leaving_jobs, plan_json, print_plan
+    from provision.plan import ask_leaving_jobs, plan_json
+    from provision.views import print_plan
 
     cluster, state = _applied_then(tmp_path, ROOT / "examples" / "lab.yaml", "count: 2", "count: 1")
     plan = make_plan(cluster, state)
@@ -171,7 +172,8 @@ def test_plan_lists_the_jobs_on_nodes_that_leave(tmp_path: Path) -> None:
 def test_plan_says_which_gpu_nodes_a_driver_change_reboots(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from provision.plan import plan_json, print_plan
+    from provision.plan import plan_json
+    from provision.views import print_plan
 
     dgx = ROOT / "examples" / "dgx-8.yaml"
     cluster, state = _applied_then(
@@ -219,7 +221,8 @@ def test_plan_says_which_nodes_apply_would_probe_and_skip(tmp_path: Path) -> Non
 def test_plan_says_how_a_kubernetes_release_moves(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from provision.plan import plan_json, print_plan
+    from provision.plan import plan_json
+    from provision.views import print_plan
 
     spec = ROOT / "examples" / "lab-k8s.yaml"
     older = tmp_path / "older" / "lab-k8s.yaml"

@@ -5,7 +5,6 @@ Live: tests/integration/test_lab.py (a rolling slurmd restart under a job array)
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from provision.errors import OperationError, UsageError
 from provision.rolling import batch_size, batches, roll
 
 from .conftest import ROOT, run_provision
+from .fakehead import FakeHead
 
 LAB = ROOT / "examples" / "lab.yaml"
 
@@ -116,7 +116,7 @@ class Head:
         self.states = states
         self.queues = [""]
 
-    def __call__(self, spec: Path, root: Path, command: str, timeout: float = 60) -> str:
+    def __call__(self, command: str, timeout: float = 60) -> str:
         self.log.append(command)
         if command.startswith("sinfo"):
             now = self.states.pop(0) if len(self.states) > 1 else self.states[0]
@@ -128,14 +128,10 @@ class Head:
         return ""
 
 
-def _steps(
-    monkeypatch: pytest.MonkeyPatch, states: list[dict[str, tuple[str, str]]], tmp_path: Path
-) -> tuple[drain.SlurmBatchSteps, list[str]]:
+def _steps(states: list[dict[str, tuple[str, str]]]) -> tuple[drain.SlurmBatchSteps, list[str]]:
     log: list[str] = []
-    monkeypatch.setattr(drain, "on_head", Head(log, states))
     steps = drain.SlurmBatchSteps(
-        LAB,
-        tmp_path,
+        FakeHead(LAB, Head(log, states)),
         change=lambda batch: log.append(f"ansible on {','.join(batch)}"),
         say=lambda _m: None,
         back_timeout=0.2,
@@ -148,7 +144,7 @@ def test_what_the_head_is_asked_in_a_batch(monkeypatch: pytest.MonkeyPatch, tmp_
     before = {"compute001": ("mixed", "none"), "compute002": ("drained", "disk")}
     restarting = {"compute001": ("drained*", "none"), "compute002": ("drained*", "disk")}
     back = {"compute001": ("drained", "x"), "compute002": ("drained", "disk")}
-    steps, log = _steps(monkeypatch, [before, restarting, back], tmp_path)
+    steps, log = _steps([before, restarting, back])
     roll(["compute001", "compute002"], 2, steps, lambda _m: None)
     assert log == [
         "sinfo -h -N -n compute[001-002] -o '%N|%T|%E'",
@@ -163,9 +159,7 @@ def test_what_the_head_is_asked_in_a_batch(monkeypatch: pytest.MonkeyPatch, tmp_
     ]
 
 
-def test_a_roll_run_again_gives_back_what_an_interrupted_one_left_drained(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_a_roll_run_again_gives_back_what_an_interrupted_one_left_drained() -> None:
     """The first roll was stopped (SIGINT, a failed batch) with compute001 drained by it; the
     same apply again takes it up, drains only the node it had not reached, and resumes both;
     an operator's drain in the same batch stays."""
@@ -176,14 +170,14 @@ def test_a_roll_run_again_gives_back_what_an_interrupted_one_left_drained(
         "compute003": ("drained", "health: bad DIMM"),
     }
     back = {n: ("drained", r) for n, (_s, r) in before.items()}
-    steps, log = _steps(monkeypatch, [before, back], tmp_path)
+    steps, log = _steps([before, back])
     roll(["compute001", "compute002", "compute003"], 3, steps, lambda _m: None)
     assert log[1] == f"scontrol update NodeName=compute002 State=DRAIN Reason='{reason}'"
     assert log[-1] == "scontrol update NodeName=compute[001-002] State=RESUME"
 
 
 def test_operators_commands_go_through_sudo_where_the_login_user_is_not_root(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     """scontrol update, requeue and reconfigure are Slurm's administrator's: the examples that
     log in as ubuntu reach them through sudo, as verify does; squeue and sinfo need not."""
@@ -191,9 +185,9 @@ def test_operators_commands_go_through_sudo_where_the_login_user_is_not_root(
     spec.write_text(LAB.read_text().replace("name: lab\n", "name: lab\nssh: {user: ubuntu}\n"))
     log: list[str] = []
     idle = {"compute001": ("idle", "none")}
-    monkeypatch.setattr(drain, "on_head", Head(log, [idle, {"compute001": ("drained", "x")}]))
+    head = FakeHead(spec, Head(log, [idle, {"compute001": ("drained", "x")}]))
     steps = drain.SlurmBatchSteps(
-        spec, tmp_path, change=lambda _b: None, say=lambda _m: None, requeue=True, poll_s=0.01
+        head, change=lambda _b: None, say=lambda _m: None, requeue=True, poll_s=0.01
     )
     roll(["compute001"], 1, steps, lambda _m: None)
     assert [c.split(" NodeName")[0] for c in log if c.startswith(("scontrol", "sudo"))] == [
@@ -202,15 +196,13 @@ def test_operators_commands_go_through_sudo_where_the_login_user_is_not_root(
     requeue = next(c for c in log if "requeue" in c)
     assert "sudo -n scontrol requeue $j" in requeue and "sudo -n scancel $j" in requeue
     assert not any(c.startswith("sudo") for c in log if "sinfo" in c or c.startswith("squeue"))
-    drain.resume(spec, tmp_path, "compute001", lambda _m: None)
+    drain.resume(head, "compute001", lambda _m: None)
     assert log[-1] == "sudo -n scontrol update NodeName=compute001 State=RESUME"
 
 
-def test_a_node_back_from_its_reboot_counts_as_back(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_a_node_back_from_its_reboot_counts_as_back() -> None:
     rebooted = {"compute001": ("down", "Node unexpectedly rebooted")}
-    steps, _log = _steps(monkeypatch, [rebooted], tmp_path)
+    steps, _log = _steps([rebooted])
     steps.verify(["compute001"])
 
 
@@ -218,13 +210,11 @@ def test_a_node_back_from_its_reboot_counts_as_back(
     "state",
     [("down", "Not responding"), ("idle*", "none"), ("down*", "Node unexpectedly rebooted")],
 )
-def test_a_node_that_does_not_come_back_fails_its_batch(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, state: tuple[str, str]
-) -> None:
-    steps, _log = _steps(monkeypatch, [{"compute001": state}], tmp_path)
+def test_a_node_that_does_not_come_back_fails_its_batch(state: tuple[str, str]) -> None:
+    steps, _log = _steps([{"compute001": state}])
     with pytest.raises(OperationError, match=r"not back after 0s: compute001 "):
         steps.verify(["compute001"])
-    steps, _log = _steps(monkeypatch, [{}], tmp_path)
+    steps, _log = _steps([{}])
     with pytest.raises(OperationError, match="compute002 unknown to Slurm"):
         steps.verify(["compute002"])
 
@@ -251,10 +241,9 @@ def test_a_kubernetes_roll_upgrades_the_heads_then_drained_worker_batches(
     """apply --batch on a Kubernetes cluster: the heads (the control plane, before any kubelet)
     and new nodes in one run, then the workers the cluster had, compute and login, through
     KubernetesBatchSteps (kubectl drain and uncordon), never Slurm's."""
-    from rich.console import Console
-
     from provision import lifecycle
     from provision.cluster import Cluster
+    from provision.head import Handle
     from provision.spec import load_spec
     from provision.state import State
 
@@ -264,14 +253,14 @@ def test_a_kubernetes_roll_upgrades_the_heads_then_drained_worker_batches(
     monkeypatch.setattr(
         lifecycle,
         "_play",
-        lambda _s, _k, _r, limit, extra, *_a, **_kw: plays.append(
+        lambda _k, _r, limit, extra, *_a, **_kw: plays.append(
             (limit, extra.get("provision_drained"))
         ),
     )
     made: list[tuple[str, float, bool]] = []
 
     class Steps:
-        def __init__(self, spec, root, change, say, release, drain_timeout, force) -> None:  # type: ignore[no-untyped-def]
+        def __init__(self, head, change, say, release, drain_timeout, force) -> None:  # type: ignore[no-untyped-def]
             made.append((release, drain_timeout, force))
             self.change = change
 
@@ -288,17 +277,16 @@ def test_a_kubernetes_roll_upgrades_the_heads_then_drained_worker_batches(
     monkeypatch.setattr(drain, "KubernetesBatchSteps", Steps)
     monkeypatch.setattr(drain, "SlurmBatchSteps", None)  # never Slurm's
     hosts = [n.name for n in cluster.lasting_nodes]
+    state = State(tmp_path, cluster.spec.name)
     run = lifecycle._Run(
-        spec_path,
-        tmp_path,
-        Console(file=io.StringIO()),
+        Handle(spec_path, cluster.spec, cluster, state),
+        lambda _m: None,
         lifecycle.ApplyReport(),
         lifecycle.Leaving(timeout=300, force=True),
         lifecycle.Scope(batch="1"),
         hosts,
     )
-    state = State(tmp_path, cluster.spec.name)
-    lifecycle._roll(cluster, state, None, run, {"provision_drained": []}, [], "restart")
+    lifecycle._roll(cluster, None, run, {"provision_drained": []}, [], "restart")
     assert made == [("1.33.5", 300, True)]
     assert plays == [
         (["cp001", "cp002", "cp003"], []),

@@ -35,6 +35,8 @@ class ProviderPlan:
     on_demand: list[str] = field(default_factory=list)  # elastic nodes, created when jobs wait
     what: str = "node"  # what one node is for this provider ("container", "instance", ...)
     resources: list[str] = field(default_factory=list)  # what else the provider makes
+    # what plan prints before each of the resources: the cloud's stack, or the provider's own
+    resources_label: str = "cloud"
 
 
 class ImageBuilds(Protocol):

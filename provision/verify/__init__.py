@@ -8,8 +8,6 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rich.console import Console
-
 from provision.cluster import Cluster
 from provision.spec.fabric import cloud_infiniband, efa_count, rails
 from provision.state import State
@@ -24,7 +22,6 @@ __all__ = [
     "check_admin_users",
     "connect_all",
     "json_lines",
-    "print_checks",
     "verify_cluster",
 ]
 
@@ -93,15 +90,3 @@ def json_lines(results: Sequence[CheckResult]) -> str:
         + "\n"
         for r in results
     )
-
-
-def print_checks(results: Sequence[CheckResult], console: Console) -> int:
-    """One line per check, PASS or FAIL with its evidence, then the count; returns the failed."""
-    failed = 0
-    for r in results:
-        mark = "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]"
-        failed += not r.passed
-        console.print(f"{mark} {r.check} {r.target}: ", end="")
-        console.print(r.evidence, markup=False)
-    console.print(f"verify: {len(results) - failed} passed, {failed} failed")
-    return failed

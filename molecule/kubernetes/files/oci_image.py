@@ -57,8 +57,10 @@ def main() -> None:
     man = blob(json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
     man["annotations"] = {"io.containerd.image.name": ref, "org.opencontainers.image.ref.name": ref}
     index = {"schemaVersion": 2, "manifests": [man]}
-    files = {"oci-layout": json.dumps({"imageLayoutVersion": "1.0.0"}).encode(),
-             "index.json": json.dumps(index).encode()}
+    files = {
+        "oci-layout": json.dumps({"imageLayoutVersion": "1.0.0"}).encode(),
+        "index.json": json.dumps(index).encode(),
+    }
     files.update({f"blobs/sha256/{d.split(':')[1]}": data for d, data in blobs.items()})
     with tarfile.open(out, "w") as tar:
         for name, data in files.items():

@@ -112,6 +112,7 @@ class LabProvider(Defaults):
             on_demand=[n.name for n in nodes if n.elastic],
             what="container",
             resources=self._volume_lines(),
+            resources_label="lab",
         )
 
     def _volume_lines(self) -> list[str]:
