@@ -56,8 +56,7 @@ wheel: setup
 	$(VENV)/python -m pip wheel -q --no-deps -w dist .
 
 collection: setup
-	$(VENV)/ansible-galaxy collection build --force --output-path dist \
-	  provision/ansible_collections/gpu_provision/cluster
+	$(VENV)/ansible-galaxy collection build --force --output-path dist .
 
 bench: setup image
 	$(VENV)/python bench/render.py

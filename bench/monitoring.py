@@ -32,9 +32,7 @@ from failover import on, until
 
 NAME = "benchmon"
 RUNS = 3
-COUNTERS = (
-    ROOT / "provision/ansible_collections/gpu_provision/cluster/roles/dcgm/files/counters.csv"
-)
+COUNTERS = ROOT / "roles/dcgm/files/counters.csv"
 
 
 class Hook(BaseHTTPRequestHandler):

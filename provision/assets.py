@@ -1,9 +1,12 @@
-"""What the package carries beside its code, found through importlib.resources: the same from a
-wheel, an editable install or a checkout, never through a repository root.
+"""What the package carries beside its code: the Ansible collection gpu_provision.cluster (the
+roles, the playbooks, the nvidia_gpu_facts module), the renderer's Jinja templates, Ansible's
+settings for every run and the example specs.
 
-- the Ansible collection gpu_provision.cluster (roles, playbooks, the nvidia_gpu_facts module),
-  where ansible_collections/ is the directory Ansible's collections path names;
-- the renderer's Jinja templates; Ansible's settings for every run; the example specs.
+The repository's root is the collection's root (galaxy.yml, roles/, playbooks/, plugins/) and
+the templates are its templates/. A wheel carries them inside the package, where its build maps
+them (pyproject.toml): provision/ansible_collections/gpu_provision/cluster/ and
+provision/render/templates/. A checkout (an editable install, the tests) has them at the root
+beside the package; its .collections/ holds the link Ansible's collections path needs there.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from importlib.resources import files
 from pathlib import Path
 
 COLLECTION = "gpu_provision.cluster"
+# what the collection is made of (the rest of the repository is not part of it)
+COLLECTION_PARTS = ("galaxy.yml", "meta", "playbooks", "plugins", "roles")
 
 
 def package_dir() -> Path:
@@ -22,14 +27,39 @@ def package_dir() -> Path:
     return root
 
 
+def _installed() -> bool:
+    """A wheel's install: the collection inside the package, as the build put it there."""
+    return (package_dir() / "ansible_collections").is_dir()
+
+
+def _checkout() -> Path:
+    root = package_dir().parent
+    if not (root / "galaxy.yml").is_file():
+        raise RuntimeError(
+            f"{package_dir()} carries no Ansible collection and {root} is no checkout of this "
+            "project (no galaxy.yml): reinstall provision"
+        )
+    return root
+
+
 def collections_path() -> Path:
     """The directory holding ansible_collections/: Ansible's collections path for our roles."""
-    return package_dir()
+    return package_dir() if _installed() else _checkout() / ".collections"
 
 
 def collection_dir() -> Path:
     namespace, name = COLLECTION.split(".")
-    return package_dir() / "ansible_collections" / namespace / name
+    return package_dir() / "ansible_collections" / namespace / name if _installed() else _checkout()
+
+
+def collection_files() -> list[Path]:
+    """Every file of the collection, sorted (what an image built by its roles depends on)."""
+    root = collection_dir()
+    found = []
+    for part in COLLECTION_PARTS:
+        path = root / part
+        found += [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return [p for p in found if "__pycache__" not in p.parts]
 
 
 def playbook(name: str) -> Path:
@@ -37,7 +67,7 @@ def playbook(name: str) -> Path:
 
 
 def templates_dir() -> Path:
-    return package_dir() / "render" / "templates"
+    return package_dir() / "render" / "templates" if _installed() else _checkout() / "templates"
 
 
 def ansible_cfg() -> Path:

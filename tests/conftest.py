@@ -14,7 +14,7 @@ from provision.spec import Spec, load_spec
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 # the package's Ansible collection: roles, playbooks, the nvidia_gpu_facts module
-COLLECTION = ROOT / "provision" / "ansible_collections" / "gpu_provision" / "cluster"
+COLLECTION = ROOT  # the repository's root is the collection's
 ROLES_DIR = COLLECTION / "roles"
 PLAYBOOKS_DIR = COLLECTION / "playbooks"
 # Specs of features not built yet (spec/unbuilt.py refuses them): the parts written so far
@@ -40,7 +40,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-goldens",
         action="store_true",
-        help="rewrite tests/golden/ from the current renderer instead of comparing",
+        help="rewrite tests/golden/ and inventories/ from the renderer instead of comparing",
     )
 
 

@@ -28,7 +28,7 @@ from provision.burst.podman_api import PodmanError
 from provision.bursting import parse_sinfo
 from provision.cluster import Cluster
 from provision.render import render
-from provision.run.wheel import build_wheel
+from provision.run.wheel import build_wheel, package_files
 from provision.spec import load_spec
 
 from .conftest import ROOT, third_party_imports
@@ -558,3 +558,18 @@ def test_elastic_pools_fill_cheapest_first_after_the_lasting_nodes() -> None:
         "gcp-h100-[001-008]": 8925,
         "az-h100-[001-008]": 9932,
     }
+
+
+def test_the_heads_wheel_leaves_out_what_only_the_workstation_runs(tmp_path: Path) -> None:
+    """An installed package carries the collection and the templates inside it; the heads'
+    wheel is the same without them, from a checkout or from an install."""
+    for rel in (
+        "ansible_collections/gpu_provision/cluster/roles/x/tasks/main.yml",
+        "render/templates/slurm.conf.j2",
+        "render/jinja.py",
+        "burst/__main__.py",
+    ):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x\n")
+    names = [name for name, _ in package_files(tmp_path)]
+    assert names == ["provision/burst/__main__.py", "provision/render/jinja.py"]

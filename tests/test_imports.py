@@ -15,8 +15,6 @@ PACKAGE = ROOT / "provision"
 def _modules() -> dict[str, Path]:
     found = {}
     for path in PACKAGE.rglob("*.py"):
-        if "ansible_collections" in path.parts:  # the roles' Python, run by Ansible
-            continue
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()

@@ -3,12 +3,19 @@ sources, and what customisation does to a root file system."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
+from provision import assets
+from provision.cluster import Cluster
 from provision.errors import OperationError
-from provision.providers.lab import image
+from provision.providers.lab import burst, image
+from provision.spec import load_spec
+from provision.state import State
+
+from .conftest import ROOT
 
 
 def _apt(tmp_path: Path, sources: str | None = None, listfile: str | None = None) -> Path:
@@ -119,3 +126,30 @@ def test_recipe_hash_follows_the_local_cas(tmp_path: Path) -> None:
     assert image.recipe_hash(mirror, cas) != image.recipe_hash(mirror, {})
     assert image.recipe_hash(mirror, cas) == image.recipe_hash(mirror, dict(cas))
     assert image.local_cas(tmp_path / "absent") == {}
+
+
+def test_an_elastic_pools_image_follows_the_roles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inputs an elastic lab pool's image is made from include every file of the
+    collection: a role changed makes the image stale."""
+    files = assets.collection_files()
+    names = {str(p.relative_to(assets.collection_dir())) for p in files}
+    assert {"galaxy.yml", "roles/slurm/tasks/main.yml", "playbooks/site.yml"} <= names
+    assert not any(n.startswith(("provision/", "tests/", "docs/")) for n in names)
+    copy = tmp_path / "collection"
+    for part in assets.COLLECTION_PARTS:
+        source = ROOT / part
+        if source.is_file():
+            copy.mkdir(exist_ok=True)
+            shutil.copy(source, copy / part)
+        else:
+            shutil.copytree(source, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(assets, "collection_dir", lambda: copy)
+    cluster = Cluster(load_spec(ROOT / "examples" / "lab-burst.yaml"))
+    state = State(tmp_path / "state", cluster.spec.name)
+    before = burst._digest(cluster, state, "base", "burst")
+    assert burst._digest(cluster, state, "base", "burst") == before
+    task = copy / "roles" / "slurm" / "tasks" / "main.yml"
+    task.write_text(task.read_text() + "\n")
+    assert burst._digest(cluster, state, "base", "burst") != before

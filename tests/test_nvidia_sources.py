@@ -411,7 +411,7 @@ def test_cdi_spec_is_made_again_when_the_driver_or_the_devices_change(tmp_path: 
 def test_installed_counts_only_packages_the_facts_name() -> None:
     import importlib.util
 
-    path = ROOT / "provision/ansible_collections/gpu_provision/cluster/plugins/test/installed.py"
+    path = ROOT / "plugins/test/installed.py"
     spec = importlib.util.spec_from_file_location("installed", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from provision.assets import COLLECTION_PARTS
+
 from .conftest import COLLECTION, ROOT
 
 BIN = Path(sys.executable).parent
@@ -31,13 +33,20 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_wheel_carries_every_file_of_the_package(wheel: Path) -> None:
-    tracked = subprocess.run(
-        ["git", "ls-files", "provision"], cwd=ROOT, check=True, capture_output=True, text=True
-    ).stdout.split()
-    if not tracked:
+    def tracked(*paths: str) -> list[str]:
+        return subprocess.run(
+            ["git", "ls-files", *paths], cwd=ROOT, check=True, capture_output=True, text=True
+        ).stdout.split()
+
+    if not tracked("provision"):
         pytest.skip("not a git checkout")
     inside = set(zipfile.ZipFile(wheel).namelist())
-    missing = [p for p in tracked if p not in inside and not Path(p).is_symlink()]
+    # the collection's parts and the templates are the repository's, mapped into the package
+    collection = "provision/ansible_collections/gpu_provision/cluster/"
+    wanted = [p for p in tracked("provision") if not Path(p).is_symlink()]
+    wanted += [collection + p for p in tracked(*COLLECTION_PARTS, "README.md", "CHANGELOG.md")]
+    wanted += ["provision/render/" + p for p in tracked("templates")]
+    missing = [p for p in wanted if p not in inside]
     assert not missing, missing
     for needed in (
         "provision/ansible_collections/gpu_provision/cluster/playbooks/site.yml",
@@ -158,7 +167,7 @@ def test_the_collection_builds_installs_and_a_playbook_using_it_is_lint_clean(
 
     def tool(*args: str, cwd: Path = tmp_path) -> subprocess.CompletedProcess[str]:
         # in tmp_path by default: away from the checkout's ansible.cfg, which finds the
-        # collection in the package and would make the install a no-op
+        # collection at the checkout's root and would make the install a no-op
         done = subprocess.run([str(BIN / args[0]), *args[1:]], cwd=cwd, env=env,
                               capture_output=True, text=True, check=False)  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
@@ -168,6 +177,11 @@ def test_the_collection_builds_installs_and_a_playbook_using_it_is_lint_clean(
     (tarball,) = tmp_path.glob("gpu_provision-cluster-*.tar.gz")
     with tarfile.open(tarball) as tar:
         names = tar.getnames()
+    # the collection's parts and nothing else of the repository (galaxy.yml's build_ignore):
+    # no Python package, tests, docs or tooling
+    top = {name.split("/")[0] for name in names}
+    assert top == {*COLLECTION_PARTS, "README.md", "CHANGELOG.md", "requirements.yml",
+                   "MANIFEST.json", "FILES.json"} - {"galaxy.yml"}  # fmt: skip
     assert "roles/slurm/tasks/main.yml" in names and "playbooks/site.yml" in names
     assert "plugins/modules/nvidia_gpu_facts.py" in names and "MANIFEST.json" in names
     installed = tmp_path / "collections"

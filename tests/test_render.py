@@ -1,4 +1,5 @@
-"""Rendering: goldens for every artifact of every example, determinism, real-parser checks."""
+"""Rendering: goldens for every artifact of every example (the examples' are inventories/, the
+not-built features' tests/golden/), determinism, real-parser checks."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from provision.spec import load_spec
 from .conftest import EXAMPLES, ROOT, UNBUILT, load_any, load_rendered, unwrap_unsafe
 
 GOLDEN = Path(__file__).parent / "golden"
+# the examples' renders are the repository's example inventories
+INVENTORIES = ROOT / "inventories"
 UNBUILT_DIR = ROOT / "tests" / "data" / "unbuilt"
 # every example, and the specs of features not built yet (their rendered parts)
 RENDERED = EXAMPLES + UNBUILT
@@ -28,7 +31,7 @@ def _render(example: Path) -> dict[str, str]:
 @pytest.mark.parametrize("example", RENDERED, ids=lambda p: p.stem)
 def test_golden(example: Path, update_goldens: bool) -> None:
     files = _render(example)
-    golden_dir = GOLDEN / example.stem
+    golden_dir = (INVENTORIES if example in EXAMPLES else GOLDEN) / example.stem
     if update_goldens:
         shutil.rmtree(golden_dir, ignore_errors=True)
         for rel, content in files.items():

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from provision.assets import collections_path
+
 from .conftest import PLAYBOOKS_DIR, ROLES_DIR, ROOT
 
 ROLES = sorted(p for p in (ROLES_DIR).iterdir() if p.is_dir())
@@ -139,7 +141,7 @@ def test_playbooks_syntax(tmp_path: Path) -> None:
             check=False,
             env={
                 "ANSIBLE_CONFIG": str(ROOT / "provision" / "run" / "ansible.cfg"),
-                "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "provision"),
+                "ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
                 "PATH": "/usr/bin:/bin",
             },
         )

@@ -26,12 +26,21 @@ def _record_hash(data: bytes) -> str:
     return f"sha256={digest},{len(data)}"
 
 
+# what an installed wheel carries beside the code for the workstation (the Ansible collection,
+# the renderer's templates: provision/assets.py); the nodes run neither, and a checkout has
+# them outside the package, so the heads' wheel is the same from either
+_WORKSTATION_ONLY = ("ansible_collections", "render/templates")
+
+
 def package_files(root: Path | None = None) -> list[tuple[str, bytes]]:
-    """(path in the wheel, content) of every file of the provision package, sorted."""
+    """(path in the wheel, content) of every file of the provision package the nodes may run,
+    sorted."""
     package = root or Path(provision.__file__).resolve().parent
     files = []
     for path in sorted(package.rglob("*")):
         if path.is_dir() or "__pycache__" in path.parts or path.suffix == ".pyc":
+            continue
+        if path.relative_to(package).as_posix().startswith(_WORKSTATION_ONLY):
             continue
         arcname = "provision/" + path.relative_to(package).as_posix()
         files.append((arcname, path.read_bytes()))

@@ -107,10 +107,10 @@ def _digest(cluster: Cluster, state: State, base_id: str, pool: str) -> str:
     h = hashlib.sha256(f"{base_id}\n{pool}\n".encode())
     for rel, content in sorted(read_render(state.build).items()):
         h.update(f"{rel}\n{content}\n".encode())
-    roles = assets.collections_path() / "gpu_provision" / "cluster"
-    for path in sorted(roles.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            h.update(f"{path.relative_to(roles)}\n".encode() + path.read_bytes())
+    # the collection whose roles made the image: a change to them makes it again
+    roles = assets.collection_dir()
+    for path in assets.collection_files():
+        h.update(f"{path.relative_to(roles)}\n".encode() + path.read_bytes())
     return h.hexdigest()[:16]
 
 
