@@ -207,6 +207,7 @@ def test_container_toolkit_key_and_checks_are_nvidias() -> None:
 
 
 def test_every_case_pins_what_the_spec_pins() -> None:
+    assert {source for _os, source in CASES} >= {"distro", "nvidia"}, CASES
     for os_name, source in CASES:
         text = render_case(os_name, source)
         if source == "distro":

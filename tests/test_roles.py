@@ -299,6 +299,8 @@ def test_conditional_roles_are_included_once_per_host() -> None:
 
 @pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
 def test_conditional_task_files_are_included_once(role: Path) -> None:
-    for path in (role / "tasks").glob("*.yml"):
+    paths = sorted((role / "tasks").glob("*.yml"))
+    assert paths, f"{role.name}: no task file"
+    for path in paths:
         for task in _load(path) or []:
             assert not ("ansible.builtin.import_tasks" in task and "when" in task), task["name"]

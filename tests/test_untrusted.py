@@ -156,6 +156,7 @@ def test_a_line_break_in_any_text_field_is_refused_on_one_line(
         spec = _write(changed(doc, place, good + tail), tmp_path / f"s{n}.yaml")
         with pytest.raises(SpecError) as caught:
             load_spec(spec, unbuilt=True)
+        assert caught.value.issues, place
         for issue in caught.value.issues:
             assert "\n" not in str(issue) and "\r" not in str(issue)
             assert issue.line is not None, str(issue)
