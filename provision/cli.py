@@ -10,7 +10,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, ParamSpec
+from typing import TYPE_CHECKING, Annotated, ParamSpec
 
 import typer
 from rich.console import Console
@@ -19,7 +19,10 @@ from rich.text import Text
 
 from provision import __version__
 from provision.assets import example
-from provision.errors import ProvisionError, SpecError
+from provision.errors import Issue, ProvisionError, SpecError
+
+if TYPE_CHECKING:
+    from provision.spec import Spec
 
 P = ParamSpec("P")
 
@@ -47,6 +50,17 @@ err = _console(stderr=True)
 
 def _say(line: str) -> None:
     out.print(line, markup=False)
+
+
+def _load_warning(spec: Path) -> Spec:
+    """The spec, loaded as every verb loads it, each warning about it said on stderr first."""
+    from provision.spec import load_spec
+
+    warnings: list[Issue] = []
+    loaded = load_spec(spec, warnings=warnings)
+    for warning in warnings:
+        err.print(f"warning: {warning}", markup=False)
+    return loaded
 
 
 SpecArg = Annotated[
@@ -135,9 +149,8 @@ def _root(
 def validate(spec: SpecArg = DEFAULT_SPEC) -> None:
     """Check a spec; print one line saying what the cluster is."""
     from provision.cluster import Cluster
-    from provision.spec import load_spec
 
-    cluster = Cluster(load_spec(spec))
+    cluster = Cluster(_load_warning(spec))
     out.print(f"{spec}: valid: {cluster.describe()}", markup=False)
 
 
@@ -198,11 +211,10 @@ def plan(
     from provision.head import Handle
     from provision.plan import ask_leaving_jobs, make_plan, plan_json
     from provision.render import read_render
-    from provision.spec import load_spec
     from provision.state import State
     from provision.views import print_plan
 
-    loaded = load_spec(spec)
+    loaded = _load_warning(spec)
     cluster = Cluster(loaded)
     root = _state_root(state_dir, spec)
     state = State(root, loaded.name)
@@ -272,6 +284,7 @@ def apply(
     from provision.lifecycle import apply as do_apply
     from provision.views import Reports, print_checks
 
+    _load_warning(spec)  # apply loads it again: a bad spec stops here, before anything
     reports = Reports(out)
     try:
         report = do_apply(

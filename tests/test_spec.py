@@ -14,7 +14,7 @@ from provision.spec.nodes import expand_nodes
 from provision.spec.profiles import builtin_profiles
 from provision.spec.reference import markdown
 
-from .conftest import EXAMPLES, ROOT
+from .conftest import EXAMPLES, ROOT, run_provision
 
 BAD = sorted((Path(__file__).parent / "data" / "bad_specs").glob("*.yaml"))
 LINE_RE = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+): (?:(?P<path>[^:]+): )?(?P<msg>.+)$")
@@ -144,3 +144,31 @@ def test_the_spec_reference_is_current() -> None:
     start = page.index("<!-- spec-reference:start -->") + len("<!-- spec-reference:start -->\n")
     end = page.index("<!-- spec-reference:end -->")
     assert page[start:end] == markdown(), "run `make docs` to regenerate the spec reference"
+
+
+def test_gpu_nodes_without_health_checks_are_a_warning_not_an_error(tmp_path: Path) -> None:
+    superpod = ROOT / "examples" / "dgx-superpod.yaml"
+    warnings: list[object] = []
+    load_spec(superpod, warnings=warnings)
+    assert [str(w) for w in warnings] == [
+        f"{superpod}:40: pools[2].profile: GPU pool(s) gpu, mig without health checks: a node "
+        "whose GPU or fabric port fails keeps taking jobs until drained by hand; add "
+        "`health: {}` (Slurm drains it, naming the failure)"
+    ]
+    checked = tmp_path / "checked.yaml"
+    checked.write_text(superpod.read_text() + "health: {}\n")
+    load_spec(checked, warnings=(none := []))
+    assert none == []
+    load_spec(ROOT / "examples" / "lab.yaml", warnings=(lab := []))
+    assert lab == []  # no GPU
+    load_spec(ROOT / "examples" / "k8s.yaml", warnings=(k8s := []))
+    assert k8s == []  # health checks are Slurm's
+
+
+def test_validate_says_a_warning_on_stderr_and_succeeds(tmp_path: Path) -> None:
+    spec = ROOT / "examples" / "roce.yaml"
+    done = run_provision("validate", str(spec), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{spec}: valid: cluster 'roce'")
+    assert done.stderr.startswith(f"warning: {spec}:26: pools[1].profile: GPU pool(s) gpu ")
+    assert done.stderr.count("\n") == 1
