@@ -153,3 +153,20 @@ def test_a_hosts_failure_is_the_one_that_stopped_it() -> None:
     )
     assert result.hosts["cp001"].failure == "Say which repository: cp001 cannot reach https://repo/"
     assert "cp002" not in result.hosts
+
+
+def test_a_hosts_result_names_the_tasks_that_changed_something() -> None:
+    """The record of an apply says which tasks changed each host, in order, with their role;
+    an ok that changed nothing and a failure are not among them."""
+    from provision.run.ansible import RunResult, _count
+
+    result = RunResult(rc=0, status="successful")
+    events = [
+        ("runner_on_ok", {"task": "Write chrony.conf", "role": "chrony", "res": {"changed": True}}),
+        ("runner_on_ok", {"task": "Start chrony", "role": "chrony", "res": {"changed": False}}),
+        ("runner_on_failed", {"task": "Probe", "res": {"msg": "no"}, "ignore_errors": True}),
+        ("runner_on_ok", {"task": "Restart chrony", "res": {"changed": True}}),
+    ]
+    for kind, data in events:
+        _count(result, {"event": kind, "event_data": {"host": "cp001", **data}})
+    assert result.hosts["cp001"].changed_tasks == ["chrony : Write chrony.conf", "Restart chrony"]

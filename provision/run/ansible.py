@@ -31,6 +31,9 @@ class HostResult:
     skipped: int = 0
     # the failure that stopped the host: its last (a rescued one is followed by the rescue's)
     failure: str = ""
+    # the tasks that changed something on the host, in order (the record says what an apply
+    # did, and a re-apply that should change nothing says what it did change)
+    changed_tasks: list[str] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -241,6 +244,13 @@ def _count(result: RunResult, event: dict[str, Any]) -> None:
     kind = event.get("event", "")
     data = event.get("event_data", {})
     host = data.get("host")
+    if host and kind == "runner_on_ok" and (data.get("res") or {}).get("changed"):
+        task = str(data.get("task", "?"))
+        role = data.get("role")
+        result.hosts.setdefault(host, HostResult()).changed_tasks.append(
+            f"{role} : {task}" if role else task
+        )
+        return
     if not host or kind not in ("runner_on_failed", "runner_on_unreachable"):
         return
     if kind == "runner_on_failed" and data.get("ignore_errors"):
