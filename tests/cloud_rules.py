@@ -1,4 +1,4 @@
-"""The clouds' own rules for what they accept, as the Pulumi mocks in tests/test_cloud.py enforce
+r"""The clouds' own rules for what they accept, as the Pulumi mocks in tests/test_cloud.py enforce
 them: each rule is one the cloud's API refuses a resource for at `pulumi up` (the mocks alone
 accept anything). Each function takes a resource's type and inputs, as Pulumi's mocks see them,
 and returns why the cloud would refuse it, if it would.
@@ -15,11 +15,24 @@ cannot know). Reservations: EC2's capacity-block market only with the block's re
 (launch templates' InstanceMarketOptions); Compute Engine's specific reservation affinity by the
 key compute.googleapis.com/reservation-name; Azure's on-demand capacity reservation limits (no
 proximity placement group or availability set, no scale set with a single placement group, no
-ND-series size).
+ND-series size). Joining burst nodes: EC2's user data (at most 16 KB before base64,
+RunInstances' and the launch template's UserData), the instance metadata tags option (enabled or
+disabled), IAM's role and instance profile names ([\w+=,.@-], at most 64 and 128 characters)
+and a role's trust policy (the principal ec2.amazonaws.com for an instance profile's role),
+Secrets Manager's secret names (ASCII letters, digits and /_+=.@-, at most 512; its guide asks
+that a name not end in a hyphen and six characters, which reads as a partial ARN) and its secret
+values (at most 65,536 bytes). GCP: a service account's ID (6-30 characters, a lower-case
+letter, then lower-case letters, digits and hyphens, not ending in a hyphen), Secret Manager's
+secret IDs (letters, digits, _ and -, at most 255). Azure: Key Vault names (3-24 letters, digits
+and hyphens, starting with a letter, ending with a letter or digit, no two hyphens in a row),
+a vault's tenant, its secrets' names (letters, digits and hyphens, at most 127), and a VM's
+userData (at most 64 KB, base64).
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from typing import Any
 
@@ -29,6 +42,15 @@ GCP_AUTONAME_SUFFIX = 8  # "-" and 7 random characters
 # Azure Marketplace images that need a purchase plan on the VM: (publisher, offer)
 AZURE_PLAN_IMAGES = {("resf", "rockylinux-x86_64")}
 GCP_RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+IAM_NAME = re.compile(r"[\w+=,.@-]+")
+SECRET_NAME = re.compile(r"[A-Za-z0-9/_+=.@-]{1,512}")
+USER_DATA_MAX = 16 * 1024
+SECRET_MAX = 65536
+GCP_ACCOUNT_ID = re.compile(r"[a-z]([-a-z0-9]{4,28}[a-z0-9])")
+GCP_SECRET_ID = re.compile(r"[A-Za-z0-9_-]{1,255}")
+KEY_VAULT_NAME = re.compile(r"[A-Za-z](?!.*--)[A-Za-z0-9-]{1,22}[A-Za-z0-9]")
+KEY_VAULT_SECRET = re.compile(r"[A-Za-z0-9-]{1,127}")
+AZURE_USER_DATA_MAX = 64 * 1024
 
 
 def refusals(typ: str, name: str, inputs: dict[str, Any]) -> list[str]:
@@ -37,6 +59,16 @@ def refusals(typ: str, name: str, inputs: dict[str, Any]) -> list[str]:
         return _aws_security_group(inputs)
     if typ == "aws:ec2/launchTemplate:LaunchTemplate":
         return _aws_launch_template(inputs)
+    if typ.startswith("aws:iam/") or typ.startswith("aws:secretsmanager/"):
+        return _aws_identity(typ, inputs)
+    if typ == "gcp:serviceaccount/account:Account":
+        account = inputs.get("accountId", "")
+        return [] if GCP_ACCOUNT_ID.fullmatch(account) else [f"IAM refuses account ID {account!r}"]
+    if typ == "gcp:secretmanager/secret:Secret":
+        secret = inputs.get("secretId", "")
+        return [] if GCP_SECRET_ID.fullmatch(secret) else [f"refused secret ID {secret!r}"]
+    if typ.startswith("azure-native:keyvault:"):
+        return _azure_vault(typ, inputs)
     if typ.startswith("gcp:") and not typ.startswith("gcp:index"):
         return _gcp(typ, name, inputs)
     if typ in (
@@ -66,6 +98,12 @@ def _aws_launch_template(inputs: dict[str, Any]) -> list[str]:
             f"EC2 refuses a public address on {inputs.get('name')}, a template with "
             f"{len(nics)} network interfaces (InvalidParameterCombination)"
         )
+    data = inputs.get("userData")
+    if data is not None and len(base64.b64decode(data)) > USER_DATA_MAX:
+        problems.append(f"EC2 refuses user data over 16 KB on {inputs.get('name')}")
+    tags = inputs.get("metadataOptions", {}).get("instanceMetadataTags")
+    if tags not in (None, "enabled", "disabled"):
+        problems.append(f"EC2 takes instanceMetadataTags enabled or disabled, not {tags!r}")
     market = inputs.get("instanceMarketOptions", {}).get("marketType")
     target = inputs.get("capacityReservationSpecification", {}).get("capacityReservationTarget", {})
     if market == "capacity-block" and not target.get("capacityReservationId"):
@@ -74,6 +112,45 @@ def _aws_launch_template(inputs: dict[str, Any]) -> list[str]:
             "Capacity Block's reservation ID (InvalidParameterCombination)"
         )
     return problems
+
+
+def _aws_identity(typ: str, inputs: dict[str, Any]) -> list[str]:
+    problems = []
+    name = inputs.get("name")
+    if typ == "aws:iam/role:Role":
+        if name is not None and (not IAM_NAME.fullmatch(name) or len(name) > 64):
+            problems.append(f"IAM refuses the role name {name!r}")
+        trust = json.loads(inputs["assumeRolePolicy"])
+        services = [st.get("Principal", {}).get("Service") for st in trust["Statement"]]
+        if "ec2.amazonaws.com" not in services:
+            problems.append("an instance profile's role must trust ec2.amazonaws.com")
+    elif typ == "aws:iam/instanceProfile:InstanceProfile":
+        if name is not None and (not IAM_NAME.fullmatch(name) or len(name) > 128):
+            problems.append(f"IAM refuses the instance profile name {name!r}")
+    elif typ == "aws:secretsmanager/secret:Secret":
+        if name is None or not SECRET_NAME.fullmatch(name):
+            problems.append(f"Secrets Manager refuses the secret name {name!r}")
+        elif re.search(r"-[A-Za-z0-9]{6}$", name):
+            problems.append(f"{name!r} reads as a partial ARN (a hyphen and six characters)")
+    elif typ == "aws:secretsmanager/secretVersion:SecretVersion":
+        value = inputs.get("secretBinary")
+        value = value.get("value") if isinstance(value, dict) else value
+        if value is not None and len(base64.b64decode(value)) > SECRET_MAX:
+            problems.append("Secrets Manager refuses a secret value over 64 KB")
+    return problems
+
+
+def _azure_vault(typ: str, inputs: dict[str, Any]) -> list[str]:
+    if typ == "azure-native:keyvault:Vault":
+        vault = inputs.get("vaultName", "")
+        problems = [] if KEY_VAULT_NAME.fullmatch(vault) else [f"refused vault name {vault!r}"]
+        if not inputs.get("properties", {}).get("tenantId"):
+            problems.append(f"a vault names its tenant: {vault!r} has none")
+        return problems
+    if typ == "azure-native:keyvault:Secret":
+        secret = inputs.get("secretName", "")
+        return [] if KEY_VAULT_SECRET.fullmatch(secret) else [f"refused secret {secret!r}"]
+    return []
 
 
 def _gcp(typ: str, name: str, inputs: dict[str, Any]) -> list[str]:
@@ -103,6 +180,9 @@ def _azure_machine(inputs: dict[str, Any]) -> list[str]:
     profile = inputs.get("virtualMachineProfile", inputs)
     image = profile.get("storageProfile", {}).get("imageReference", {})
     problems = []
+    data = profile.get("userData")
+    if data is not None and len(data) > AZURE_USER_DATA_MAX:
+        problems.append("Azure refuses userData over 64 KB")
     if (image.get("publisher"), image.get("offer")) in AZURE_PLAN_IMAGES and not inputs.get("plan"):
         problems.append(
             f"Azure refuses the Marketplace image {image.get('publisher')}:"

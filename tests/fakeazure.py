@@ -8,6 +8,8 @@ accepted and the VM end Failed with that code (AllocationFailed), as Azure repor
 
 from __future__ import annotations
 
+import base64
+import copy
 import itertools
 import json
 import re
@@ -19,7 +21,7 @@ from .fakehttp import JsonFake
 TOKEN = "eyJ0eXAi.fake-token"
 SUBSCRIPTION = "00000000-1111-2222-3333-444444444444"
 ARM_RESOURCE = "https://management.azure.com/"
-VM_KEYS = {"location", "tags", "properties", "plan"}
+VM_KEYS = {"location", "tags", "properties", "plan", "identity"}
 VM_PROPERTIES = {
     "virtualMachineScaleSet",
     "hardwareProfile",
@@ -29,7 +31,12 @@ VM_PROPERTIES = {
     "securityProfile",
     "capacityReservation",
     "proximityPlacementGroup",
+    "userData",
 }
+
+
+# the scale set's userData (base64), as the stack would set it
+USER_DATA = base64.b64encode(b"#cloud-config\nruncmd: [[true]]\n").decode()
 
 
 def scale_set(group: str, name: str, subnet: str, nsg: str, ppg: str) -> dict[str, Any]:
@@ -40,6 +47,16 @@ def scale_set(group: str, name: str, subnet: str, nsg: str, ppg: str) -> dict[st
         "name": name,
         "location": "eastus",
         "sku": {"name": "Standard_ND96isr_H100_v5", "tier": "Standard", "capacity": 0},
+        # the user-assigned identity that reads the munge key, as ARM answers it
+        "identity": {
+            "type": "UserAssigned",
+            "userAssignedIdentities": {
+                f"{base}/Microsoft.ManagedIdentity/userAssignedIdentities/{name}-node": {
+                    "principalId": "00000000-0000-0000-0000-00000000000a",
+                    "clientId": "00000000-0000-0000-0000-00000000000b",
+                }
+            },
+        },
         "properties": {
             "orchestrationMode": "Flexible",
             "platformFaultDomainCount": 1,
@@ -47,6 +64,7 @@ def scale_set(group: str, name: str, subnet: str, nsg: str, ppg: str) -> dict[st
                 "id": f"{base}/Microsoft.Compute/proximityPlacementGroups/{ppg}"
             },
             "virtualMachineProfile": {
+                "userData": USER_DATA,
                 "osProfile": {
                     "computerNamePrefix": name,
                     "adminUsername": "ubuntu",
@@ -146,7 +164,12 @@ class FakeARM(JsonFake):
         m = re.fullmatch(r"Microsoft\.Compute/virtualMachineScaleSets/([^/]+)", rest)
         if m and method == "GET":
             found = self.scale_sets.get(m.group(1))
-            return (200, found) if found else self._error(404, "ResourceNotFound", m.group(1))
+            if not found:
+                return self._error(404, "ResourceNotFound", m.group(1))
+            if query.get("$expand") != ["userData"]:  # ARM gives userData only when asked
+                found = copy.deepcopy(found)
+                found["properties"]["virtualMachineProfile"].pop("userData", None)
+            return 200, found
         if rest == "Microsoft.Compute/virtualMachines" and method == "GET":
             return self._list(int(query.get("skip", ["0"])[0]))
         m = re.fullmatch(r"Microsoft\.Compute/virtualMachines/([^/]+)", rest)

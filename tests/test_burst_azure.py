@@ -19,7 +19,7 @@ from provision.render import render
 from provision.spec import load_spec
 
 from .conftest import ROOT
-from .fakeazure import SUBSCRIPTION, FakeARM, scale_set
+from .fakeazure import SUBSCRIPTION, USER_DATA, FakeARM, scale_set
 
 SPEC = ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml"
 POOL = "azh100"
@@ -80,6 +80,13 @@ def test_resume_makes_a_named_vm_per_node_in_the_scale_set(
     nic = props["networkProfile"]["networkInterfaceConfigurations"][0]
     assert nic["name"] == "az-h100-001-primary" and nic["properties"]["deleteOption"] == "Delete"
     assert "securityProfile" not in props and "plan" not in body  # an Ubuntu image: no plan
+    # the join's user data and identity: read with $expand=userData, passed to each VM
+    assert props["userData"] == profile["userData"] == USER_DATA
+    (identity,) = arm.scale_sets["burst-azh100"]["identity"]["userAssignedIdentities"]
+    assert body["identity"] == {  # type: ignore[index]
+        "type": "UserAssigned",
+        "userAssignedIdentities": {identity: {}},
+    }
     assert props["proximityPlacementGroup"]["id"].endswith("/ppg")
     ips = [
         arm.nics[f"{n}-primary"]["properties"]["ipConfigurations"][0]["properties"][

@@ -6,6 +6,7 @@ SDKs installed."""
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import json
 import subprocess
@@ -79,8 +80,20 @@ class Recorder(pulumi.runtime.Mocks):  # type: ignore[misc]
             ]
         elif args.typ == "azure-native:network:NetworkInterface":
             out["ipConfigurations"] = [{"name": "primary", "privateIPAddress": private}]
+        elif args.typ == "azure-native:compute:VirtualMachineScaleSet" and "identity" in out:
+            # asked for as a list of IDs, answered as a map of them (with their principals)
+            ids = out["identity"]["userAssignedIdentities"]
+            out["identity"] = {**out["identity"], "userAssignedIdentities": dict.fromkeys(ids)}
+        elif args.typ == "gcp:serviceaccount/account:Account":
+            out["email"] = f"{args.inputs['accountId']}@lab-project.iam.gserviceaccount.com"
+        elif args.typ == "azure-native:managedidentity:UserAssignedIdentity":
+            out |= {"principalId": f"principal-{self.count}", "clientId": f"client-{self.count}"}
         elif args.typ == "azure-native:network:PublicIPAddress":
             out["ipAddress"] = public
+        if args.typ == "aws:iam/role:Role":  # IAM names a role when none is asked for
+            out.setdefault("name", args.name)
+        if args.typ.startswith("aws:"):  # every AWS resource has an ARN
+            out.setdefault("arn", f"arn:aws:{args.typ.split(':')[1]}:{args.name}")
         if args.typ.startswith("gcp:"):  # every GCP resource has a self link
             out.setdefault("selfLink", f"https://compute/{args.name}")
         return f"{args.name}-id", out
@@ -90,6 +103,8 @@ class Recorder(pulumi.runtime.Mocks):  # type: ignore[misc]
             owner = args.args["owners"][0]
             root = "/dev/xvda" if owner == "136693071363" else "/dev/sda1"
             return {"id": "ami-0123456789abcdef0", "rootDeviceName": root}
+        if args.token.endswith("getClientConfig"):  # who runs the stack, in Azure
+            return {"tenantId": "tenant-1", "subscriptionId": "sub-1", "clientId": "c"}
         return {}
 
     def of(self, suffix: str, none: bool = False) -> list[Made]:
@@ -101,7 +116,9 @@ class Recorder(pulumi.runtime.Mocks):  # type: ignore[misc]
         return found
 
 
-def build(spec_path: Path, refusals: bool = False) -> tuple[Recorder, Cluster, dict[str, Any]]:
+def build(
+    spec_path: Path, refusals: bool = False, munge_key: bytes | None = None
+) -> tuple[Recorder, Cluster, dict[str, Any]]:
     """Run the three clouds' components for a spec under mocks; their outputs, resolved. A
     resource the cloud would refuse fails it, unless `refusals` (the recorder keeps them)."""
     from provision.providers.cloud import component
@@ -114,7 +131,7 @@ def build(spec_path: Path, refusals: bool = False) -> tuple[Recorder, Cluster, d
 
     @pulumi.runtime.test  # type: ignore[misc]
     def program() -> Any:
-        built = {k: component(k, cluster, KEY) for k in kinds}
+        built = {k: component(k, cluster, KEY, munge_key) for k in kinds}
         nodes = {k: pulumi.Output.from_input(b.nodes) for k, b in built.items()}
         return pulumi.Output.all(**nodes).apply(outputs.update)
 
@@ -215,6 +232,11 @@ def test_every_resource_names_its_cluster(made: Any) -> None:
         "ResourcePolicy",
         "pulumi:providers",
         "provision:",
+        "iam/rolePolicy:RolePolicy",  # an inline policy of a tagged role
+        "secretVersion:SecretVersion",  # a version of a tagged secret
+        "serviceaccount/account:Account",  # GCP service accounts take no labels
+        "secretIamMember:SecretIamMember",  # a binding on a labelled secret
+        "authorization:RoleAssignment",  # Azure role assignments take no tags
     )
     tagged = [m for m in rec.made if not any(u in m.typ for u in untaggable)]
     assert tagged, "no resource to check"
@@ -273,7 +295,8 @@ def test_efa_traffic_is_allowed_both_ways_and_containers_reach_the_metadata(made
         assert "'" not in sg.inputs["description"]
     for template in rec.of("LaunchTemplate"):
         metadata = template.inputs["metadataOptions"]
-        assert metadata == {"httpTokens": "required", "httpPutResponseHopLimit": 2}
+        tags = {"instanceMetadataTags": "enabled"} if "userData" in template.inputs else {}
+        assert metadata == {"httpTokens": "required", "httpPutResponseHopLimit": 2, **tags}
 
 
 def test_debian_nodes_keep_the_images_root_device(tmp_path: Path) -> None:
@@ -420,6 +443,26 @@ def test_the_rules_refuse_what_the_clouds_refuse() -> None:
     assert cloud_rules.refusals("aws:ec2/securityGroup:SecurityGroup", "x", sg)
     sg["description"] = "x" * 256
     assert cloud_rules.refusals("aws:ec2/securityGroup:SecurityGroup", "x", sg)
+    big = {"name": "t", "userData": base64.b64encode(b"x" * (16 * 1024 + 1)).decode()}
+    assert cloud_rules.refusals("aws:ec2/launchTemplate:LaunchTemplate", "t", big)
+    trust = json.dumps({"Statement": [{"Principal": {"Service": "lambda.amazonaws.com"}}]})
+    assert cloud_rules.refusals("aws:iam/role:Role", "r", {"assumeRolePolicy": trust})
+    for bad in ("a b", "burst-abcdef", "x" * 513):  # a space; a partial ARN's look; too long
+        assert cloud_rules.refusals("aws:secretsmanager/secret:Secret", "s", {"name": bad})
+    assert not cloud_rules.refusals(
+        "aws:secretsmanager/secret:Secret", "s", {"name": "burst-munge-key"}
+    )
+    account = "gcp:serviceaccount/account:Account"
+    for bad in ("short", "9starts-with-digit", "a" * 31, "ends-with-"):
+        assert cloud_rules.refusals(account, "a", {"accountId": bad}), bad
+    assert not cloud_rules.refusals(account, "a", {"accountId": "burst-gcph100"})
+    vault = "azure-native:keyvault:Vault"
+    for bad in ("kv", "two--hyphens", "1vault", "v" * 25):
+        assert cloud_rules.refusals(vault, "v", {"vaultName": bad, "properties": {"tenantId": "t"}})
+    assert cloud_rules.refusals(vault, "v", {"vaultName": "pvburst0123", "properties": {}})
+    assert not cloud_rules.refusals(
+        vault, "v", {"vaultName": "pvburst0123", "properties": {"tenantId": "t"}}
+    )
     nics = [{"associatePublicIpAddress": "true"}, {}]
     lt = {"name": "c-p5", "networkInterfaces": nics}
     assert cloud_rules.refusals("aws:ec2/launchTemplate:LaunchTemplate", "c-p5", lt)
@@ -1020,3 +1063,147 @@ def test_azure_capacity_names_unaccepted_terms_and_missing_sizes(tmp_path: Path)
         "pool gcph100: Compute Engine does not offer a3-highgpu-8g in us-central1-a: pick "
         "another zone"
     ]
+
+
+def test_an_elastic_aws_pool_joins_by_its_instance_profile_and_user_data() -> None:
+    """The cluster's munge key goes into Secrets Manager (a Pulumi secret); each elastic pool's
+    launch template carries an instance profile whose role may read that one secret and
+    nothing else, tags in the metadata (the node's name), and the user data that runs the join,
+    which holds no key material."""
+    import base64
+    import secrets
+
+    import yaml
+
+    from provision.burst.join import parse_join_config
+
+    munge = secrets.token_bytes(1024)
+    rec, _, _ = build(ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml", munge_key=munge)
+    (secret,) = rec.of("secretsmanager/secret:Secret")
+    assert secret.inputs["name"] == "burst-munge-key"
+    (version,) = rec.of("secretsmanager/secretVersion:SecretVersion")
+    # a Pulumi secret: the mocks see it wrapped as the engine does, encrypted in the state
+    wrapped = version.inputs["secretBinary"]
+    assert wrapped["4dabf18193072939515e22adb298388d"] == "1b47061264138c4ac30d75fd1eb44270"
+    assert base64.b64decode(wrapped["value"]) == munge
+    (template,) = [t for t in rec.of("LaunchTemplate") if t.name == "burst-awsh100-lt"]
+    data = base64.b64decode(template.inputs["userData"])
+    for form in (munge, base64.b64encode(munge), munge.hex().encode()):
+        assert form not in data
+    join = parse_join_config(yaml.safe_load(data)["write_files"][0]["content"])
+    assert (join.cloud, join.secret, join.controller_address) == (
+        "aws",
+        "burst-munge-key",
+        "10.20.0.10",
+    )
+    (profile,) = rec.of("iam/instanceProfile:InstanceProfile")
+    assert template.inputs["iamInstanceProfile"] == {
+        "arn": f"arn:aws:iam/instanceProfile:{profile.name}"
+    }
+    (role,) = rec.of("iam/role:Role")
+    assert profile.inputs["role"] == role.name
+    assert (
+        profile.inputs["role"] == role.inputs.get("name", f"{role.name}-id")
+        or profile.inputs["role"]
+    )
+    trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+    assert trust == [
+        {
+            "Effect": "Allow",
+            "Principal": {"Service": "ec2.amazonaws.com"},
+            "Action": "sts:AssumeRole",
+        }
+    ]
+    (policy,) = rec.of("iam/rolePolicy:RolePolicy")
+    assert json.loads(policy.inputs["policy"])["Statement"] == [
+        {
+            "Effect": "Allow",
+            "Action": "secretsmanager:GetSecretValue",
+            "Resource": "arn:aws:secretsmanager/secret:burst-munge-key",
+        }
+    ]
+    # without elastic pools the stack holds no secret and no node role
+    lasting, _, _ = build(ROOT / "examples" / "hybrid-cloud.yaml")
+    assert lasting.of("secretsmanager/secret:Secret", none=True) == []
+    assert lasting.of("iam/role:Role", none=True) == []
+
+
+def test_elastic_gcp_and_azure_pools_join_by_their_identity_and_user_data() -> None:
+    """GCP: Secret Manager holds the key (its own bytes, a Pulumi secret); the pool's service
+    account may access that secret alone, and the instance template carries it and the
+    `user-data` cloud-init reads. Azure: a Key Vault with role-based access holds it; the
+    pool's user-assigned identity is Key Vault Secrets User on that one secret, and the scale
+    set carries the identity and the userData (naming that identity's client ID)."""
+    import base64
+    import secrets
+
+    import yaml
+
+    from provision.burst.join import parse_join_config
+
+    munge = secrets.token_bytes(1024)
+    rec, _, _ = build(ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml", munge_key=munge)
+
+    def joined(text: str) -> Any:
+        assert all(form not in text.encode() for form in (munge, base64.b64encode(munge)))
+        return parse_join_config(yaml.safe_load(text)["write_files"][0]["content"])
+
+    (secret,) = rec.of("gcp:secretmanager/secret:Secret")
+    assert secret.inputs["secretId"] == "burst-munge-key"
+    (version,) = rec.of("gcp:secretmanager/secretVersion:SecretVersion")
+    assert version.inputs["isSecretDataBase64"] is True
+    assert base64.b64decode(version.inputs["secretData"]["value"]) == munge
+    (account,) = rec.of("serviceaccount/account:Account")
+    (member,) = rec.of("secretIamMember:SecretIamMember")
+    assert member.inputs["role"] == "roles/secretmanager.secretAccessor"
+    assert member.inputs["secretId"] == f"{secret.name}-id"
+    email = f"{account.inputs['accountId']}@lab-project.iam.gserviceaccount.com"
+    assert member.inputs["member"] == f"serviceAccount:{email}"
+    assert account.inputs["accountId"] == "burst-gcph100"
+    (template,) = [t for t in rec.of("compute/instanceTemplate:InstanceTemplate")
+                   if t.name.startswith("burst-gcph100")]  # fmt: skip
+    assert template.inputs["serviceAccount"] == {"email": email, "scopes": ["cloud-platform"]}
+    gcp_join = joined(template.inputs["metadata"]["user-data"])
+    assert (gcp_join.cloud, gcp_join.secret) == ("gcp", "burst-munge-key")
+
+    (vault,) = rec.of("keyvault:Vault")
+    assert vault.inputs["properties"]["enableRbacAuthorization"] is True
+    (kv_secret,) = rec.of("keyvault:Secret")
+    assert base64.b64decode(kv_secret.inputs["properties"]["value"]["value"]) == munge
+    (identity,) = rec.of("managedidentity:UserAssignedIdentity")
+    (grant,) = rec.of("authorization:RoleAssignment")
+    assert grant.inputs["scope"] == f"{kv_secret.name}-id"
+    assert grant.inputs["roleDefinitionId"].endswith(
+        "/roleDefinitions/4633458b-17de-408a-b874-0445c86b69e6"
+    )
+    (scale_set,) = rec.of("compute:VirtualMachineScaleSet")
+    assert scale_set.inputs["identity"] == {
+        "type": "UserAssigned",
+        "userAssignedIdentities": [f"{identity.name}-id"],
+    }
+    profile = scale_set.inputs["virtualMachineProfile"]
+    azure_join = joined(base64.b64decode(profile["userData"]).decode())
+    assert azure_join.cloud == "azure" and azure_join.identity.startswith("client-")
+    assert azure_join.secret == (
+        f"https://{vault.inputs['vaultName']}.vault.azure.net/secrets/burst-munge-key"
+    )
+
+
+def test_plan_says_how_each_clouds_burst_nodes_join() -> None:
+    from provision.providers.cloud.layout import describe, layout
+
+    cluster = Cluster(load_any(ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml"))
+    said = {k: describe(layout(cluster, k, KEY)) for k in ("aws", "gcp", "azure")}
+    assert said["aws"][0].endswith("; the munge key in Secrets Manager")
+    assert (
+        "aws pool awsh100: burst nodes join by themselves: user data runs the join; the "
+        "instance profile reads the munge key from Secrets Manager and nothing else"
+    ) in said["aws"]
+    assert any("pool's service account reads the munge key from Secret Manager" in x
+               for x in said["gcp"])  # fmt: skip
+    assert any("pool's managed identity reads the munge key from a Key Vault" in x
+               for x in said["azure"])  # fmt: skip
+    lasting = describe(
+        layout(Cluster(load_any(ROOT / "examples" / "hybrid-cloud.yaml")), "aws", KEY)
+    )
+    assert not any("munge" in line for line in lasting)

@@ -1,7 +1,9 @@
-"""python3 -m provision.burst resume|suspend|resume-fail HOSTLIST, or reconcile.
+"""python3 -m provision.burst resume|suspend|resume-fail HOSTLIST, or reconcile; on a burst
+node, python3 -m provision.burst join [CONFIG].
 
 Run by slurmctld through the wrappers the burst role installs (as root, through sudo), and by
-the reconciler's systemd timer. Exit 0 when every node was handled, 1 otherwise, 2 on bad use.
+the reconciler's systemd timer; `join` by cloud-init at a burst node's first boot (see join.py).
+Exit 0 when every node was handled (or the node joined), 1 otherwise, 2 on bad use.
 """
 
 from __future__ import annotations
@@ -11,15 +13,45 @@ import sys
 import time
 from pathlib import Path
 
+from provision.burst.backend import BurstError, one_line
 from provision.burst.config import CONFIG_PATH, load_config
 from provision.burst.hostlist import expand
+from provision.burst.join import JOIN_CONFIG, Metadata, join, parse_join_config
 from provision.burst.programs import reconcile, resume, resume_fail, suspend
 
-USAGE = "usage: python3 -m provision.burst {resume|suspend|resume-fail} HOSTLIST | reconcile"
+USAGE = (
+    "usage: python3 -m provision.burst {resume|suspend|resume-fail} HOSTLIST | reconcile"
+    " | join [CONFIG]"
+)
+
+
+def join_main(args: list[str]) -> int:
+    """The node's join, its steps said on stdout (cloud-init's log, the serial console)."""
+    path = Path(args[0]) if args else JOIN_CONFIG
+
+    def say(line: str) -> None:
+        print(f"provision: {line}", flush=True)
+
+    try:
+        config = parse_join_config(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError) as exc:
+        say(f"join: {path}: {one_line(exc)}")
+        return 2
+    started = time.monotonic()
+    metadata = Metadata(config.cloud, os.environ.get("PROVISION_METADATA_URL"))
+    try:
+        node = join(config, metadata, say)
+    except BurstError as exc:
+        say(f"join failed: {exc}; slurmd not started, the node will not register")
+        return 1
+    say(f"join: {node} joined {config.cluster} in {time.monotonic() - started:.1f}s")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["join"] and len(args) <= 2:
+        return join_main(args[1:])
     config_path = Path(os.environ.get("PROVISION_BURST_CONFIG", str(CONFIG_PATH)))
     if not args or args[0] not in ("resume", "suspend", "resume-fail", "reconcile"):
         print(USAGE, file=sys.stderr)

@@ -125,7 +125,7 @@ class AzureBackend(Backend):
                 "networkInterfaceConfigurations": nics,
             },
         }
-        for key in ("securityProfile", "capacityReservation"):
+        for key in ("securityProfile", "capacityReservation", "userData"):
             if key in profile:
                 properties[key] = profile[key]
         if "proximityPlacementGroup" in scale_set["properties"]:
@@ -139,6 +139,12 @@ class AzureBackend(Backend):
         }
         if "plan" in scale_set:  # a Marketplace image sold under a plan: each VM names it
             body["plan"] = scale_set["plan"]
+        if "identity" in scale_set:  # the user-assigned identity that reads the munge key
+            identity = scale_set["identity"]
+            body["identity"] = {
+                "type": identity["type"],
+                "userAssignedIdentities": {key: {} for key in identity["userAssignedIdentities"]},
+            }
         return body
 
     def _provisioned(self, node: str) -> dict[str, Any]:
@@ -164,7 +170,9 @@ class AzureBackend(Backend):
             scale_set = self._call(
                 "GET",
                 f"{self._group()}/providers/Microsoft.Compute/virtualMachineScaleSets/"
-                f"{self.cloud.template}?api-version={COMPUTE_API}",
+                # the VM profile's userData comes only when asked for (Resource Manager's
+                # `$expand=userData`): without it a burst VM would boot with no join
+                f"{self.cloud.template}?api-version={COMPUTE_API}&$expand=userData",
             )
             bodies = {node: self._vm_body(node, scale_set) for node in nodes}
         except (BurstError, KeyError, TypeError) as exc:

@@ -20,6 +20,9 @@ LOG_DIR = Path("/var/log/provision")
 LAB_SOCKET_DIR = Path("/run/provision-podman")
 LAB_SOCKET = LAB_SOCKET_DIR / "podman.sock"
 MUNGE_KEY = Path("/etc/munge/munge.key")
+# this project's wheel on every node (the health, burst and node_exporter roles put it there;
+# a burst pool's image carries it): the node programs run from it
+NODE_WHEEL = "/opt/provision/gpu-provision.whl"
 # The lab's names: every container and network of a cluster carries the label; containers are
 # prefix + node name; an elastic pool's nodes start from the pool's image.
 LAB_LABEL = "provision.cluster"
@@ -47,6 +50,22 @@ def cloud_template(cluster: str, pool: str) -> str:
     """The name of what the cluster's stack makes for a pool to start instances from (AWS
     launch template, GCP instance template, Azure scale set); one every cloud takes."""
     return fit_name(f"{cluster}-{pool}")
+
+
+def munge_secret(cluster: str) -> str:
+    """The name of the cluster's munge key in the cloud's secret store (AWS Secrets Manager, GCP
+    Secret Manager, an Azure Key Vault): letters, digits and hyphens, which all three take."""
+    return fit_name(f"{cluster}-munge-key")
+
+
+def key_vault(cluster: str) -> str:
+    """The Azure Key Vault of a cluster's secrets: 3-24 letters, digits and hyphens, starting
+    with a letter, unique in all of Azure; the cluster's name and a hash of it."""
+    digest = hashlib.sha256(f"provision:{cluster}".encode()).hexdigest()[:8]
+    start = "".join(c for c in cluster.lower() if c.isalnum())[:12] or "cluster"
+    if not start[0].isalpha():
+        start = "c" + start[:11]
+    return f"pv{start}{digest}"[:24]
 
 
 def cloud_group(cluster: str) -> str:

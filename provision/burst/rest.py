@@ -58,6 +58,23 @@ def request(
         raise BurstError(f"{url.split('?')[0]}: not JSON") from None
 
 
+def text(
+    url: str, headers: dict[str, str] | None = None, method: str = "GET", timeout: float = 10
+) -> tuple[int, str]:
+    """A plain answer (a metadata service's value, IMDSv2's token): its status and text; a 4xx
+    or 5xx is answered as its status with no text, for the caller to wait or refuse."""
+    req = urllib.request.Request(url, method=method, data=b"" if method == "PUT" else None)
+    for key, value in (headers or {}).items():
+        req.add_header(key, value)
+    try:
+        with _OPENER.open(req, timeout=timeout) as answer:
+            return answer.status, answer.read(1 << 20).decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (urllib.error.URLError, OSError) as exc:
+        raise BurstError(f"{url.split('?')[0]}: {getattr(exc, 'reason', exc)}") from None
+
+
 def call(
     method: str,
     url: str,

@@ -51,8 +51,9 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                 (
                     ("pools", i, "elastic"),
                     f"not supported yet: elastic {pool.provider} pools (a new cloud instance "
-                    "cannot join the cluster by itself yet); leave elastic out and size the "
-                    "pool with count",
+                    "cannot join the cluster by itself yet: no pool image carries the join, "
+                    "and burst nodes are not in the tunnel or the firewall); leave elastic "
+                    "out and size the pool with count",
                 )
             )
         if (

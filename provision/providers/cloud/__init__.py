@@ -24,7 +24,7 @@ from typing import Any
 from provision.cluster import Cluster, compress
 from provision.errors import OperationError
 from provision.providers.base import Defaults, ProviderPlan, planned_only
-from provision.secrets import create_once
+from provision.secrets import MUNGE_KEY, create_once
 from provision.spec.models import Spec
 from provision.spec.nodes import Node
 from provision.sshkeys import public_key
@@ -278,29 +278,35 @@ def check_capacity(
         raise OperationError("aws: " + "; ".join(found.problems))
 
 
-def component(kind: str, cluster: Cluster, ssh_public_key: str) -> Any:
-    """Build the cloud's component in the current Pulumi program (or under test mocks)."""
+def component(
+    kind: str, cluster: Cluster, ssh_public_key: str, munge_key: bytes | None = None
+) -> Any:
+    """Build the cloud's component in the current Pulumi program (or under test mocks). The
+    munge key goes into the cloud's secret store where a pool is elastic (as a Pulumi secret:
+    encrypted in the stack's state)."""
     from provision.providers.cloud.layout import layout
 
     shape = layout(cluster, kind, ssh_public_key)
     if kind == "aws":
         from provision.providers.cloud.aws import AwsCluster
 
-        return AwsCluster(shape)
+        return AwsCluster(shape, munge_key)
     if kind == "gcp":
         from provision.providers.cloud.gcp import GcpCluster
 
-        return GcpCluster(shape)
+        return GcpCluster(shape, munge_key)
     from provision.providers.cloud.azure import AzureCluster
 
-    return AzureCluster(shape)
+    return AzureCluster(shape, munge_key)
 
 
-def program(kind: str, cluster: Cluster, ssh_public_key: str) -> Callable[[], None]:
+def program(
+    kind: str, cluster: Cluster, ssh_public_key: str, munge_key: bytes | None = None
+) -> Callable[[], None]:
     def run() -> None:
         import pulumi
 
-        built = component(kind, cluster, ssh_public_key)
+        built = component(kind, cluster, ssh_public_key, munge_key)
         pulumi.export("nodes", built.nodes)
         pulumi.export("templates", built.templates)
 
@@ -330,6 +336,12 @@ def addresses_from(
         if addrs.get(which):
             out[name] = ipaddress.IPv4Address(addrs[which])
     return out
+
+
+def _munge_key(state: State) -> bytes | None:
+    """The cluster's munge key (made before the nodes), for an elastic pool's secret."""
+    path = state.secrets / MUNGE_KEY
+    return path.read_bytes() if path.exists() else None
 
 
 class CloudProvider(Defaults):
@@ -390,7 +402,7 @@ class CloudProvider(Defaults):
         return auto.create_or_select_stack(
             stack_name=f"{self.spec.name}-{self.kind}",
             project_name=PROJECT,
-            program=program(self.kind, cluster, key),
+            program=program(self.kind, cluster, key, _munge_key(state)),
             opts=auto.LocalWorkspaceOptions(
                 project_settings=settings,
                 secrets_provider=os.environ.get(ENV_SECRETS) or "passphrase",

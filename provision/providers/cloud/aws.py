@@ -11,7 +11,9 @@ interface instead, as ParallelCluster gives its multi-card head node."""
 
 from __future__ import annotations
 
+import base64
 import ipaddress
+import json
 import math
 import re
 from typing import Any
@@ -19,7 +21,8 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from provision.burst.config import cloud_template
+from provision.burst.config import cloud_template, munge_secret
+from provision.providers.cloud.joining import pool_user_data
 from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, CloudPool
 
 # the characters EC2 takes in a security group's and a rule's description
@@ -46,7 +49,12 @@ def ec2_text(text: str) -> str:
 
 
 class AwsCluster(pulumi.ComponentResource):
-    def __init__(self, layout: CloudLayout, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(
+        self,
+        layout: CloudLayout,
+        munge_key: bytes | None = None,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
         super().__init__("provision:aws:Cluster", layout.cluster, None, opts)
         region = next((p.region for p in layout.pools if p.region), None)
         provider = aws.Provider(
@@ -109,6 +117,7 @@ class AwsCluster(pulumi.ComponentResource):
         )
         self.nodes: dict[str, dict[str, pulumi.Output[str]]] = {}
         self.templates: dict[str, pulumi.Output[str]] = {}
+        self.secret = _munge_secret(layout, munge_key, tags, here) if layout.bursts else None
         for pool in layout.pools:
             self._pool(layout, pool, vpc, subnets.get(pool.zone, first), key, image, here)
         self.register_outputs({"nodes": self.nodes, "templates": self.templates})
@@ -137,6 +146,10 @@ class AwsCluster(pulumi.ComponentResource):
                 opts=here,
             )
             placement = {"placement": aws.ec2.LaunchTemplatePlacementArgs(group_name=pg.name)}
+        joining: dict[str, Any] = {}
+        if pool.join is not None:
+            assert self.secret is not None
+            joining = self._joining(layout, pool, tags, here)
         template = aws.ec2.LaunchTemplate(
             layout.name(pool.name, "lt"),
             name=cloud_template(layout.cluster, pool.name),
@@ -158,7 +171,10 @@ class AwsCluster(pulumi.ComponentResource):
                 )
             ],
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_tokens="required", http_put_response_hop_limit=_METADATA_HOPS
+                http_tokens="required",
+                http_put_response_hop_limit=_METADATA_HOPS,
+                # a burst node reads its name from the tag the burst program gives it
+                instance_metadata_tags="enabled" if pool.join else None,
             ),
             tag_specifications=[
                 aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=tags)
@@ -167,6 +183,7 @@ class AwsCluster(pulumi.ComponentResource):
             tags=tags,
             opts=here,
             **placement,
+            **joining,
         )
         self.templates[pool.name] = template.id
         for node in pool.nodes:
@@ -189,6 +206,97 @@ class AwsCluster(pulumi.ComponentResource):
                 )
                 public = address.public_ip
             self.nodes[node] = {"private": instance.private_ip, "public": public}
+
+    def _joining(
+        self,
+        layout: CloudLayout,
+        pool: CloudPool,
+        tags: dict[str, str],
+        here: pulumi.ResourceOptions,
+    ) -> dict[str, Any]:
+        """What an elastic pool's template adds for a node to join by itself: an instance
+        profile whose role reads the cluster's munge key secret and nothing else, and the user
+        data that runs the join program (no key material in it)."""
+        assert pool.join is not None and self.secret is not None
+        role = aws.iam.Role(
+            layout.name(pool.name, "node"),
+            assume_role_policy=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"Service": "ec2.amazonaws.com"},
+                            "Action": "sts:AssumeRole",
+                        }
+                    ],
+                }
+            ),
+            tags=tags,
+            opts=here,
+        )
+        aws.iam.RolePolicy(
+            layout.name(pool.name, "node", "munge"),
+            role=role.id,
+            policy=self.secret.arn.apply(read_only_policy),
+            opts=here,
+        )
+        profile = aws.iam.InstanceProfile(
+            layout.name(pool.name, "node"), role=role.name, tags=tags, opts=here
+        )
+        data = pool_user_data(layout, pool, self.nodes).apply(_encoded)
+        return {
+            "iam_instance_profile": aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=profile.arn),
+            "user_data": data,
+        }
+
+
+def read_only_policy(secret_arn: str) -> str:
+    """The burst node role's one permission: read the cluster's munge key secret."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": "secretsmanager:GetSecretValue",
+                    "Resource": secret_arn,
+                }
+            ],
+        }
+    )
+
+
+def _encoded(text: str) -> str:
+    """User data as a launch template takes it: base64."""
+    return base64.b64encode(text.encode()).decode()
+
+
+def _munge_secret(
+    layout: CloudLayout,
+    munge_key: bytes | None,
+    tags: dict[str, str],
+    here: pulumi.ResourceOptions,
+) -> aws.secretsmanager.Secret:
+    """The cluster's munge key in Secrets Manager, which burst nodes read at boot. Its value is
+    a Pulumi secret (encrypted in the stack's state); without the key (a preview from the spec
+    alone) only the secret is planned."""
+    secret = aws.secretsmanager.Secret(
+        layout.name("munge-key"),
+        name=munge_secret(layout.cluster),
+        description=f"munge key of cluster {layout.cluster}: read by its burst nodes",
+        recovery_window_in_days=0,  # destroy removes it: a new cluster of the name gets anew
+        tags=tags,
+        opts=here,
+    )
+    if munge_key is not None:
+        aws.secretsmanager.SecretVersion(
+            layout.name("munge-key"),
+            secret_id=secret.id,
+            secret_binary=pulumi.Output.secret(base64.b64encode(munge_key).decode()),
+            opts=here,
+        )
+    return secret
 
 
 def _reserved(reservation: str, capacity_block: bool) -> dict[str, Any]:

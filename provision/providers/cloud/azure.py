@@ -16,12 +16,14 @@ server-side encryption, platform keys)."""
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_azure_native as az
 
-from provision.burst.config import cloud_group, cloud_template
+from provision.burst.config import cloud_group, cloud_template, key_vault, munge_secret
+from provision.providers.cloud.joining import pool_user_data
 from provision.providers.cloud.layout import (
     AZURE_PLAN_OS,
     IMAGES,
@@ -30,9 +32,17 @@ from provision.providers.cloud.layout import (
     CloudPool,
 )
 
+# Azure's built-in role that reads a Key Vault's secrets (and nothing else in it)
+SECRETS_USER_ROLE = "4633458b-17de-408a-b874-0445c86b69e6"
+
 
 class AzureCluster(pulumi.ComponentResource):
-    def __init__(self, layout: CloudLayout, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(
+        self,
+        layout: CloudLayout,
+        munge_key: bytes | None = None,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
         super().__init__("provision:azure:Cluster", layout.cluster, None, opts)
         here = pulumi.ResourceOptions(parent=self)
         location = next((p.region for p in layout.pools if p.region), None)
@@ -86,6 +96,12 @@ class AzureCluster(pulumi.ComponentResource):
         self.user = layout.admin_user
         self.nodes: dict[str, dict[str, pulumi.Output[str]]] = {}
         self.templates: dict[str, pulumi.Output[str]] = {}
+        self.client = az.authorization.get_client_config_output(
+            opts=pulumi.InvokeOptions(parent=self)
+        )
+        self.secret = (
+            _munge_secret(layout, munge_key, group, self.client, here) if layout.bursts else None
+        )
         for pool in layout.pools:
             self._pool(layout, pool, group, subnet, here)
         self.register_outputs({"nodes": self.nodes, "templates": self.templates})
@@ -255,6 +271,17 @@ class AzureCluster(pulumi.ComponentResource):
         """A burst pool's template: a Flexible scale set of capacity 0 whose VM profile is a
         lasting node's VM (image, disk, security, NIC settings) without a public address."""
         vmss = az.compute
+        identity, user_data = None, None
+        if pool.join is not None:
+            reader = self._reader(layout, pool, where)
+            identity = vmss.VirtualMachineScaleSetIdentityArgs(
+                type=vmss.ResourceIdentityType.USER_ASSIGNED,
+                user_assigned_identities=[reader.id],
+            )
+            # a VM reads it from its metadata service; the burst program copies it into each VM
+            user_data = pool_user_data(layout, pool, self.nodes, reader.client_id).apply(
+                lambda text: base64.b64encode(text.encode()).decode()
+            )
         return vmss.VirtualMachineScaleSet(
             layout.name(pool.name, "vmss"),
             vm_scale_set_name=cloud_template(layout.cluster, pool.name),
@@ -268,7 +295,9 @@ class AzureCluster(pulumi.ComponentResource):
             orchestration_mode=vmss.OrchestrationMode.FLEXIBLE,
             platform_fault_domain_count=1,
             proximity_placement_group=where.placement(),
+            identity=identity,
             virtual_machine_profile=vmss.VirtualMachineScaleSetVMProfileArgs(
+                user_data=user_data,
                 capacity_reservation=where.reservation_profile(),
                 os_profile=vmss.VirtualMachineScaleSetOSProfileArgs(
                     computer_name_prefix=layout.name(pool.name),
@@ -307,6 +336,69 @@ class AzureCluster(pulumi.ComponentResource):
             tags=where.tags,
             opts=where.opts,
         )
+
+    def _reader(
+        self, layout: CloudLayout, pool: CloudPool, where: _Where
+    ) -> az.managedidentity.UserAssignedIdentity:
+        """The pool's user-assigned identity, allowed to read the cluster's munge key secret
+        alone (Key Vault Secrets User, scoped to that one secret)."""
+        assert self.secret is not None
+        reader = az.managedidentity.UserAssignedIdentity(
+            layout.name(pool.name, "node"),
+            resource_group_name=where.group.name,
+            location=where.group.location,
+            tags=where.tags,
+            opts=where.opts,
+        )
+        az.authorization.RoleAssignment(
+            layout.name(pool.name, "munge"),
+            principal_id=reader.principal_id,
+            principal_type="ServicePrincipal",
+            role_definition_id=self.client.subscription_id.apply(
+                lambda sub: (
+                    f"/subscriptions/{sub}/providers/Microsoft.Authorization/"
+                    f"roleDefinitions/{SECRETS_USER_ROLE}"
+                )
+            ),
+            scope=self.secret.id,
+            opts=where.opts,
+        )
+        return reader
+
+
+def _munge_secret(
+    layout: CloudLayout,
+    munge_key: bytes | None,
+    group: az.resources.ResourceGroup,
+    client: pulumi.Output[az.authorization.GetClientConfigResult],
+    here: pulumi.ResourceOptions,
+) -> az.keyvault.Secret:
+    """The cluster's Key Vault (role-based access: only role assignments reach its secrets)
+    and the munge key in it, base64 (a Key Vault secret is text) and a Pulumi secret
+    (encrypted in the stack's state); a preview without the key plans an empty value."""
+    vault = az.keyvault.Vault(
+        layout.name("kv"),
+        vault_name=key_vault(layout.cluster),
+        resource_group_name=group.name,
+        location=group.location,
+        properties=az.keyvault.VaultPropertiesArgs(
+            tenant_id=client.tenant_id,
+            sku=az.keyvault.SkuArgs(family="A", name="standard"),
+            enable_rbac_authorization=True,
+        ),
+        tags=layout.tags(),
+        opts=here,
+    )
+    value = base64.b64encode(munge_key).decode() if munge_key is not None else ""
+    return az.keyvault.Secret(
+        layout.name("munge-key"),
+        secret_name=munge_secret(layout.cluster),
+        vault_name=vault.name,
+        resource_group_name=group.name,
+        properties=az.keyvault.SecretPropertiesArgs(value=pulumi.Output.secret(value)),
+        tags=layout.tags(),
+        opts=here,
+    )
 
 
 def _static_address(

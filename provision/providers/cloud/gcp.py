@@ -6,10 +6,13 @@ a3, GPUs stop for host maintenance) and the pool's lasting instances."""
 
 from __future__ import annotations
 
+import base64
+
 import pulumi
 import pulumi_gcp as gcp
 
-from provision.burst.config import cloud_template, fit_name
+from provision.burst.config import cloud_template, fit_name, munge_secret
+from provision.providers.cloud.joining import pool_user_data
 from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, CloudPool
 
 # Compute Engine names are at most 63 characters; Pulumi names a resource from its own name
@@ -33,8 +36,22 @@ def _labels(layout: CloudLayout, pool: str | None = None) -> dict[str, str]:
     return {k: v.lower() for k, v in layout.tags(pool).items()}
 
 
+def account_id(layout: CloudLayout, pool: str) -> str:
+    """A pool's service account ID: 6-30 lower-case letters, digits and hyphens, starting with
+    a letter (IAM's rule)."""
+    text = "".join(c if c.isalnum() else "-" for c in f"{layout.cluster}-{pool}".lower())
+    if not text[:1].isalpha():
+        text = f"p-{text}"
+    return fit_name(text.strip("-"), 30).ljust(6, "0")
+
+
 class GcpCluster(pulumi.ComponentResource):
-    def __init__(self, layout: CloudLayout, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(
+        self,
+        layout: CloudLayout,
+        munge_key: bytes | None = None,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
         super().__init__("provision:gcp:Cluster", layout.cluster, None, opts)
         region = next((p.region for p in layout.pools if p.region), None)
         provider = gcp.Provider(
@@ -78,6 +95,7 @@ class GcpCluster(pulumi.ComponentResource):
             )
         self.nodes: dict[str, dict[str, pulumi.Output[str]]] = {}
         self.templates: dict[str, pulumi.Output[str]] = {}
+        self.secret = _munge_secret(layout, munge_key, here) if layout.bursts else None
         for pool in layout.pools:
             self._pool(
                 layout, pool, network, subnet, extra, IMAGES[layout.os_name]["gcp"][0], region, here
@@ -118,6 +136,11 @@ class GcpCluster(pulumi.ComponentResource):
                 opts=here,
             )
             policy_link = policy.self_link
+        metadata: dict[str, object] = {"ssh-keys": f"{layout.admin_user}:{layout.ssh_public_key}"}
+        account = None
+        if pool.join is not None:  # cloud-init reads `user-data` on Compute Engine
+            metadata["user-data"] = pool_user_data(layout, pool, self.nodes)
+            account = self._reader(layout, pool, here)
         template = gcp.compute.InstanceTemplate(
             _name(layout, pool.name, "tpl"),
             # a fixed name: bursting makes instances from it by name (provision/burst/gcp.py)
@@ -140,7 +163,8 @@ class GcpCluster(pulumi.ComponentResource):
             ),
             resource_policies=policy_link,
             reservation_affinity=affinity,
-            metadata={"ssh-keys": f"{layout.admin_user}:{layout.ssh_public_key}"},
+            metadata=metadata,
+            service_account=account,
             tags=[tag],
             labels=_labels(layout, pool.name),
             # templates cannot change in place; with a fixed name the old one goes first
@@ -165,6 +189,55 @@ class GcpCluster(pulumi.ComponentResource):
                     lambda n: (n.access_configs[0].nat_ip or "") if n.access_configs else ""
                 ),
             }
+
+    def _reader(
+        self, layout: CloudLayout, pool: CloudPool, here: pulumi.ResourceOptions
+    ) -> gcp.compute.InstanceTemplateServiceAccountArgs:
+        """The pool's service account, allowed to read the cluster's munge key secret and
+        nothing else (the secret's own IAM binding; the cloud-platform scope, as Google asks,
+        with IAM deciding)."""
+        assert self.secret is not None
+        account = gcp.serviceaccount.Account(
+            _name(layout, pool.name, "node"),
+            account_id=account_id(layout, pool.name),
+            display_name=f"{layout.cluster} pool {pool.name}: burst nodes",
+            opts=here,
+        )
+        gcp.secretmanager.SecretIamMember(
+            _name(layout, pool.name, "munge"),
+            secret_id=self.secret.id,
+            role="roles/secretmanager.secretAccessor",
+            member=account.email.apply(lambda email: f"serviceAccount:{email}"),
+            opts=here,
+        )
+        return gcp.compute.InstanceTemplateServiceAccountArgs(
+            email=account.email, scopes=["cloud-platform"]
+        )
+
+
+def _munge_secret(
+    layout: CloudLayout, munge_key: bytes | None, here: pulumi.ResourceOptions
+) -> gcp.secretmanager.Secret:
+    """The cluster's munge key in Secret Manager, which burst nodes read at boot; its value a
+    Pulumi secret (encrypted in the stack's state), sent as the key's own bytes."""
+    secret = gcp.secretmanager.Secret(
+        _name(layout, "munge-key"),
+        secret_id=munge_secret(layout.cluster),
+        replication=gcp.secretmanager.SecretReplicationArgs(
+            auto=gcp.secretmanager.SecretReplicationAutoArgs()
+        ),
+        labels=_labels(layout),
+        opts=here,
+    )
+    if munge_key is not None:
+        gcp.secretmanager.SecretVersion(
+            _name(layout, "munge-key"),
+            secret=secret.id,
+            secret_data=pulumi.Output.secret(base64.b64encode(munge_key).decode()),
+            is_secret_data_base64=True,
+            opts=here,
+        )
+    return secret
 
 
 def _firewall_rules(

@@ -7,9 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from provision.burst.config import TAG_CLUSTER, TAG_POOL
+from provision.burst.join import JoinConfig
 from provision.cluster import Cluster
 from provision.render.firewall import ADMIN, CLUSTER, COMPUTE, HEADS, MONITOR, pool_rules
 from provision.render.gpu import nccl_transport
+from provision.render.userdata import join_config
 from provision.spec.fabric import cloud_infiniband, efa_count
 from provision.spec.nodes import login_user
 
@@ -69,6 +71,9 @@ class CloudPool:
     # capacity held for the pool (spec's reservation: its placement replaces the pool's own)
     reservation: str | None = None
     capacity_block: bool = False  # AWS: the reservation is a Capacity Block for ML
+    # an elastic pool's: what its instances' user data tells the join program (its
+    # controller_address is "" where the head is a node of the same stack, which fills it in)
+    join: JoinConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,12 @@ class CloudLayout:
     ssh_public_key: str
     pools: tuple[CloudPool, ...]
     os_name: str  # the spec's os: which image each cloud starts
+    head: str = ""  # the first head's name (an elastic pool's controller)
+
+    @property
+    def bursts(self) -> bool:
+        """Whether a pool is elastic: the stack then holds the munge key's secret."""
+        return any(p.join for p in self.pools)
 
     def tags(self, pool: str | None = None) -> dict[str, str]:
         out = {TAG_CLUSTER: self.cluster}
@@ -142,10 +153,20 @@ def layout(cluster: Cluster, provider: str, ssh_public_key: str) -> CloudLayout:
                 nccl=nccl_transport(cluster, view) if profile.gpu else "",
                 reservation=view.pool.reservation.id if view.pool.reservation else None,
                 capacity_block=bool(view.pool.reservation and view.pool.reservation.capacity_block),
+                join=join_config(cluster, view) if view.pool.elastic else None,
             )
         )
     user = login_user(spec, provider)  # AWS: the image's; the key pair goes to it
-    return CloudLayout(spec.name, provider, cidr, user, ssh_public_key, tuple(pools), spec.os)
+    return CloudLayout(
+        spec.name,
+        provider,
+        cidr,
+        user,
+        ssh_public_key,
+        tuple(pools),
+        spec.os,
+        cluster.head_nodes[0].name if cluster.head_nodes else "",
+    )
 
 
 NETWORK = {
@@ -155,9 +176,20 @@ NETWORK = {
 }
 
 
+# where each cloud keeps the munge key, and what a burst node reads it with
+SECRET_STORE = {"aws": "Secrets Manager", "gcp": "Secret Manager", "azure": "a Key Vault"}
+JOIN_IDENTITY = {
+    "aws": "instance profile",
+    "gcp": "pool's service account",
+    "azure": "pool's managed identity",
+}
+
+
 def describe(shape: CloudLayout) -> list[str]:
     """What the cloud's stack holds, one line for the network and one per pool (for plan)."""
     lines = [f"{shape.provider}: {', '.join(NETWORK[shape.provider])} ({shape.cidr})"]
+    if shape.bursts:
+        lines[0] += f"; the munge key in {SECRET_STORE[shape.provider]}"
     lines.append(
         f"{shape.provider}: its nodes dial the head's WireGuard tunnel once they exist; Ansible "
         "reaches them at their public addresses"
@@ -198,6 +230,12 @@ def describe(shape: CloudLayout) -> list[str]:
         if pool.elastic:
             parts.append(f"{pool.elastic} on demand")
         lines.append(f"{shape.provider} pool {pool.name}: " + ", ".join(parts))
+        if pool.join:
+            lines.append(
+                f"{shape.provider} pool {pool.name}: burst nodes join by themselves: user data "
+                f"runs the join; the {JOIN_IDENTITY[shape.provider]} reads the munge key from "
+                f"{SECRET_STORE[shape.provider]} and nothing else"
+            )
         if pool.nccl:
             lines.append(f"{shape.provider} pool {pool.name}: NCCL between nodes over {pool.nccl}")
     return lines

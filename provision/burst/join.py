@@ -1,0 +1,368 @@
+"""The node's side of a burst: what a new cloud instance runs at its first boot to join the
+cluster by itself, with no human and no secret in its user data.
+
+The pool's user data (render/userdata.py) is a `#cloud-config` that writes JOIN_CONFIG (what
+the node must know of the cluster, nothing secret) and runs `python3 -m provision.burst join`
+from this project's wheel, which the pool's image carries. In order, each step said with its
+seconds on stdout (cloud-init's log and the serial console):
+
+1. the metadata service is closed to every user but root (an nftables rule on the node's own
+   output), before anything a job can run exists: a job must never read the instance's
+   credentials;
+2. the node's name, from its own metadata: AWS from the instance's tag (the burst program tags
+   each instance after one RunInstances made them all, so the tag is waited for), GCP and
+   Azure from the instance's own name, which the burst program gave it;
+3. the munge key, from the cloud's secret store, read with the instance's own identity (an
+   instance profile, a service account, a user-assigned managed identity, each allowed to read
+   this cluster's secret alone), written 0400 munge:munge and never printed;
+4. the controller's name and address into /etc/hosts (the cloud's resolver does not know an
+   on-premises head), the node's name as its host name;
+5. munge, then `slurmd --conf-server ADDRESS:PORT -N NAME`: slurmd fetches slurm.conf from
+   slurmctld (configless) and registers, and Slurm's resume is done.
+
+A step that fails ends the program with exit code 1 and a line naming the step and the cause;
+slurmd is never started without its key, so the node never registers and Slurm's resume fails
+after ResumeTimeout (the job is requeued, the burst programs remove the instance). Only the
+standard library, and boto3 for AWS's Secrets Manager (the pool's image has python3-boto3).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from provision.burst import rest
+from provision.burst.backend import BurstError, one_line
+from provision.burst.config import MUNGE_KEY, TAG_NODE
+
+JOIN_CONFIG = Path("/etc/provision/join.json")
+# where slurmd's unit reads its options (Debian's and Ubuntu's slurmd.service, Rocky's too)
+SLURMD_DEFAULTS = {"debian": Path("/etc/default/slurmd"), "redhat": Path("/etc/sysconfig/slurmd")}
+METADATA_ADDRESS = "169.254.169.254"  # every cloud's instance metadata service
+AWS_METADATA = f"http://{METADATA_ADDRESS}"
+GCP_METADATA = "http://metadata.google.internal/computeMetadata/v1"
+AZURE_METADATA = f"http://{METADATA_ADDRESS}"
+GCP_SECRETS = "https://secretmanager.googleapis.com/v1"
+KEY_VAULT_API = "7.4"
+# the shortest munge key munged takes (it refuses a shorter one at start)
+MUNGE_KEY_MIN = 32
+# how long the node waits for the tag with its name (AWS: tagged right after launch)
+NAME_WAIT_S = 180
+NFT_TABLE = "provision_metadata"
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    """What a burst node knows of its cluster before it joins: no secret."""
+
+    cluster: str
+    cloud: str  # aws, gcp or azure: where the node's metadata and secret store are
+    controller: str  # slurmctld's host name
+    controller_address: str  # where the node reaches it (through the tunnel when remote)
+    port: int  # slurmctld's port
+    # where the munge key is: the AWS secret's name, the GCP secret's name in the node's
+    # project, or the Azure Key Vault secret's URL (https://VAULT.vault.azure.net/secrets/NAME)
+    secret: str
+    region: str = ""  # AWS: the secret's region
+    identity: str = ""  # Azure: the client ID of the user-assigned identity that reads it
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
+
+
+def parse_join_config(text: str) -> JoinConfig:
+    doc = json.loads(text)
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    known = set(JoinConfig.__dataclass_fields__)
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise ValueError(f"unknown keys: {', '.join(unknown)}")
+    config = JoinConfig(**doc)
+    if config.cloud not in ("aws", "gcp", "azure"):
+        raise ValueError(f"cloud {config.cloud!r}: not aws, gcp or azure")
+    return config
+
+
+# --- 1. the metadata service for root alone ------------------------------------------------
+
+
+def metadata_guard() -> str:
+    """The nftables table that drops what any user but root sends to the metadata service
+    (IPv4, and AWS's IPv6 address of it). Replaced whole each time: running it twice leaves
+    one table."""
+    return (
+        f"table inet {NFT_TABLE}\n"
+        f"delete table inet {NFT_TABLE}\n"
+        f"table inet {NFT_TABLE} {{\n"
+        "  chain output {\n"
+        "    type filter hook output priority 0; policy accept;\n"
+        f"    ip daddr {METADATA_ADDRESS} meta skuid != 0 counter reject\n"
+        "    ip6 daddr fd00:ec2::254 meta skuid != 0 counter reject\n"
+        "  }\n"
+        "}\n"
+    )
+
+
+# --- 2. the node's name ---------------------------------------------------------------------
+
+
+class Metadata:
+    """The instance's own metadata service, on one cloud; base points elsewhere in tests."""
+
+    def __init__(self, cloud: str, base: str | None = None) -> None:
+        self.cloud = cloud
+        self.base = (
+            base or {"aws": AWS_METADATA, "gcp": GCP_METADATA, "azure": AZURE_METADATA}[cloud]
+        )
+        self._aws_token = ""
+
+    def _aws(self, path: str) -> tuple[int, str]:
+        if not self._aws_token:  # IMDSv2: the launch template requires the session token
+            status, token = rest.text(
+                f"{self.base}/latest/api/token",
+                {"X-aws-ec2-metadata-token-ttl-seconds": "21600"},
+                method="PUT",
+            )
+            if status != 200 or not token:
+                raise BurstError(f"the metadata service gave no token (HTTP {status})")
+            self._aws_token = token
+        return rest.text(
+            f"{self.base}/latest/meta-data/{path}", {"X-aws-ec2-metadata-token": self._aws_token}
+        )
+
+    def name(self, wait_s: float = NAME_WAIT_S, poll_s: float = 2) -> str:
+        """The node's name: AWS's tag (waited for), or the instance's own name."""
+        if self.cloud == "gcp":
+            status, value = rest.text(f"{self.base}/instance/name", {"Metadata-Flavor": "Google"})
+        elif self.cloud == "azure":
+            status, value = rest.text(
+                f"{self.base}/metadata/instance/compute/name?api-version=2021-02-01&format=text",
+                {"Metadata": "true"},
+            )
+        else:
+            deadline = time.monotonic() + wait_s
+            while True:
+                status, value = self._aws(f"tags/instance/{TAG_NODE}")
+                if (status == 200 and value.strip()) or time.monotonic() >= deadline:
+                    break
+                time.sleep(poll_s)
+            if status == 404:
+                raise BurstError(
+                    f"no tag {TAG_NODE} on this instance after {wait_s:.0f}s (the launch "
+                    "template allows tags in the metadata; the burst program tags each instance)"
+                )
+        value = value.strip()
+        if status != 200 or not value:
+            raise BurstError(f"the metadata service names no instance (HTTP {status})")
+        return value
+
+    def gcp_project(self) -> str:
+        status, value = rest.text(f"{self.base}/project/project-id", {"Metadata-Flavor": "Google"})
+        if status != 200 or not value.strip():
+            raise BurstError(f"the metadata service names no project (HTTP {status})")
+        return value.strip()
+
+    def token(self, resource: str = "", identity: str = "") -> str:
+        """A bearer token for the instance's identity (GCP's service account, Azure's
+        user-assigned identity, for resource)."""
+        if self.cloud == "gcp":
+            url = f"{self.base}/instance/service-accounts/default/token"
+            headers = {"Metadata-Flavor": "Google"}
+        else:
+            query = {"api-version": "2018-02-01", "resource": resource}
+            if identity:
+                query["client_id"] = identity
+            url = f"{self.base}/metadata/identity/oauth2/token?{urllib.parse.urlencode(query)}"
+            headers = {"Metadata": "true"}
+        return rest.Token(url, headers)()
+
+
+# --- 3. the munge key -----------------------------------------------------------------------
+
+
+def _aws_secret(config: JoinConfig) -> bytes:
+    try:
+        import boto3
+        from botocore.config import Config
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        raise BurstError("boto3 is not installed (the pool's image has python3-boto3)") from None
+    client = boto3.client(
+        "secretsmanager",
+        region_name=config.region or None,
+        config=Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10),
+    )
+    try:
+        answer = client.get_secret_value(SecretId=config.secret)
+    except (ClientError, BotoCoreError) as exc:
+        raise BurstError(f"Secrets Manager: {one_line(exc)}") from None
+    if "SecretBinary" in answer:
+        return bytes(answer["SecretBinary"])
+    return base64.b64decode(answer.get("SecretString", ""))
+
+
+def _gcp_secret(config: JoinConfig, metadata: Metadata, api: str) -> bytes:
+    name = config.secret
+    if not name.startswith("projects/"):
+        name = f"projects/{metadata.gcp_project()}/secrets/{name}"
+    answer = rest.call(
+        "GET",
+        f"{api}/{name}/versions/latest:access",
+        headers={"Authorization": f"Bearer {metadata.token()}"},
+        timeout=30,
+    )
+    try:
+        return base64.b64decode(answer["payload"]["data"])
+    except (KeyError, TypeError, ValueError):
+        raise BurstError("Secret Manager: the answer holds no payload") from None
+
+
+def _azure_secret(config: JoinConfig, metadata: Metadata) -> bytes:
+    # the token's audience is the vaults' domain of the secret's cloud (vault.azure.net in
+    # Azure's public cloud)
+    host = urllib.parse.urlsplit(config.secret).netloc
+    domain = host.split(".", 1)[1] if ".vault." in f".{host}" else "vault.azure.net"
+    token = metadata.token(f"https://{domain}", config.identity)
+    answer = rest.call(
+        "GET",
+        f"{config.secret}?api-version={KEY_VAULT_API}",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+    try:
+        return base64.b64decode(answer["value"])
+    except (KeyError, TypeError, ValueError):
+        raise BurstError("Key Vault: the answer holds no value") from None
+
+
+def fetch_key(config: JoinConfig, metadata: Metadata, gcp_api: str = GCP_SECRETS) -> bytes:
+    """The munge key from the cloud's secret store; a key too short for munged is refused."""
+    try:
+        if config.cloud == "aws":
+            key = _aws_secret(config)
+        elif config.cloud == "gcp":
+            key = _gcp_secret(config, metadata, gcp_api)
+        else:
+            key = _azure_secret(config, metadata)
+    except rest.HTTPError as exc:
+        raise BurstError(f"the secret store refused: {exc}") from None
+    if len(key) < MUNGE_KEY_MIN:
+        raise BurstError(f"the secret holds {len(key)} bytes, not a munge key")
+    return key
+
+
+# --- 4 and 5: the node's files, munge and slurmd -------------------------------------------
+
+
+def write_key(key: bytes, path: Path = MUNGE_KEY, owner: str = "munge") -> None:
+    """The key, 0400 and owned by munge from its first byte on disk (never readable by others
+    even for a moment), replacing what was there in one rename."""
+    import pwd
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.join")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+    try:
+        if os.geteuid() == 0:
+            user = pwd.getpwnam(owner)
+            os.fchown(fd, user.pw_uid, user.pw_gid)
+        os.write(fd, key)
+    finally:
+        os.close(fd)
+    tmp.replace(path)
+
+
+def hosts_entry(text: str, name: str, address: str) -> str:
+    """/etc/hosts with the controller's name at its address: an earlier line for that name is
+    replaced, everything else kept."""
+    kept = [line for line in text.splitlines() if name not in line.split("#", 1)[0].split()[1:]]
+    return "\n".join([*kept, f"{address} {name}"]) + "\n"
+
+
+def slurmd_options(config: JoinConfig, node: str) -> str:
+    return f'SLURMD_OPTIONS="--conf-server {config.controller_address}:{config.port} -N {node}"\n'
+
+
+def _systemctl(*args: str) -> None:
+    done = subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise BurstError(f"systemctl {' '.join(args)}: {one_line(Exception(done.stderr))}")
+
+
+def join(
+    config: JoinConfig,
+    metadata: Metadata,
+    say: Callable[[str], None],
+    root: Path = Path("/"),
+    run: Callable[..., None] = _systemctl,
+    nft: Callable[[str], None] | None = None,
+    gcp_api: str = GCP_SECRETS,
+    key_owner: str = "munge",
+) -> str:
+    """Every step in order; the node's name. root, run, nft, gcp_api and key_owner stand in
+    for the node's files, systemctl, nft, Secret Manager and the munge user in tests."""
+    node = ""
+
+    def step(what: str, action: Callable[[], str | None]) -> None:
+        started = time.monotonic()
+        try:
+            detail = action()
+        except (BurstError, OSError, ValueError, KeyError) as exc:
+            raise BurstError(f"{what}: {one_line(exc)}") from None
+        said = f": {detail}" if detail else ""
+        say(f"join {what}: ok in {time.monotonic() - started:.1f}s{said}")
+
+    def guard() -> str:
+        (nft or _nft)(metadata_guard())
+        return "the metadata service answers root alone"
+
+    def name() -> str:
+        nonlocal node
+        node = metadata.name()
+        return node
+
+    def key() -> str:
+        key_path = root / MUNGE_KEY.relative_to("/")
+        write_key(fetch_key(config, metadata, gcp_api), key_path, key_owner)
+        return f"written to {MUNGE_KEY}"
+
+    def names() -> str:
+        hosts = root / "etc" / "hosts"
+        old = hosts.read_text() if hosts.exists() else ""
+        hosts.write_text(hosts_entry(old, config.controller, config.controller_address))
+        (root / "etc" / "hostname").write_text(f"{node}\n")
+        subprocess.run(["hostname", node], capture_output=True, check=False)
+        return f"{config.controller} at {config.controller_address}"
+
+    def daemons() -> str:
+        family = "redhat" if (root / "etc" / "redhat-release").exists() else "debian"
+        defaults = root / SLURMD_DEFAULTS[family].relative_to("/")
+        defaults.parent.mkdir(parents=True, exist_ok=True)
+        defaults.write_text(slurmd_options(config, node))
+        run("restart", "munge")
+        run("enable", "--now", "slurmd")
+        return f"slurmd --conf-server {config.controller_address}:{config.port} -N {node}"
+
+    step("metadata", guard)
+    step("name", name)
+    step("munge key", key)
+    step("names", names)
+    step("slurmd", daemons)
+    return node
+
+
+def _nft(script: str) -> None:
+    done = subprocess.run(
+        ["nft", "-f", "-"], input=script, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise BurstError(f"nft: {one_line(Exception(done.stderr))}")

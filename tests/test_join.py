@@ -1,0 +1,380 @@
+"""A burst node's own join (provision/burst/join.py) and the user data that starts it
+(render/userdata.py): against moto's Secrets Manager and EC2 in server mode with the real boto3,
+and against HTTP fakes of each cloud's metadata service, GCP's Secret Manager and Azure's Key
+Vault, laid out as each cloud documents them. The node's files are a folder here and systemctl
+and nft are recorded; the live boot path (cloud-init in a lab container) is not built yet."""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from provision.burst import join as joining
+from provision.burst.__main__ import main as burst_main
+from provision.burst.aws import AwsBackend
+from provision.burst.backend import BurstError
+from provision.burst.config import TAG_NODE, munge_secret, parse_config
+from provision.burst.join import JoinConfig, Metadata, parse_join_config
+from provision.cluster import Cluster
+from provision.render import render
+from provision.render.userdata import join_config, user_data
+from provision.spec import load_spec
+
+from .conftest import ROOT
+from .fakeec2 import FakeEC2
+
+SPEC = ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml"
+KEY = secrets.token_bytes(1024)
+
+
+class Answers(ThreadingHTTPServer):
+    """A metadata service (or a secret store) answering path -> (status, text), with every
+    request it got: (method, path, headers by their names in lower case)."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, list[tuple[int, str]]] = {}
+        self.got: list[tuple[str, str, dict[str, str]]] = []
+        super().__init__(("127.0.0.1", 0), _Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def on(self, path: str, *answers: tuple[int, str]) -> None:
+        """Answer path with these in turn, the last one from then on."""
+        self.answers[path] = list(answers)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def _handle(self) -> None:
+        assert isinstance(self.server, Answers)
+        self.server.got.append(
+            (self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
+        )
+        queue = self.server.answers.get(self.path) or [(404, "")]
+        status, text = queue.pop(0) if len(queue) > 1 else queue[0]
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_PUT = _handle
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def answers() -> Iterator[Answers]:
+    server = Answers()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+class Node:
+    """What the join does to the node: its files under root, its systemctl and nft calls."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.calls: list[tuple[str, ...]] = []
+        (root / "etc").mkdir(parents=True)
+        (root / "etc" / "hosts").write_text("127.0.0.1 localhost\n10.9.9.9 head01 # stale\n")
+
+    def systemctl(self, *args: str) -> None:
+        self.calls.append(("systemctl", *args))
+
+    def nft(self, script: str) -> None:
+        self.calls.append(("nft", script))
+
+    def join(self, config: JoinConfig, metadata: Metadata, lines: list[str], **kw: Any) -> str:
+        return joining.join(
+            config,
+            metadata,
+            lines.append,
+            root=self.root,
+            run=self.systemctl,
+            nft=self.nft,
+            key_owner="root",
+            **kw,
+        )
+
+
+def _cluster() -> Cluster:
+    return Cluster(load_spec(SPEC, unbuilt=True))
+
+
+def _pool_config(cloud: str) -> JoinConfig:
+    cluster = _cluster()
+    view = next(v for v in cluster.pools if v.pool.provider == cloud and v.pool.elastic)
+    return join_config(cluster, view)
+
+
+def _aws_imds(answers: Answers, node: str, tag_after: int = 0) -> None:
+    answers.on("/latest/api/token", (200, "session-token"))
+    tag = f"/latest/meta-data/tags/instance/{TAG_NODE}"
+    answers.on(tag, *([(404, "")] * tag_after), (200, node))
+
+
+def _joined(node: Node, name: str, config: JoinConfig, lines: list[str]) -> None:
+    """The node as a join leaves it: the key, the names, slurmd's options, and the order."""
+    key = node.root / "etc" / "munge" / "munge.key"
+    assert key.read_bytes() == KEY
+    assert oct(key.stat().st_mode & 0o777) == "0o400"
+    hosts = (node.root / "etc" / "hosts").read_text()
+    assert hosts == f"127.0.0.1 localhost\n{config.controller_address} head01\n"
+    assert (node.root / "etc" / "hostname").read_text() == f"{name}\n"
+    assert (node.root / "etc" / "default" / "slurmd").read_text() == (
+        f'SLURMD_OPTIONS="--conf-server {config.controller_address}:6817 -N {name}"\n'
+    )
+    kinds = [c[0] if c[0] == "nft" else " ".join(c[1:]) for c in node.calls]
+    assert kinds == ["nft", "restart munge", "enable --now slurmd"]  # the guard comes first
+    assert [line.split(":")[0] for line in lines] == [
+        "join metadata",
+        "join name",
+        "join munge key",
+        "join names",
+        "join slurmd",
+    ]
+    said = "\n".join(lines)
+    assert KEY.hex() not in said and base64.b64encode(KEY).decode() not in said
+
+
+# --- the user data ----------------------------------------------------------------------------
+
+
+def test_each_clouds_user_data_runs_the_join_and_holds_no_secret() -> None:
+    cluster = _cluster()
+    for view in (v for v in cluster.pools if v.pool.elastic):
+        config = join_config(cluster, view)
+        text = user_data(config)
+        assert text.startswith("#cloud-config\n"), view.name
+        doc = yaml.safe_load(text)
+        (written,) = doc["write_files"]
+        assert written["path"] == "/etc/provision/join.json"
+        assert parse_join_config(written["content"]) == config
+        assert doc["runcmd"] == [
+            [
+                "env",
+                "PYTHONPATH=/opt/provision/gpu-provision.whl",
+                "python3",
+                "-m",
+                "provision.burst",
+                "join",
+            ]
+        ]
+        assert config.cloud == view.pool.provider
+        assert (config.controller, config.controller_address, config.port) == (
+            "head01",
+            "10.20.0.10",
+            6817,
+        )
+        assert munge_secret("burst") in config.secret
+    aws = _pool_config("aws")
+    assert (aws.secret, aws.region) == ("burst-munge-key", "us-east-1")
+    azure = _pool_config("azure")
+    assert (
+        azure.secret.startswith("https://pvburst") and ".vault.azure.net/secrets/" in azure.secret
+    )
+
+
+def test_a_join_config_with_an_unknown_key_or_cloud_is_refused(tmp_path: Path) -> None:
+    good = json.loads(_pool_config("aws").to_json())
+    for bad, says in (
+        ({**good, "munge_key": "x"}, "unknown keys: munge_key"),
+        ({**good, "cloud": "lab"}, "not aws, gcp or azure"),
+    ):
+        path = tmp_path / "join.json"
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=says):
+            parse_join_config(path.read_text())
+    (tmp_path / "broken.json").write_text("{")
+    assert burst_main(["join", str(tmp_path / "broken.json")]) == 2
+
+
+def test_the_metadata_guard_is_a_valid_nftables_table_for_root_alone() -> None:
+    script = joining.metadata_guard()
+    assert "ip daddr 169.254.169.254 meta skuid != 0 counter reject" in script
+    assert "ip6 daddr fd00:ec2::254 meta skuid != 0 counter reject" in script
+    # the table is replaced whole: a second run leaves one
+    assert script.index("delete table inet provision_metadata") < script.index("chain output")
+    # nft itself takes it (make setup installs nftables; -c checks without changing anything)
+    checked = subprocess.run(["nft", "-c", "-f", "-"], input=script, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+
+
+# --- AWS: moto's EC2 and Secrets Manager, the real boto3 ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[FakeEC2]:
+    pytest.importorskip("boto3")
+    pytest.importorskip("moto")
+    with FakeEC2() as fake:
+        yield fake
+
+
+def _aws_env(moto: FakeEC2, monkeypatch: pytest.MonkeyPatch) -> Any:
+    import boto3
+
+    for key, value in moto.env().items():
+        monkeypatch.setenv(key, value)
+    return boto3.client("secretsmanager", region_name="us-east-1", endpoint_url=moto.url)
+
+
+def test_an_aws_node_made_by_resume_joins_with_the_user_data_moto_gives_back(
+    moto: FakeEC2, answers: Answers, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The pool's launch template carries the user data the render makes; a resume makes the
+    instances from it; what moto gives back as an instance's user data is that text, with no
+    key in it; the join it runs reads the name from the instance's tag (after the burst
+    program tagged it) and the key from Secrets Manager."""
+    secrets_manager = _aws_env(moto, monkeypatch)
+    secrets_manager.create_secret(Name=munge_secret("burst"), SecretBinary=KEY)
+    config = _pool_config("aws")
+    text = user_data(config)
+    moto.launch_template("burst-awsh100", "p5.48xlarge")
+    ec2 = moto.client()
+    ec2.create_launch_template_version(
+        LaunchTemplateName="burst-awsh100",
+        SourceVersion="1",
+        LaunchTemplateData={"UserData": base64.b64encode(text.encode()).decode()},
+    )
+    burst = parse_config(render(_cluster())["files/burst/burst.json"])
+    monkeypatch.setattr("provision.burst.slurm.set_addresses", lambda addresses: None)
+    assert AwsBackend(burst.pools["awsh100"], ec2).start(["aws-h100-001"]) == {}
+    (instance,) = [
+        i
+        for r in ec2.describe_instances()["Reservations"]
+        for i in r["Instances"]
+        if i["State"]["Name"] == "running"
+    ]
+    tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
+    given = ec2.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
+    data = base64.b64decode(given["UserData"]["Value"])
+    assert data == text.encode()
+    assert KEY not in data and base64.b64encode(KEY) not in data and KEY.hex().encode() not in data
+    on_node = parse_join_config(yaml.safe_load(data)["write_files"][0]["content"])
+
+    _aws_imds(answers, tags[TAG_NODE], tag_after=2)  # the tag comes a moment after launch
+    node, lines = Node(tmp_path), []
+    monkeypatch.setattr(joining.time, "sleep", lambda s: None)
+    assert node.join(on_node, Metadata("aws", answers.url), lines) == "aws-h100-001"
+    _joined(node, "aws-h100-001", on_node, lines)
+    # IMDSv2: a session token first, then every read carries it
+    assert answers.got[0][:2] == ("PUT", "/latest/api/token")
+    assert all(h.get("x-aws-ec2-metadata-token") == "session-token" for _, _, h in answers.got[1:])
+
+
+def test_an_aws_node_without_its_secret_never_starts_slurmd(
+    moto: FakeEC2, answers: Answers, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _aws_env(moto, monkeypatch)
+    config = JoinConfig(**{**json.loads(_pool_config("aws").to_json()), "secret": "not-there"})
+    _aws_imds(answers, "aws-h100-002")
+    node, lines = Node(tmp_path), []
+    with pytest.raises(BurstError, match=r"^munge key: Secrets Manager: .*ResourceNotFound"):
+        node.join(config, Metadata("aws", answers.url), lines)
+    assert not (tmp_path / "etc" / "munge" / "munge.key").exists()
+    assert [c[0] for c in node.calls] == ["nft"]  # guarded, and neither munge nor slurmd
+    assert not (tmp_path / "etc" / "default" / "slurmd").exists()
+
+
+def test_an_aws_node_whose_tag_never_comes_says_so(
+    answers: Answers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _aws_imds(answers, "unused", tag_after=10**6)
+    clock = iter(range(0, 10**6, 30))
+    monkeypatch.setattr(joining.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(joining.time, "sleep", lambda s: None)
+    with pytest.raises(BurstError, match=f"no tag {TAG_NODE} on this instance after 180s"):
+        Metadata("aws", answers.url).name()
+
+
+def test_a_secret_too_short_for_munge_is_refused(
+    moto: FakeEC2, answers: Answers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secrets_manager = _aws_env(moto, monkeypatch)
+    secrets_manager.create_secret(Name="short-key", SecretBinary=b"0123456789")
+    config = JoinConfig(**{**json.loads(_pool_config("aws").to_json()), "secret": "short-key"})
+    with pytest.raises(BurstError, match="the secret holds 10 bytes, not a munge key"):
+        joining.fetch_key(config, Metadata("aws", answers.url))
+
+
+# --- GCP and Azure: their metadata services and secret stores, as HTTP fakes -------------------
+
+
+def test_a_gcp_node_reads_its_name_and_its_service_accounts_secret(
+    answers: Answers, tmp_path: Path
+) -> None:
+    """Compute Engine's metadata server (Metadata-Flavor: Google) names the instance, which
+    bulkInsert named as its node, and its project; Secret Manager's `access` of the latest
+    version answers the payload base64-encoded."""
+    config = _pool_config("gcp")
+    answers.on("/instance/name", (200, "gcp-h100-003"))
+    answers.on("/project/project-id", (200, "lab-project"))
+    token = {"access_token": "ya29.token", "expires_in": 3599, "token_type": "Bearer"}
+    answers.on("/instance/service-accounts/default/token", (200, json.dumps(token)))
+    path = "/v1/projects/lab-project/secrets/burst-munge-key/versions/latest:access"
+    version = "projects/1/secrets/burst-munge-key/versions/1"
+    payload = {"name": version, "payload": {"data": base64.b64encode(KEY).decode()}}
+    answers.on(path, (200, json.dumps(payload)))
+    node, lines = Node(tmp_path), []
+    metadata = Metadata("gcp", answers.url)
+    key = joining.fetch_key(config, metadata, gcp_api=f"{answers.url}/v1")
+    assert key == KEY
+    assert node.join(config, metadata, lines, gcp_api=f"{answers.url}/v1") == "gcp-h100-003"
+    _joined(node, "gcp-h100-003", config, lines)
+    metadata_reads = [h for _, p, h in answers.got if not p.startswith("/v1/")]
+    assert metadata_reads and all(h.get("metadata-flavor") == "Google" for h in metadata_reads)
+    secret_reads = [h for _, p, h in answers.got if p == path]
+    assert secret_reads and all(h["authorization"] == "Bearer ya29.token" for h in secret_reads)
+
+
+def test_an_azure_node_reads_its_name_and_its_identitys_key_vault_secret(
+    answers: Answers, tmp_path: Path
+) -> None:
+    """Azure's instance metadata service (Metadata: true) names the VM, which the burst program
+    named as its node; its token for the user-assigned identity (client_id) has the vaults'
+    audience; Key Vault's GET of the secret answers its value."""
+    vault = f"{answers.url}/secrets/burst-munge-key"
+    config = JoinConfig(
+        **{**json.loads(_pool_config("azure").to_json()), "secret": vault, "identity": "cid-1"}
+    )
+    answers.on("/metadata/instance/compute/name?api-version=2021-02-01&format=text", (200, "az-1"))
+    token = (
+        "/metadata/identity/oauth2/token?api-version=2018-02-01"
+        "&resource=https%3A%2F%2Fvault.azure.net&client_id=cid-1"
+    )
+    answers.on(token, (200, json.dumps({"access_token": "eyJ0", "expires_in": "3599"})))
+    answers.on(
+        "/secrets/burst-munge-key?api-version=7.4",
+        (200, json.dumps({"value": base64.b64encode(KEY).decode(), "id": vault})),
+    )
+    node, lines = Node(tmp_path), []
+    assert node.join(config, Metadata("azure", answers.url), lines) == "az-1"
+    _joined(node, "az-1", config, lines)
+    imds = [h for _, p, h in answers.got if p.startswith("/metadata/")]
+    assert len(imds) == 2 and all(h.get("metadata") == "true" for h in imds)
+    (read,) = [h for _, p, h in answers.got if p.startswith("/secrets/")]
+    assert read["authorization"] == "Bearer eyJ0"
+
+
+def test_a_refusing_secret_store_is_named_with_its_status(answers: Answers) -> None:
+    config = _pool_config("gcp")
+    answers.on("/project/project-id", (200, "lab-project"))
+    answers.on("/instance/service-accounts/default/token", (200, '{"access_token": "t"}'))
+    with pytest.raises(BurstError, match=r"^the secret store refused: HTTP 404"):
+        joining.fetch_key(config, Metadata("gcp", answers.url), gcp_api=f"{answers.url}/v1")
