@@ -286,3 +286,44 @@ def test_slurm_ports_from_the_spec_reach_slurm_conf_firewall_and_verify(tmp_path
     assert "6817" not in files["files/nftables/head.nft"]
     ports = service_ports(spec)
     assert (ports.slurmctld_first, ports.slurmd) == ("7817", "7819")
+
+
+def test_an_elastic_cloud_pools_network_is_admitted_before_its_nodes_exist(tmp_path: Path) -> None:
+    """The cloud gives a burst node its address when it is made, after the render: the sets
+    admit the pool's whole network (slurmctld, slurmd and srun take a node that has not
+    registered yet); a lasting node's address inside that range is left to the range, which
+    nftables needs (overlapping elements of an interval set are refused), and nft takes it."""
+    import ipaddress
+
+    from provision.render.firewall import address_sets
+
+    text = (UNBUILT_DIR / "cloud-burst.yaml").read_text()
+    lasting = (
+        "  - name: awscpu\n    role: compute\n    profile: aws-p5.48xlarge\n    provider: aws\n"
+        "    network: aws\n    hostname_prefix: aws-cpu-\n    region: us-east-1\n    count: 1\n"
+    )
+    spec = tmp_path / "burst.yaml"
+    spec.write_text(text.replace("software:\n", lasting + "software:\n", 1))
+    cluster = Cluster(
+        load_spec(spec, unbuilt=True),
+        addresses={"aws-cpu-001": ipaddress.IPv4Address("10.21.0.5")},
+    )
+    sets = address_sets(cluster)
+    for name in ("cluster_nodes", "compute_nodes"):
+        assert sets[name][-3:] == ["10.21.0.0/16", "10.22.0.0/16", "10.23.0.0/16"], name
+        assert "10.21.0.5" not in sets[name] and "10.20.1.1" in sets[name]
+    assert sets["head_nodes"] == ["10.20.0.10"]
+    files = render(cluster)
+    nft = shutil.which("nft") or "/usr/sbin/nft"
+    (tmp_path / "sets.nft").write_text(files["files/nftables/sets.nft"])
+    ruleset = files["files/nftables/head.nft"].replace(
+        "/etc/nftables.d/provision-sets.nft", str(tmp_path / "sets.nft")
+    )
+    (tmp_path / "head.nft").write_text(ruleset)
+    out = subprocess.run(
+        [nft, "-c", "-f", str(tmp_path / "head.nft")], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    # a lab pool's reserved addresses are listed, not a range
+    lab = address_sets(Cluster(load_any(ROOT / "examples" / "lab-burst.yaml")))
+    assert not any("/" in a for a in lab["cluster_nodes"])

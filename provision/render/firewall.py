@@ -16,8 +16,10 @@ from provision.spec.exposure import public_addresses
 from provision.spec.fabric import rails
 from provision.spec.ports import service_ports
 
-# Address sets every rule refers to by name. They live in their own file so that nodes joining
-# (elastic burst nodes) are added with `nft add element` without touching the rules.
+# Address sets every rule refers to by name, in their own file. An elastic cloud pool's nodes
+# get their addresses from the cloud when they are made, after the render: the sets hold the
+# pool's whole network (its `network.remote` range) instead, so a new node is admitted before
+# it registers; a lab pool's reserved addresses are known and listed.
 ADMIN = "admin"
 CLUSTER = "cluster_nodes"
 HEADS = "head_nodes"
@@ -44,16 +46,38 @@ def address_sets(cluster: Cluster) -> dict[str, list[str]]:
         }
         return sorted(found, key=_addr_key)
 
+    ranges = elastic_ranges(cluster)
+    networks = [ipaddress.IPv4Network(r) for r in ranges]
+
+    def outside(found: list[str]) -> list[str]:
+        # nftables refuses an interval set's elements that overlap: an address in a range
+        # the set already holds goes
+        return [a for a in found if not any(ipaddress.IPv4Address(a) in n for n in networks)]
+
     sets = {
         ADMIN: admin,
-        CLUSTER: addresses(None),
+        CLUSTER: outside(addresses(None)) + ranges,
         HEADS: addresses("head"),
-        COMPUTE: addresses("compute"),
+        COMPUTE: outside(addresses("compute")) + ranges,
     }
     watcher = cluster.monitoring_node
     if watcher is not None:
         sets[MONITOR] = [str(watcher.address)] if watcher.address is not None else []
     return sets
+
+
+def elastic_ranges(cluster: Cluster) -> list[str]:
+    """The networks of the elastic pools whose nodes have no address before they are made
+    (cloud pools: the cloud picks it in the pool's range)."""
+    remote = {r.name: str(r.cidr) for r in cluster.spec.network.remote}
+    found = {
+        remote[view.pool.network]
+        for view in cluster.pools
+        if view.pool.elastic
+        and view.pool.network in remote
+        and any(n.address is None for n in view.nodes)
+    }
+    return sorted(found, key=_addr_key)
 
 
 def _addr_key(text: str) -> tuple[int, ...]:

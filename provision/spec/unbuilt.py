@@ -52,8 +52,8 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                     ("pools", i, "elastic"),
                     f"not supported yet: elastic {pool.provider} pools (a new cloud instance "
                     "cannot join the cluster by itself yet: no pool image carries the join, "
-                    "and burst nodes are not in the tunnel or the firewall); leave elastic "
-                    "out and size the pool with count",
+                    "and burst nodes are not in the tunnel); leave elastic out and size the "
+                    "pool with count",
                 )
             )
         if (
