@@ -3,6 +3,7 @@ for every supported OS (the Rocky 9 path can only be rendered here: no Rocky arc
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -304,3 +305,35 @@ def test_conditional_task_files_are_included_once(role: Path) -> None:
     for path in paths:
         for task in _load(path) or []:
             assert not ("ansible.builtin.import_tasks" in task and "when" in task), task["name"]
+
+
+def test_the_heads_get_boto3_only_where_a_pool_bursts_into_aws(tmp_path: Path) -> None:
+    """The burst role reads the rendered burst configuration: python3-boto3 goes on the heads
+    of a cluster with an elastic AWS pool (its backend calls EC2 through the SDK), not on a
+    lab-only one (the other backends use the standard library)."""
+    from provision.cluster import Cluster
+    from provision.render import render
+    from provision.spec import load_spec
+
+    exprs = _load(ROLES_DIR / "burst" / "vars" / "main.yml")
+    tasks = _load(ROLES_DIR / "burst" / "tasks" / "main.yml")
+    (boto,) = [
+        t for t in tasks if t.get("ansible.builtin.package", {}).get("name") == "python3-boto3"
+    ]
+    assert "'aws' in _burst_backends" in boto["when"]
+    for spec, unbuilt, backends in (
+        (ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml", True, ["aws", "azure", "gcp"]),
+        (ROOT / "examples" / "lab-burst.yaml", False, ["lab"]),
+    ):
+        config = tmp_path / f"{spec.stem}.json"
+        config.write_text(
+            render(Cluster(load_spec(spec, unbuilt=unbuilt)))["files/burst/burst.json"]
+        )
+        # the file as the role's lookup reads it
+        got = _render(
+            {"b": exprs["_burst_backends"]}, {"_burst_config": json.loads(config.read_text())}
+        )
+        assert got["b"] == backends, spec.name
+    assert exprs["_burst_config"] == (
+        "{{ lookup('ansible.builtin.file', burst_config_src) | from_json }}"
+    )
