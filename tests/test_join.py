@@ -93,8 +93,8 @@ class Node:
         (root / "etc").mkdir(parents=True)
         (root / "etc" / "hosts").write_text("127.0.0.1 localhost\n10.9.9.9 head01 # stale\n")
 
-    def systemctl(self, *args: str) -> None:
-        self.calls.append(("systemctl", *args))
+    def command(self, *argv: str) -> None:
+        self.calls.append(argv)
 
     def nft(self, script: str) -> None:
         self.calls.append(("nft", script))
@@ -105,7 +105,7 @@ class Node:
             metadata,
             lines.append,
             root=self.root,
-            run=self.systemctl,
+            run=self.command,
             nft=self.nft,
             key_owner="root",
             **kw,
@@ -139,8 +139,13 @@ def _joined(node: Node, name: str, config: JoinConfig, lines: list[str]) -> None
     assert (node.root / "etc" / "default" / "slurmd").read_text() == (
         f'SLURMD_OPTIONS="--conf-server {config.controller_address}:6817 -N {name}"\n'
     )
-    kinds = [c[0] if c[0] == "nft" else " ".join(c[1:]) for c in node.calls]
-    assert kinds == ["nft", "restart munge", "enable --now slurmd"]  # the guard comes first
+    kinds = ["nft" if c[0] == "nft" else " ".join(c) for c in node.calls]
+    assert kinds == [  # the guard comes first
+        "nft",
+        f"hostname {name}",
+        "systemctl restart munge",
+        "systemctl enable --now slurmd",
+    ]
     assert [line.split(":")[0] for line in lines] == [
         "join metadata",
         "join name",
@@ -288,7 +293,7 @@ def test_an_aws_node_without_its_secret_never_starts_slurmd(
     with pytest.raises(BurstError, match=r"^munge key: Secrets Manager: .*ResourceNotFound"):
         node.join(config, Metadata("aws", answers.url), lines)
     assert not (tmp_path / "etc" / "munge" / "munge.key").exists()
-    assert [c[0] for c in node.calls] == ["nft"]  # guarded, and neither munge nor slurmd
+    assert node.calls[0][0] == "nft" and len(node.calls) == 1  # guarded; no munge, no slurmd
     assert not (tmp_path / "etc" / "default" / "slurmd").exists()
 
 

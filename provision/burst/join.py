@@ -292,10 +292,10 @@ def slurmd_options(config: JoinConfig, node: str) -> str:
     return f'SLURMD_OPTIONS="--conf-server {config.controller_address}:{config.port} -N {node}"\n'
 
 
-def _systemctl(*args: str) -> None:
-    done = subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False)
+def _command(*argv: str) -> None:
+    done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise BurstError(f"systemctl {' '.join(args)}: {one_line(Exception(done.stderr))}")
+        raise BurstError(f"{' '.join(argv)}: {one_line(Exception(done.stderr))}")
 
 
 def join(
@@ -303,13 +303,14 @@ def join(
     metadata: Metadata,
     say: Callable[[str], None],
     root: Path = Path("/"),
-    run: Callable[..., None] = _systemctl,
+    run: Callable[..., None] = _command,
     nft: Callable[[str], None] | None = None,
     gcp_api: str = GCP_SECRETS,
     key_owner: str = "munge",
 ) -> str:
-    """Every step in order; the node's name. root, run, nft, gcp_api and key_owner stand in
-    for the node's files, systemctl, nft, Secret Manager and the munge user in tests."""
+    """Every step in order; the node's name. root, run (every command: hostname, systemctl),
+    nft, gcp_api and key_owner stand in for the node's files and commands, Secret Manager and
+    the munge user in tests."""
     node = ""
 
     def step(what: str, action: Callable[[], str | None]) -> None:
@@ -340,7 +341,7 @@ def join(
         old = hosts.read_text() if hosts.exists() else ""
         hosts.write_text(hosts_entry(old, config.controller, config.controller_address))
         (root / "etc" / "hostname").write_text(f"{node}\n")
-        subprocess.run(["hostname", node], capture_output=True, check=False)
+        run("hostname", node)
         return f"{config.controller} at {config.controller_address}"
 
     def daemons() -> str:
@@ -348,8 +349,8 @@ def join(
         defaults = root / SLURMD_DEFAULTS[family].relative_to("/")
         defaults.parent.mkdir(parents=True, exist_ok=True)
         defaults.write_text(slurmd_options(config, node))
-        run("restart", "munge")
-        run("enable", "--now", "slurmd")
+        run("systemctl", "restart", "munge")
+        run("systemctl", "enable", "--now", "slurmd")
         return f"slurmd --conf-server {config.controller_address}:{config.port} -N {node}"
 
     step("metadata", guard)
