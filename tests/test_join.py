@@ -383,3 +383,13 @@ def test_a_refusing_secret_store_is_named_with_its_status(answers: Answers) -> N
     answers.on("/instance/service-accounts/default/token", (200, '{"access_token": "t"}'))
     with pytest.raises(BurstError, match=r"^the secret store refused: HTTP 404"):
         joining.fetch_key(config, Metadata("gcp", answers.url), gcp_api=f"{answers.url}/v1")
+
+
+def test_an_answer_without_the_secret_is_named_by_its_store(answers: Answers) -> None:
+    config = _pool_config("gcp")
+    answers.on("/project/project-id", (200, "lab-project"))
+    answers.on("/instance/service-accounts/default/token", (200, '{"access_token": "t"}'))
+    path = "/v1/projects/lab-project/secrets/burst-munge-key/versions/latest:access"
+    answers.on(path, (200, '{"name": "v1"}'))
+    with pytest.raises(BurstError, match="^Secret Manager: the answer holds no secret value$"):
+        joining.fetch_key(config, Metadata("gcp", answers.url), gcp_api=f"{answers.url}/v1")

@@ -37,6 +37,7 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from provision.burst import rest
 from provision.burst.backend import BurstError, one_line
@@ -209,20 +210,21 @@ def _aws_secret(config: JoinConfig) -> bytes:
     return base64.b64decode(answer.get("SecretString", ""))
 
 
+def _bearer_secret(store: str, url: str, token: str, value: Callable[[Any], str]) -> bytes:
+    """GET a secret with a bearer token; the base64 value the answer holds, decoded."""
+    answer = rest.call("GET", url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    try:
+        return base64.b64decode(value(answer))
+    except (KeyError, TypeError, ValueError):
+        raise BurstError(f"{store}: the answer holds no secret value") from None
+
+
 def _gcp_secret(config: JoinConfig, metadata: Metadata, api: str) -> bytes:
     name = config.secret
     if not name.startswith("projects/"):
         name = f"projects/{metadata.gcp_project()}/secrets/{name}"
-    answer = rest.call(
-        "GET",
-        f"{api}/{name}/versions/latest:access",
-        headers={"Authorization": f"Bearer {metadata.token()}"},
-        timeout=30,
-    )
-    try:
-        return base64.b64decode(answer["payload"]["data"])
-    except (KeyError, TypeError, ValueError):
-        raise BurstError("Secret Manager: the answer holds no payload") from None
+    url = f"{api}/{name}/versions/latest:access"
+    return _bearer_secret("Secret Manager", url, metadata.token(), lambda a: a["payload"]["data"])
 
 
 def _azure_secret(config: JoinConfig, metadata: Metadata) -> bytes:
@@ -231,16 +233,8 @@ def _azure_secret(config: JoinConfig, metadata: Metadata) -> bytes:
     host = urllib.parse.urlsplit(config.secret).netloc
     domain = host.split(".", 1)[1] if ".vault." in f".{host}" else "vault.azure.net"
     token = metadata.token(f"https://{domain}", config.identity)
-    answer = rest.call(
-        "GET",
-        f"{config.secret}?api-version={KEY_VAULT_API}",
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=30,
-    )
-    try:
-        return base64.b64decode(answer["value"])
-    except (KeyError, TypeError, ValueError):
-        raise BurstError("Key Vault: the answer holds no value") from None
+    url = f"{config.secret}?api-version={KEY_VAULT_API}"
+    return _bearer_secret("Key Vault", url, token, lambda a: a["value"])
 
 
 def fetch_key(config: JoinConfig, metadata: Metadata, gcp_api: str = GCP_SECRETS) -> bytes:
