@@ -391,5 +391,5 @@ def test_an_answer_without_the_secret_is_named_by_its_store(answers: Answers) ->
     answers.on("/instance/service-accounts/default/token", (200, '{"access_token": "t"}'))
     path = "/v1/projects/lab-project/secrets/burst-munge-key/versions/latest:access"
     answers.on(path, (200, '{"name": "v1"}'))
-    with pytest.raises(BurstError, match="^Secret Manager: the answer holds no secret value$"):
+    with pytest.raises(BurstError, match=r"^Secret Manager: the answer holds no secret value$"):
         joining.fetch_key(config, Metadata("gcp", answers.url), gcp_api=f"{answers.url}/v1")
