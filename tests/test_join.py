@@ -393,3 +393,31 @@ def test_an_answer_without_the_secret_is_named_by_its_store(answers: Answers) ->
     answers.on(path, (200, '{"name": "v1"}'))
     with pytest.raises(BurstError, match=r"^Secret Manager: the answer holds no secret value$"):
         joining.fetch_key(config, Metadata("gcp", answers.url), gcp_api=f"{answers.url}/v1")
+
+
+def test_a_refused_identity_is_asked_again_until_its_grant_arrives(answers: Answers) -> None:
+    """Azure applies a new role assignment within minutes, IAM a new policy within seconds:
+    a 403 is asked again (here twice, then the grant is there); one that lasts past the wait
+    ends with it; a missing secret (404) was never asked twice."""
+    vault = f"{answers.url}/secrets/burst-munge-key"
+    config = JoinConfig(**{**json.loads(_pool_config("azure").to_json()), "secret": vault})
+    token = (
+        "/metadata/identity/oauth2/token?api-version=2018-02-01"
+        "&resource=https%3A%2F%2Fvault.azure.net"
+    )
+    answers.on(token, (200, json.dumps({"access_token": "eyJ0", "expires_in": "3599"})))
+    secret = "/secrets/burst-munge-key?api-version=7.4"
+    denied = (403, json.dumps({"error": {"code": "Forbidden", "message": "not yet"}}))
+    value = (200, json.dumps({"value": base64.b64encode(KEY).decode()}))
+    answers.on(secret, denied, denied, value)
+    metadata = Metadata("azure", answers.url)
+    assert joining.fetch_key(config, metadata, poll_s=0) == KEY
+    assert [p for _, p, _ in answers.got].count(secret) == 3
+    answers.on(secret, denied)
+    with pytest.raises(BurstError, match=r"^the secret store refused: HTTP 403: not yet"):
+        joining.fetch_key(config, metadata, denied_wait_s=0, poll_s=0)
+    answers.got.clear()
+    answers.on(secret, (404, json.dumps({"error": {"code": "SecretNotFound", "message": "no"}})))
+    with pytest.raises(BurstError, match=r"HTTP 404"):
+        joining.fetch_key(config, metadata, poll_s=0)
+    assert [p for _, p, _ in answers.got].count(secret) == 1

@@ -56,6 +56,8 @@ KEY_VAULT_API = "7.4"
 MUNGE_KEY_MIN = 32
 # how long the node waits for the tag with its name (AWS: tagged right after launch)
 NAME_WAIT_S = 180
+# how long a refusal of the node's identity by the secret store is asked again (a new grant)
+DENIED_WAIT_S = 300
 NFT_TABLE = "provision_metadata"
 
 
@@ -189,6 +191,10 @@ class Metadata:
 # --- 3. the munge key -----------------------------------------------------------------------
 
 
+class Denied(BurstError):
+    """The store refused the identity: a grant made moments ago may not have reached it yet."""
+
+
 def _aws_secret(config: JoinConfig) -> bytes:
     try:
         import boto3
@@ -203,7 +209,15 @@ def _aws_secret(config: JoinConfig) -> bytes:
     )
     try:
         answer = client.get_secret_value(SecretId=config.secret)
-    except (ClientError, BotoCoreError) as exc:
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        kind = (
+            Denied
+            if code in ("AccessDeniedException", "UnrecognizedClientException")
+            else BurstError
+        )
+        raise kind(f"Secrets Manager: {one_line(exc)}") from None
+    except BotoCoreError as exc:
         raise BurstError(f"Secrets Manager: {one_line(exc)}") from None
     if "SecretBinary" in answer:
         return bytes(answer["SecretBinary"])
@@ -237,17 +251,40 @@ def _azure_secret(config: JoinConfig, metadata: Metadata) -> bytes:
     return _bearer_secret("Key Vault", url, token, lambda a: a["value"])
 
 
-def fetch_key(config: JoinConfig, metadata: Metadata, gcp_api: str = GCP_SECRETS) -> bytes:
-    """The munge key from the cloud's secret store; a key too short for munged is refused."""
+def _read_key(config: JoinConfig, metadata: Metadata, gcp_api: str) -> bytes:
     try:
         if config.cloud == "aws":
-            key = _aws_secret(config)
-        elif config.cloud == "gcp":
-            key = _gcp_secret(config, metadata, gcp_api)
-        else:
-            key = _azure_secret(config, metadata)
+            return _aws_secret(config)
+        if config.cloud == "gcp":
+            return _gcp_secret(config, metadata, gcp_api)
+        return _azure_secret(config, metadata)
     except rest.HTTPError as exc:
+        if exc.status in (401, 403):
+            raise Denied(f"the secret store refused: {exc}") from None
         raise BurstError(f"the secret store refused: {exc}") from None
+
+
+def fetch_key(
+    config: JoinConfig,
+    metadata: Metadata,
+    gcp_api: str = GCP_SECRETS,
+    denied_wait_s: float = DENIED_WAIT_S,
+    poll_s: float = 5,
+) -> bytes:
+    """The munge key from the cloud's secret store; a key too short for munged is refused. A
+    refusal of the identity is asked again for a while: the clouds apply a new grant within
+    seconds to minutes (IAM's eventual consistency; Azure's role assignments take up to ten),
+    and a pool's first burst may come right after its stack made the grant. A missing secret
+    or any other error ends it at once."""
+    deadline = time.monotonic() + denied_wait_s
+    while True:
+        try:
+            key = _read_key(config, metadata, gcp_api)
+            break
+        except Denied:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(poll_s)
     if len(key) < MUNGE_KEY_MIN:
         raise BurstError(f"the secret holds {len(key)} bytes, not a munge key")
     return key
