@@ -102,6 +102,11 @@ def test_cloud_burst_excludes_the_on_premises_nodes() -> None:
     settings = _settings(ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml", unbuilt=True)
     assert settings["SuspendExcNodes"] == "l40s-[001-004]"
     assert settings["SuspendTime"] == "600"
+    # the clouds give burst nodes their addresses: Slurm takes them from the registration
+    # (a lab pool's reserved addresses are known: not there, see the lab's test above)
+    assert settings["SlurmctldParameters"] == (
+        "enable_configless,idle_on_node_suspend,cloud_reg_addrs"
+    )
 
 
 def test_the_burst_configuration_names_every_elastic_node() -> None:

@@ -110,6 +110,10 @@ def power_saving(cluster: Cluster) -> dict[str, str | int | bool]:
         "CommunicationParameters": "NoAddrCache",
         "TreeWidth": 65533,
     }
+    if any(n.elastic and n.address is None for n in cluster.nodes):
+        # a cloud gives a burst node its address: Slurm takes it (and the host name) from the
+        # node's registration, and forgets it once the node is powered down (Slurm 20.11+)
+        settings["SlurmctldParameters"] = f"{settings['SlurmctldParameters']},cloud_reg_addrs"
     if lasting:
         # lasting nodes are never powered down, only elastic ones
         settings["SuspendExcNodes"] = compress(lasting)
