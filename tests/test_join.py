@@ -144,7 +144,8 @@ def _joined(node: Node, name: str, config: JoinConfig, lines: list[str]) -> None
         "nft",
         f"hostname {name}",
         "systemctl restart munge",
-        "systemctl enable --now slurmd",
+        "systemctl enable slurmd",
+        "systemctl restart slurmd",
     ]
     assert [line.split(":")[0] for line in lines] == [
         "join metadata",
@@ -213,6 +214,8 @@ def test_the_metadata_guard_is_a_valid_nftables_table_for_root_alone() -> None:
     script = joining.metadata_guard()
     assert "ip daddr 169.254.169.254 meta skuid != 0 counter reject" in script
     assert "ip6 daddr fd00:ec2::254 meta skuid != 0 counter reject" in script
+    # before any DNAT of the node's own output (at -100), which would hide the address
+    assert "hook output priority mangle;" in script
     # the table is replaced whole: a second run leaves one
     assert script.index("delete table inet provision_metadata") < script.index("chain output")
     # nft itself takes it (make setup installs nftables; -c checks without changing anything)

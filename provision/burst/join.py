@@ -100,13 +100,15 @@ def parse_join_config(text: str) -> JoinConfig:
 def metadata_guard() -> str:
     """The nftables table that drops what any user but root sends to the metadata service
     (IPv4, and AWS's IPv6 address of it). Replaced whole each time: running it twice leaves
-    one table."""
+    one table. Its chain comes before NAT (mangle's priority, -150): a DNAT of the node's own
+    output (a container runtime's, kube-proxy's) would otherwise rewrite the address before a
+    filter at priority 0 sees it."""
     return (
         f"table inet {NFT_TABLE}\n"
         f"delete table inet {NFT_TABLE}\n"
         f"table inet {NFT_TABLE} {{\n"
         "  chain output {\n"
-        "    type filter hook output priority 0; policy accept;\n"
+        "    type filter hook output priority mangle; policy accept;\n"
         f"    ip daddr {METADATA_ADDRESS} meta skuid != 0 counter reject\n"
         "    ip6 daddr fd00:ec2::254 meta skuid != 0 counter reject\n"
         "  }\n"
@@ -381,7 +383,10 @@ def join(
         defaults.parent.mkdir(parents=True, exist_ok=True)
         defaults.write_text(slurmd_options(config, node))
         run("systemctl", "restart", "munge")
-        run("systemctl", "enable", "--now", "slurmd")
+        # restart, not start: a slurmd the image left enabled may run already, without the key
+        # and the options just written
+        run("systemctl", "enable", "slurmd")
+        run("systemctl", "restart", "slurmd")
         return f"slurmd --conf-server {config.controller_address}:{config.port} -N {node}"
 
     step("metadata", guard)
