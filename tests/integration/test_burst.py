@@ -9,6 +9,10 @@ pool's image.
 
 from __future__ import annotations
 
+import base64
+import ipaddress
+import json
+import shlex
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,12 +20,35 @@ from pathlib import Path
 
 import pytest
 
+from provision.burst.config import (
+    CONFIG_PATH,
+    LAB_LABEL,
+    TAG_CLUSTER,
+    TAG_POOL,
+    cloud_template,
+    lab_container_prefix,
+    lab_network,
+    munge_secret,
+    parse_config,
+)
+from provision.burst.join import JoinConfig
 from provision.providers.lab import podman
+from provision.render.userdata import user_data
 
 from ..conftest import ROOT
 from ..conftest import run_provision as provision
+from . import labcloud
 
 NAME = "bursttest"
+# seconds Slurm waits for a new node's registration (the lab's nodes start in seconds)
+RESUME_TIMEOUT = 90
+# what each node of the cloud-boot job says: its name, and what a job's user (nobody) gets
+# from the instance's metadata service
+PROBE = (
+    "echo $(hostname) $(runuser -u nobody -- python3 -c 'import urllib.request as u; "
+    'u.urlopen(u.Request("http://169.254.169.254/latest/api/token", method="PUT"), timeout=5)\' '
+    "2>&1 | tail -1)"
+)
 IMAGE = f"localhost/provision-{NAME}-burst:latest"
 
 
@@ -48,7 +75,7 @@ def cluster(
         .replace("name: labburst", f"name: {NAME}")
         .replace("10.78.0.", "10.75.0.")
         .replace("suspend_time: 90", "suspend_time: 30")
-        .replace("burst_cooldown: 120", "burst_cooldown: 5")
+        .replace("burst_cooldown: 120", f"burst_cooldown: 5\n  resume_timeout: {RESUME_TIMEOUT}")
     )
     provision("destroy", str(spec), "--yes", cwd=work)  # a crashed earlier run's leftovers
     yield spec, work
@@ -190,6 +217,188 @@ def test_a_vanished_node_is_marked_down_and_its_job_requeued(cluster: tuple[Path
     state = _on_head(cluster, f"squeue -h -j {job} -o '%T %r'")
     assert state.split()[0] in ("PENDING", "CONFIGURING"), state  # requeued
     _on_head(cluster, f"scancel {job}")
+
+
+def _all_powered_down(cluster: tuple[Path, Path]) -> None:
+    """Every burst node powered down and idle (a down one given back), whatever ran before."""
+    _on_head(cluster, "scontrol update nodename=burst[001-004] state=power_down_force")
+    _wait(
+        "every burst node powered down",
+        lambda: set(_node_states(cluster).values()) <= {"idle~", "down~"},
+        timeout=240,
+    )
+    down = sorted(n for n, state in _node_states(cluster).items() if state == "down~")
+    if down:
+        _on_head(cluster, f"scontrol update nodename={','.join(down)} state=resume")
+    _wait(
+        "every burst node idle~",
+        lambda: set(_node_states(cluster).values()) == {"idle~"},
+        timeout=60,
+    )
+
+
+def test_a_cloud_node_boots_with_cloud_init_and_joins_by_itself(
+    cluster: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The cloud's boot path, live: the pool bursts through the AWS backend into the lab's cloud
+    (moto, a metadata service, a hypervisor: tests/integration/labcloud.py). Each new instance is
+    a container from the pool's image with real cloud-init, seeded with the user data moto gives
+    back; the join program in it fetches the munge key from Secrets Manager with the instance's
+    own credentials and starts slurmd, and a two-node job runs there. Then the same with the
+    secret gone: the nodes never register, resume fails, the job waits."""
+    gateway = "10.75.0.1"
+    original = _on_head(cluster, f"cat {CONFIG_PATH}")
+    pool = parse_config(original).pools["burst"]
+    head = _on_head(cluster, "getent hosts head001").split()[0]
+    tls = labcloud.make_tls(tmp_path / "tls", gateway)
+    image = labcloud.build_image(
+        IMAGE, tmp_path / "image", gateway, tls[0], f"localhost/provision-{NAME}-burst-cloud"
+    )
+    addresses = sorted(pool.nodes.values(), key=ipaddress.ip_address)
+    cloud = labcloud.LabCloud(
+        gateway,
+        addresses,
+        lab_network(NAME),
+        image,
+        lab_container_prefix(NAME),
+        f"{LAB_LABEL}={NAME}",
+        tls,
+    )
+    join = JoinConfig(
+        cluster=NAME,
+        cloud="aws",
+        controller="head001",
+        controller_address=head,
+        port=6817,
+        secret=munge_secret(NAME),
+        region=labcloud.REGION,
+    )
+    text = user_data(join)
+    doc = json.loads(original)
+    doc["pools"]["burst"] = {
+        "backend": "aws",
+        "nodes": dict(pool.nodes),
+        "cloud": {
+            "region": labcloud.REGION,
+            "template": cloud_template(NAME, "burst"),
+            "tags": {TAG_CLUSTER: NAME, TAG_POOL: "burst"},
+        },
+    }
+    _all_powered_down(cluster)
+    burst_log = f"/var/log/provision/burst-{NAME}.log"
+    with cloud.running():
+        key = base64.b64decode(_on_head(cluster, "base64 -w0 /etc/munge/munge.key"))
+        cloud.secrets().create_secret(Name=munge_secret(NAME), SecretBinary=key)
+        cloud.ec2().create_launch_template(
+            LaunchTemplateName=cloud_template(NAME, "burst"),
+            LaunchTemplateData={
+                "ImageId": "ami-12c6146b",
+                "InstanceType": "t3.micro",
+                "UserData": base64.b64encode(text.encode()).decode(),
+                "IamInstanceProfile": {"Name": labcloud.ROLE},
+                "MetadataOptions": {"HttpTokens": "required", "InstanceMetadataTags": "enabled"},
+            },
+        )
+        # the head is outside the cloud: boto3 from Debian, the credentials in root's 0600
+        # file, the endpoints' names (and this cloud's CA)
+        _on_head(
+            cluster,
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-boto3 >/dev/null",
+            timeout=300,
+        )
+        ca = tls[0].read_text()
+        _on_head(
+            cluster,
+            f"cat > /usr/local/share/ca-certificates/lab-cloud.crt <<'EOF'\n{ca}EOF\n"
+            "update-ca-certificates >/dev/null\n"
+            f"grep -q amazonaws /etc/hosts || echo '{labcloud.hosts_line(gateway)}' >> /etc/hosts\n"
+            "umask 077; mkdir -p /root/.aws\n"
+            "printf '[default]\\naws_access_key_id = lab\\naws_secret_access_key = lab\\n'"
+            " > /root/.aws/credentials\n"
+            f"cat > {CONFIG_PATH} <<'EOF'\n{json.dumps(doc, indent=1)}\nEOF\n",
+        )
+        try:
+            started = time.monotonic()
+            out = _on_head(
+                cluster, f"timeout 300 srun -p burst -N2 sh -c {shlex.quote(PROBE)}", 360
+            )
+            seconds = time.monotonic() - started
+            assert cloud.errors == {}, cloud.errors
+            lines = sorted(out.split("\n"))
+            assert [line.split()[0] for line in lines if line] == ["burst001", "burst002"], out
+            # a job's user (here nobody) cannot reach the instance's metadata, so not its
+            # credentials
+            assert all("refused" in line for line in lines if line), out
+            consoles = {iid: labcloud.console(c) for iid, c in cloud.containers.items()}
+            assert len(consoles) == 2
+            for iid, said in consoles.items():
+                for step in ("metadata", "name", "munge key", "names", "slurmd"):
+                    assert f"provision: join {step}: ok" in said, said[-3000:]
+                data = cloud.ec2().describe_instance_attribute(InstanceId=iid, Attribute="userData")
+                sent = base64.b64decode(data["UserData"]["Value"])
+                assert sent == text.encode()  # what the backend's template sent, exactly
+                # no key material in the user data or the boot log
+                for blob in (sent, said.encode()):
+                    assert key not in blob and base64.b64encode(key) not in blob
+            print(f"cloud boot: srun -N2 to done in {seconds:.1f}s")
+
+            # the secret gone: the join stops at the key, slurmd never starts, and once
+            # ResumeTimeout is over the resume-fail program terminates the instances and the
+            # nodes are down with the reason; the batch job waits, requeued
+            cloud.secrets().delete_secret(
+                SecretId=munge_secret(NAME), ForceDeleteWithoutRecovery=True
+            )
+            first = set(cloud.containers)
+            job = _on_head(
+                cluster,
+                "sbatch --parsable -p burst -w burst[003-004] -o /dev/null --wrap hostname",
+            ).strip()
+
+            def stopped() -> list[str]:
+                new = [c for i, c in dict(cloud.containers).items() if i not in first]
+                said = [labcloud.console(c) for c in new]
+                return said if len(said) == 2 and all("join failed" in t for t in said) else []
+
+            failed = _wait("both joins stopped", stopped, timeout=120)
+            for said in failed:  # type: ignore[attr-defined]
+                assert "provision: join failed: munge key: Secrets Manager: " in said, said[-2000:]
+                assert "slurmd not started" in said
+                assert key not in said.encode() and base64.b64encode(key).decode() not in said
+            _wait(
+                "burst003 down after ResumeTimeout",
+                lambda: (
+                    "burst003|burst: no slurmd registration"
+                    in _on_head(cluster, "sinfo -h -R -N -o '%N|%E'")
+                ),
+                timeout=RESUME_TIMEOUT + 120,
+                every=5,
+            )
+            state = _on_head(cluster, f"squeue -h -j {job} -o %T").strip()
+            assert state in ("PENDING", "CONFIGURING"), state  # requeued, not lost
+            _on_head(cluster, f"scancel {job}")
+            # the resume-fail program terminated the instances: the hypervisor removed them
+            _wait(
+                "the instances terminated",
+                lambda: not set(cloud.containers) - first,
+                timeout=60,
+            )
+            log = _on_head(cluster, f"cat {burst_log}")
+            assert "burst003 resume-fail cleanup ok (burst)" in log, log[-2000:]
+            assert key not in log.encode() and base64.b64encode(key).decode() not in log
+        finally:
+            booted = dict(cloud.containers)
+            for container in booted.values():
+                said = labcloud.console(container)
+                print(
+                    f"--- {container}:",
+                    *(line for line in said.splitlines() if "provision:" in line),
+                    sep="\n",
+                )
+            print(_on_head(cluster, f"tail -20 {burst_log}; sinfo -h -R -N -o '%N|%E'"))
+            restore = base64.b64encode(original.encode()).decode()
+            _on_head(cluster, f"echo {restore} | base64 -d > {CONFIG_PATH}")
+    # back to the lab's own bursting for the tests after this one
+    _all_powered_down(cluster)
 
 
 def test_destroy_removes_burst_nodes_and_the_image(cluster: tuple[Path, Path]) -> None:
