@@ -26,6 +26,7 @@ uptime, so without it slurmd reports a boot from before the resume, which slurmc
 
 from __future__ import annotations
 
+import base64
 import datetime
 import hashlib
 import ipaddress
@@ -33,6 +34,7 @@ import json
 import secrets
 import ssl
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -249,29 +251,23 @@ class LabCloud:
         }
 
     # moto's EC2 and Secrets Manager, in this process, so the address patch below applies
-    def ec2(self) -> Any:
+    def client(self, service: str) -> Any:
         import boto3
 
         return boto3.client(
-            "ec2",
+            service,
             region_name=REGION,
             endpoint_url=f"https://{self.gateway}",
             verify=str(self.tls[0]),
             aws_access_key_id="lab",
             aws_secret_access_key="lab",
         )
+
+    def ec2(self) -> Any:
+        return self.client("ec2")
 
     def secrets(self) -> Any:
-        import boto3
-
-        return boto3.client(
-            "secretsmanager",
-            region_name=REGION,
-            endpoint_url=f"https://{self.gateway}",
-            verify=str(self.tls[0]),
-            aws_access_key_id="lab",
-            aws_secret_access_key="lab",
-        )
+        return self.client("secretsmanager")
 
     def _next_address(self, *_: Any, **__: Any) -> str:
         if not self.free:
@@ -356,8 +352,6 @@ class LabCloud:
 
     def _boot(self, instance: dict[str, Any]) -> None:
         iid, address = instance["InstanceId"], instance["PrivateIpAddress"]
-        import base64
-
         data = self.ec2().describe_instance_attribute(InstanceId=iid, Attribute="userData")
         user_data = base64.b64decode(data["UserData"].get("Value", ""))
         name = f"{self.prefix}{iid}"
@@ -382,12 +376,13 @@ class LabCloud:
             self.image,
             "/sbin/init",
         )
-        seed = Path(f"/tmp/labcloud-seed-{iid}")
-        seed.mkdir(exist_ok=True)
-        (seed / "user-data").write_bytes(user_data)
-        (seed / "meta-data").write_text(f"instance-id: {iid}\nlocal-hostname: {host}\n")
-        for part in ("user-data", "meta-data"):
-            podman.podman("cp", str(seed / part), f"{name}:/var/lib/cloud/seed/nocloud/{part}")
+        with tempfile.TemporaryDirectory() as folder:
+            seed = Path(folder)
+            (seed / "user-data").write_bytes(user_data)
+            (seed / "meta-data").write_text(f"instance-id: {iid}\nlocal-hostname: {host}\n")
+            for part in ("user-data", "meta-data"):
+                target = f"{name}:/var/lib/cloud/seed/nocloud/{part}"
+                podman.podman("cp", str(seed / part), target)
         podman.podman("start", name)
         self.containers[iid] = name
         self.boots[iid] = time.monotonic()
