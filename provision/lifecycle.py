@@ -328,9 +328,12 @@ def _nodes_phase(cluster: Cluster, run: _Run) -> _Made:
         # secrets first: a relay password file others can read stops the run before any node
         secrets_dir = ensure_cluster_secrets(state, spec.scheduler)
         _monitoring_secrets(secrets_dir, spec)
+        # the hub's and the burst nodes' keys before the nodes: a cloud's stack puts a remote
+        # elastic pool's keys in its secret store (providers/cloud/joining.py)
+        made = tunnel_keys(secrets_dir, members(cluster))
         cluster = create_nodes(cluster, state, say)
         cluster_certificates(secrets_dir, cluster)  # they name the nodes' addresses
-        made = tunnel_keys(secrets_dir, members(cluster))
+        made += tunnel_keys(secrets_dir, members(cluster))
         if made:
             say(f"tunnel: WireGuard keys made for {compress(made)}")
         files = render(cluster)

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,18 +104,40 @@ def unwrap_unsafe(value: object) -> object:
 @pytest.fixture
 def scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A recording scontrol: each call's arguments, one line; `show node` prints the file
-    `states` in tmp_path."""
+    `states` in tmp_path, `ping` the file `ping`."""
     calls = tmp_path / "scontrol-calls"
     script = tmp_path / "scontrol"
     script.write_text(
         "#!/bin/sh\n"
         f'printf "%s\\n" "$*" >> {calls}\n'
         f'[ "$1" = show ] && cat {tmp_path / "states"} 2>/dev/null\n'
+        f'[ "$1" = ping ] && cat {tmp_path / "ping"} 2>/dev/null\n'
         "exit 0\n"
     )
     script.chmod(0o755)
     monkeypatch.setattr(slurm, "SCONTROL", str(script))
     return calls
+
+
+class _KeyOfAnyNode(dict[str, str]):
+    """A hub's peers: a made-up public key for any node's name (the same for a name)."""
+
+    def get(self, node: str, default: object = None) -> str:  # type: ignore[override]
+        return base64.b64encode(hashlib.sha256(node.encode()).digest()).decode()
+
+
+@pytest.fixture
+def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The burst programs' end of the tunnel with a recording `wg` (its calls in hub.calls)
+    and its state in tmp_path/tunnel."""
+    from provision.burst import programs
+    from provision.burst.tunnel import Hub
+
+    calls: list[tuple[str, ...]] = []
+    fake = Hub(_KeyOfAnyNode(), tmp_path / "tunnel", lambda *argv: calls.append(argv))
+    fake.calls = calls  # type: ignore[attr-defined]
+    monkeypatch.setattr(programs, "hub", lambda: fake)
+    return fake
 
 
 def third_party_imports(wheel: Path, module: str) -> list[str]:
@@ -127,3 +152,23 @@ def third_party_imports(wheel: Path, module: str) -> list[str]:
         [sys.executable, "-I", "-c", probe, str(wheel)], capture_output=True, text=True, check=True
     )
     return [m for m in done.stdout.split() if not m.startswith("_")]
+
+
+# an elastic lab pool of two nodes, for a spec's `pools:` (examples/lab-ha.yaml's HA pair
+# bursting: tests/test_burst.py renders it, tests/integration/test_ha.py runs it)
+BURST_POOL = """  - name: burst
+    role: compute
+    profile: lab-container
+    provider: lab
+    count: 2
+    elastic: true
+"""
+
+
+def with_burst_pool(example: str) -> str:
+    """A spec's text with BURST_POOL right after its compute pool's lines."""
+    lines = example.splitlines(keepends=True)
+    at = lines.index("  - name: compute\n") + 1
+    while at < len(lines) and lines[at].startswith("    "):
+        at += 1
+    return "".join([*lines[:at], BURST_POOL, *lines[at:]])

@@ -31,7 +31,7 @@ from provision.render import render
 from provision.run.wheel import build_wheel, package_files
 from provision.spec import load_spec
 
-from .conftest import ROOT, third_party_imports
+from .conftest import ROOT, third_party_imports, with_burst_pool
 
 DATA = ROOT / "tests" / "data" / "burst"
 LAB_BURST = ROOT / "examples" / "lab-burst.yaml"
@@ -126,7 +126,34 @@ def test_the_burst_configuration_names_every_elastic_node() -> None:
     assert config.to_json() == files["files/burst/burst.json"]
 
 
+def _lab_ha_burst(tmp_path: Path) -> Path:
+    spec = tmp_path / "lab-ha-burst.yaml"
+    spec.write_text(with_burst_pool((ROOT / "examples" / "lab-ha.yaml").read_text()))
+    return spec
+
+
+def test_an_ha_pair_bursts_from_either_head(tmp_path: Path) -> None:
+    """Two heads with an elastic pool: the spec is taken, both heads get the programs (the
+    burst play is for every head), and a burst node asks the primary, then the backup."""
+    files = render(Cluster(load_spec(_lab_ha_burst(tmp_path))))
+    config = parse_config(files["files/burst/burst.json"])
+    assert config.conf_server == "head001:6817,head002:6817"
+    assert config.controllers == ["head001", "head002"]
+    conf = files["files/slurm/slurm.conf"]
+    assert "SlurmctldHost=head001\nSlurmctldHost=head002\n" in conf
+    assert "ResumeProgram=/usr/local/libexec/provision/burst-resume" in conf
+
+
 # --- Slurm's view -----------------------------------------------------------------------------
+
+
+def test_the_controller_in_charge_from_scontrol_ping() -> None:
+    both = (DATA / "scontrol-ping-both-up.txt").read_text()
+    assert slurm.parse_ping(both) == [("head001", True), ("head002", True)]
+    assert slurm.in_control(both) == "head001"
+    assert slurm.in_control((DATA / "scontrol-ping-primary-down.txt").read_text()) == "head002"
+    assert slurm.in_control("Slurmctld(primary) at head001 is DOWN\n") is None
+    assert slurm.in_control("") is None
 
 
 def test_node_states_from_recorded_scontrol() -> None:
@@ -149,6 +176,7 @@ class FakeBackend(Backend):
     """Records what the programs ask; nodes in `broken` fail to start with `error`."""
 
     def __init__(self, broken: set[str] = frozenset(), error: str = "image missing") -> None:
+        super().__init__()
         self.broken, self.error = broken, error
         self.made: set[str] = set()
         self.calls: list[tuple[str, str]] = []
@@ -262,6 +290,39 @@ def test_reconcile_removes_orphans_and_marks_vanished_nodes_down(
         "update NodeName=burst002 State=DOWN "
         "Reason=burst: node vanished (container or instance gone)"
     )
+
+
+@pytest.mark.parametrize(
+    ("ping", "acting"),
+    [
+        ("scontrol-ping-both-up.txt", "head001"),
+        ("scontrol-ping-primary-down.txt", "head002"),
+        (None, None),  # no controller answers: neither head acts
+    ],
+)
+def test_with_two_heads_only_the_controller_in_charge_reconciles(
+    ping: str | None,
+    acting: str | None,
+    scontrol: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    config = parse_config(
+        render(Cluster(load_spec(_lab_ha_burst(tmp_path))))["files/burst/burst.json"]
+    )
+    if ping is not None:
+        (tmp_path / "ping").write_text((DATA / ping).read_text())
+    (tmp_path / "states").write_text("NodeName=burst001 State=IDLE+CLOUD+POWERED_DOWN Weight=100\n")
+    for head in ("head001", "head002"):
+        backend = FakeBackend()
+        backend.made = {"burst001"}  # an orphan: the head that acts removes it
+        log = _with_backend(monkeypatch, backend)
+        assert programs.reconcile(config, log.append, host=head) == 0
+        if head == acting:
+            assert log == ["burst001 reconcile: orphan removed (Slurm has it powered down)"]
+            assert backend.made == set()
+        else:
+            assert log == [] and backend.made == {"burst001"}, head
 
 
 def test_reconcile_returns_nodes_that_failed_to_start_after_the_cooldown(

@@ -7,11 +7,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from provision.burst import programs
 from provision.burst.aws import UNNAMED_GRACE_S, AwsBackend
+from provision.burst.backend import BurstError
 from provision.burst.config import TAG_NODE, BurstConfig, parse_config
 from provision.cluster import Cluster
 from provision.render import render
@@ -60,7 +62,7 @@ def aws(ec2: FakeEC2, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEC2]:
 
 
 @pytest.fixture
-def config() -> BurstConfig:
+def config(hub: object) -> BurstConfig:
     """The AWS pool of the rendered configuration (the GCP and Azure pools: not built yet)."""
     full = parse_config(render(Cluster(load_spec(SPEC, unbuilt=True)))["files/burst/burst.json"])
     return replace(full, pools={POOL: full.pools[POOL]})
@@ -127,6 +129,66 @@ def test_suspend_terminates_the_nodes_instances_only(
         "aws-h100-004 suspend ok (awsh100)",
         "aws-h100-006 suspend ok (awsh100, was not there)",
     ]
+
+
+def test_a_remote_pools_nodes_are_peers_of_the_hub_from_resume_to_suspend(
+    config: BurstConfig, aws: FakeEC2, scontrol: Path, hub: Any
+) -> None:
+    """The pool is on a remote network: resume gives the hub each new node's peer at the
+    address EC2 gave it, before Slurm is told; suspend takes the peer away; the reconciler
+    drops a peer whose instance is gone; a restore puts back the peers still up."""
+    assert config.pools[POOL].tunnel
+    log: list[str] = []
+    nodes = ["aws-h100-001", "aws-h100-002"]
+    assert programs.resume(config, nodes, log.append) == 0
+    client = aws.client()
+    made = [i for r in client.describe_instances()["Reservations"] for i in r["Instances"]]
+    address = {
+        next(t["Value"] for t in i["Tags"] if t["Key"] == TAG_NODE): i["PrivateIpAddress"]
+        for i in made
+    }
+    keys = {node: hub.peers.get(node) for node in nodes}
+    assert hub.calls == [
+        ("set", "wg-provision", "peer", keys[n], "allowed-ips", f"{address[n]}/32") for n in nodes
+    ]
+    assert hub.up() == {n: address[n] for n in nodes}
+    hub.calls.clear()
+    assert programs.suspend(config, ["aws-h100-001"], log.append) == 0
+    assert hub.calls == [("set", "wg-provision", "peer", keys["aws-h100-001"], "remove")]
+    assert hub.up() == {"aws-h100-002": address["aws-h100-002"]}
+    # aws-h100-002's instance is terminated behind the programs' back: its peer goes too
+    (instance,) = [
+        i["InstanceId"] for i in made if address["aws-h100-002"] == i["PrivateIpAddress"]
+    ]
+    client.terminate_instances(InstanceIds=[instance])
+    log.clear()
+    assert programs.reconcile(config, log.append) == 0
+    assert "aws-h100-002 reconcile: tunnel peer removed (no instance)" in log
+    assert hub.up() == {}
+    hub.calls.clear()
+    assert hub.restore() == {} and hub.calls == []
+
+
+def test_a_node_the_hub_cannot_take_is_removed_and_marked_down(
+    config: BurstConfig, aws: FakeEC2, scontrol: Path, hub: Any
+) -> None:
+    def refuse(*argv: str) -> None:
+        raise BurstError("wg set: Unable to access interface: No such device")
+
+    hub.run = refuse
+    log: list[str] = []
+    assert programs.resume(config, ["aws-h100-003"], log.append) == 1
+    assert _live(aws) == {}  # it could never register: terminated at once
+    assert log[0].startswith("aws-h100-003 resume failed (awsh100, ")
+    assert log[0].endswith("tunnel: wg set: Unable to access interface: No such device")
+    assert "NodeAddr=" not in scontrol.read_text()
+    assert (
+        scontrol.read_text()
+        .splitlines()[-1]
+        .startswith(
+            "update NodeName=aws-h100-003 State=DOWN Reason=burst resume failed: tunnel: wg set:"
+        )
+    )
 
 
 def test_a_capacity_error_takes_the_pool_out_for_the_cooldown(
@@ -211,6 +273,9 @@ def test_reconcile_terminates_orphans_and_marks_reclaimed_nodes_down(
     assert log == [
         "aws-h100-011 reconcile: orphan removed (Slurm has it powered down)",
         "aws-h100-012 reconcile: instance or container gone while Slurm has it up",
+        # the pool is remote: the hub drops the peers of both
+        "aws-h100-011 reconcile: tunnel peer removed (no instance)",
+        "aws-h100-012 reconcile: tunnel peer removed (no instance)",
     ]
     log.clear()
     (tmp_path / "states").write_text("")

@@ -40,7 +40,8 @@ def arm(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeARM]:
 
 
 @pytest.fixture
-def config() -> BurstConfig:
+def config(hub: object) -> BurstConfig:
+    """The cloud-burst spec's burst configuration (its pools are remote: the hub is faked)."""
     full = parse_config(render(Cluster(load_spec(SPEC, unbuilt=True)))["files/burst/burst.json"])
     return replace(full, pools={POOL: full.pools[POOL]})
 
@@ -220,6 +221,10 @@ def test_reconcile_deletes_orphans_and_marks_vanished_nodes_down(
         "az-h100-001 reconcile: orphan removed (Slurm has it powered down)",
         "az-h100-002 reconcile: instance or container gone while Slurm has it up",
         "az-h100-005 reconcile: orphan removed (Slurm has it powered down)",
+        # the pool is remote: the hub drops the peers of the nodes with no instance now
+        "az-h100-001 reconcile: tunnel peer removed (no instance)",
+        "az-h100-002 reconcile: tunnel peer removed (no instance)",
+        "az-h100-005 reconcile: tunnel peer removed (no instance)",
     ]
     assert sorted(arm.vms) == ["az-h100-003", "az-h100-004"]
     assert any("skip=3" in p for m, p, _ in arm.requests if m == "GET")

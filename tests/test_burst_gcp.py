@@ -39,7 +39,8 @@ def gce(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGCE]:
 
 
 @pytest.fixture
-def config() -> BurstConfig:
+def config(hub: object) -> BurstConfig:
+    """The cloud-burst spec's burst configuration (its pools are remote: the hub is faked)."""
     full = parse_config(render(Cluster(load_spec(SPEC, unbuilt=True)))["files/burst/burst.json"])
     return replace(full, pools={POOL: full.pools[POOL]})
 
@@ -162,6 +163,10 @@ def test_reconcile_deletes_orphans_and_marks_vanished_nodes_down(
         "gcp-h100-001 reconcile: orphan removed (Slurm has it powered down)",
         "gcp-h100-002 reconcile: instance or container gone while Slurm has it up",
         "gcp-h100-005 reconcile: orphan removed (Slurm has it powered down)",
+        # the pool is remote: the hub drops the peers of the nodes with no instance now
+        "gcp-h100-001 reconcile: tunnel peer removed (no instance)",
+        "gcp-h100-002 reconcile: tunnel peer removed (no instance)",
+        "gcp-h100-005 reconcile: tunnel peer removed (no instance)",
     ]
     assert sorted(gce.instances) == [f"{ZONE}/gcp-h100-003", f"{ZONE}/gcp-h100-004"]
     assert len([p for m, p, _ in gce.requests if m == "GET" and "pageToken=" in p]) >= 1

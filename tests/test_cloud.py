@@ -117,7 +117,10 @@ class Recorder(pulumi.runtime.Mocks):  # type: ignore[misc]
 
 
 def build(
-    spec_path: Path, refusals: bool = False, munge_key: bytes | None = None
+    spec_path: Path,
+    refusals: bool = False,
+    munge_key: bytes | None = None,
+    tunnel_keys: dict[str, bytes] | None = None,
 ) -> tuple[Recorder, Cluster, dict[str, Any]]:
     """Run the three clouds' components for a spec under mocks; their outputs, resolved. A
     resource the cloud would refuse fails it, unless `refusals` (the recorder keeps them)."""
@@ -131,7 +134,7 @@ def build(
 
     @pulumi.runtime.test  # type: ignore[misc]
     def program() -> Any:
-        built = {k: component(k, cluster, KEY, munge_key) for k in kinds}
+        built = {k: component(k, cluster, KEY, munge_key, tunnel_keys) for k in kinds}
         nodes = {k: pulumi.Output.from_input(b.nodes) for k, b in built.items()}
         return pulumi.Output.all(**nodes).apply(outputs.update)
 
@@ -1078,23 +1081,37 @@ def test_an_elastic_aws_pool_joins_by_its_instance_profile_and_user_data() -> No
     from provision.burst.join import parse_join_config
 
     munge = secrets.token_bytes(1024)
-    rec, _, _ = build(ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml", munge_key=munge)
-    (secret,) = rec.of("secretsmanager/secret:Secret")
+    keys = {"awsh100": b'{"hub": "aws-hub", "keys": {}}'}
+    rec, _, _ = build(
+        ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml", munge_key=munge, tunnel_keys=keys
+    )
+    secret, tunnel = sorted(
+        rec.of("secretsmanager/secret:Secret"), key=lambda r: "tunnel" in r.name
+    )
     assert secret.inputs["name"] == "burst-munge-key"
-    (version,) = rec.of("secretsmanager/secretVersion:SecretVersion")
+    # the pool is remote: its nodes' tunnel keys in a secret of its own
+    assert tunnel.inputs["name"] == "burst-awsh100-tunnel-keys"
+    version, tunnel_version = sorted(
+        rec.of("secretsmanager/secretVersion:SecretVersion"), key=lambda r: "tunnel" in r.name
+    )
     # a Pulumi secret: the mocks see it wrapped as the engine does, encrypted in the state
-    wrapped = version.inputs["secretBinary"]
-    assert wrapped["4dabf18193072939515e22adb298388d"] == "1b47061264138c4ac30d75fd1eb44270"
-    assert base64.b64decode(wrapped["value"]) == munge
+    for made, value in ((version, munge), (tunnel_version, keys["awsh100"])):
+        wrapped = made.inputs["secretBinary"]
+        assert wrapped["4dabf18193072939515e22adb298388d"] == "1b47061264138c4ac30d75fd1eb44270"
+        assert base64.b64decode(wrapped["value"]) == value
     (template,) = [t for t in rec.of("LaunchTemplate") if t.name == "burst-awsh100-lt"]
     data = base64.b64decode(template.inputs["userData"])
-    for form in (munge, base64.b64encode(munge), munge.hex().encode()):
+    for form in (munge, base64.b64encode(munge), munge.hex().encode(), b"aws-hub"):
         assert form not in data
     join = parse_join_config(yaml.safe_load(data)["write_files"][0]["content"])
-    assert (join.cloud, join.secret, join.controller_address) == (
+    assert (join.cloud, join.secret, join.controllers) == (
         "aws",
         "burst-munge-key",
-        "10.20.0.10",
+        (("head01", "10.20.0.10"),),
+    )
+    assert (join.tunnel_secret, join.tunnel_endpoint) == (
+        "burst-awsh100-tunnel-keys",
+        "vpn.example.org:51820",
     )
     (profile,) = rec.of("iam/instanceProfile:InstanceProfile")
     assert template.inputs["iamInstanceProfile"] == {
@@ -1119,7 +1136,10 @@ def test_an_elastic_aws_pool_joins_by_its_instance_profile_and_user_data() -> No
         {
             "Effect": "Allow",
             "Action": "secretsmanager:GetSecretValue",
-            "Resource": "arn:aws:secretsmanager/secret:burst-munge-key",
+            "Resource": [
+                "arn:aws:secretsmanager/secret:burst-munge-key",
+                "arn:aws:secretsmanager/secret:burst-awsh100-tunnel-keys",
+            ],
         }
     ]
     # without elastic pools the stack holds no secret and no node role
@@ -1142,23 +1162,44 @@ def test_elastic_gcp_and_azure_pools_join_by_their_identity_and_user_data() -> N
     from provision.burst.join import parse_join_config
 
     munge = secrets.token_bytes(1024)
-    rec, _, _ = build(ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml", munge_key=munge)
+    keys = {"gcph100": b"gcp-tunnel-keys", "azh100": b"azure-tunnel-keys"}
+    rec, _, _ = build(
+        ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml", munge_key=munge, tunnel_keys=keys
+    )
 
     def joined(text: str) -> Any:
-        assert all(form not in text.encode() for form in (munge, base64.b64encode(munge)))
+        forms = (
+            munge,
+            base64.b64encode(munge),
+            *keys.values(),
+            *map(base64.b64encode, keys.values()),
+        )
+        assert all(form not in text.encode() for form in forms)
         return parse_join_config(yaml.safe_load(text)["write_files"][0]["content"])
 
-    (secret,) = rec.of("gcp:secretmanager/secret:Secret")
-    assert secret.inputs["secretId"] == "burst-munge-key"
-    (version,) = rec.of("gcp:secretmanager/secretVersion:SecretVersion")
-    assert version.inputs["isSecretDataBase64"] is True
-    assert base64.b64decode(version.inputs["secretData"]["value"]) == munge
+    secret, tunnel = sorted(
+        rec.of("gcp:secretmanager/secret:Secret"), key=lambda r: "tunnel" in r.name
+    )
+    assert (secret.inputs["secretId"], tunnel.inputs["secretId"]) == (
+        "burst-munge-key",
+        "burst-gcph100-tunnel-keys",
+    )
+    versions = sorted(
+        rec.of("gcp:secretmanager/secretVersion:SecretVersion"), key=lambda r: "tunnel" in r.name
+    )
+    assert all(v.inputs["isSecretDataBase64"] is True for v in versions)
+    assert [base64.b64decode(v.inputs["secretData"]["value"]) for v in versions] == [
+        munge,
+        keys["gcph100"],
+    ]
     (account,) = rec.of("serviceaccount/account:Account")
-    (member,) = rec.of("secretIamMember:SecretIamMember")
-    assert member.inputs["role"] == "roles/secretmanager.secretAccessor"
-    assert member.inputs["secretId"] == f"{secret.name}-id"
+    members = sorted(rec.of("secretIamMember:SecretIamMember"), key=lambda r: "tunnel" in r.name)
     email = f"{account.inputs['accountId']}@lab-project.iam.gserviceaccount.com"
-    assert member.inputs["member"] == f"serviceAccount:{email}"
+    # the pool's service account reads these two secrets, each by its own binding, and no more
+    assert [m.inputs["secretId"] for m in members] == [f"{secret.name}-id", f"{tunnel.name}-id"]
+    for member in members:
+        assert member.inputs["role"] == "roles/secretmanager.secretAccessor"
+        assert member.inputs["member"] == f"serviceAccount:{email}"
     assert account.inputs["accountId"] == "burst-gcph100"
     (template,) = [t for t in rec.of("compute/instanceTemplate:InstanceTemplate")
                    if t.name.startswith("burst-gcph100")]  # fmt: skip
@@ -1168,14 +1209,20 @@ def test_elastic_gcp_and_azure_pools_join_by_their_identity_and_user_data() -> N
 
     (vault,) = rec.of("keyvault:Vault")
     assert vault.inputs["properties"]["enableRbacAuthorization"] is True
-    (kv_secret,) = rec.of("keyvault:Secret")
+    kv_secret, kv_tunnel = sorted(rec.of("keyvault:Secret"), key=lambda r: "tunnel" in r.name)
     assert base64.b64decode(kv_secret.inputs["properties"]["value"]["value"]) == munge
+    assert base64.b64decode(kv_tunnel.inputs["properties"]["value"]["value"]) == keys["azh100"]
+    assert kv_tunnel.inputs["secretName"] == "burst-azh100-tunnel-keys"
     (identity,) = rec.of("managedidentity:UserAssignedIdentity")
-    (grant,) = rec.of("authorization:RoleAssignment")
-    assert grant.inputs["scope"] == f"{kv_secret.name}-id"
-    assert grant.inputs["roleDefinitionId"].endswith(
-        "/roleDefinitions/4633458b-17de-408a-b874-0445c86b69e6"
-    )
+    grants = sorted(rec.of("authorization:RoleAssignment"), key=lambda r: "tunnel" in r.name)
+    # Key Vault Secrets User on each of the two secrets, nothing wider, for the one identity
+    assert [g.inputs["scope"] for g in grants] == [f"{kv_secret.name}-id", f"{kv_tunnel.name}-id"]
+    assert len({g.inputs["principalId"] for g in grants}) == 1
+    for grant in grants:
+        assert grant.inputs["principalId"].startswith("principal-")
+        assert grant.inputs["roleDefinitionId"].endswith(
+            "/roleDefinitions/4633458b-17de-408a-b874-0445c86b69e6"
+        )
     (scale_set,) = rec.of("compute:VirtualMachineScaleSet")
     assert scale_set.inputs["identity"] == {
         "type": "UserAssigned",

@@ -7,6 +7,7 @@ and nft are recorded; the live boot path (cloud-init in a lab container) is not 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import secrets
 import subprocess
@@ -23,7 +24,7 @@ from provision.burst import join as joining
 from provision.burst.__main__ import main as burst_main
 from provision.burst.aws import AwsBackend
 from provision.burst.backend import BurstError
-from provision.burst.config import TAG_NODE, munge_secret, parse_config
+from provision.burst.config import TAG_NODE, munge_secret, parse_config, tunnel_secret
 from provision.burst.join import JoinConfig, Metadata, parse_join_config
 from provision.cluster import Cluster
 from provision.render import render
@@ -35,6 +36,17 @@ from .fakeec2 import FakeEC2
 
 SPEC = ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml"
 KEY = secrets.token_bytes(1024)
+HUB_KEY = base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def _wg_key(node: str) -> str:
+    """A made-up WireGuard private key of a node (the same for a name in one run)."""
+    return base64.b64encode(hashlib.sha256(f"{HUB_KEY}{node}".encode()).digest()).decode()
+
+
+def _tunnel_keys(*nodes: str) -> str:
+    """A remote pool's tunnel secret, as apply writes it (providers/cloud/joining.py)."""
+    return json.dumps({"hub": HUB_KEY, "keys": {n: _wg_key(n) for n in nodes}})
 
 
 class Answers(ThreadingHTTPServer):
@@ -122,8 +134,12 @@ def _pool_config(cloud: str) -> JoinConfig:
     return join_config(cluster, view)
 
 
+NODE_ADDRESS = "10.21.0.7"
+
+
 def _aws_imds(answers: Answers, node: str, tag_after: int = 0) -> None:
     answers.on("/latest/api/token", (200, "session-token"))
+    answers.on("/latest/meta-data/local-ipv4", (200, NODE_ADDRESS))
     tag = f"/latest/meta-data/tags/instance/{TAG_NODE}"
     answers.on(tag, *([(404, "")] * tag_after), (200, node))
 
@@ -134,14 +150,20 @@ def _joined(node: Node, name: str, config: JoinConfig, lines: list[str]) -> None
     assert key.read_bytes() == KEY
     assert oct(key.stat().st_mode & 0o777) == "0o400"
     hosts = (node.root / "etc" / "hosts").read_text()
-    assert hosts == f"127.0.0.1 localhost\n{config.controller_address} head01\n"
+    ((head, address),) = config.controllers
+    assert hosts == f"127.0.0.1 localhost\n{address} {head}\n"
     assert (node.root / "etc" / "hostname").read_text() == f"{name}\n"
     assert (node.root / "etc" / "default" / "slurmd").read_text() == (
-        f'SLURMD_OPTIONS="--conf-server {config.controller_address}:6817 -N {name}"\n'
+        f'SLURMD_OPTIONS="--conf-server {address}:6817 -N {name}"\n'
     )
+    tunnel = [] if not config.tunnel_endpoint else [
+        "systemctl enable wg-quick@wg-provision",
+        "systemctl restart wg-quick@wg-provision",
+    ]  # fmt: skip
     kinds = ["nft" if c[0] == "nft" else " ".join(c) for c in node.calls]
     assert kinds == [  # the guard comes first
         "nft",
+        *tunnel,
         f"hostname {name}",
         "systemctl restart munge",
         "systemctl enable slurmd",
@@ -151,11 +173,22 @@ def _joined(node: Node, name: str, config: JoinConfig, lines: list[str]) -> None
         "join metadata",
         "join name",
         "join munge key",
+        *(["join tunnel"] if tunnel else []),
         "join names",
         "join slurmd",
     ]
     said = "\n".join(lines)
     assert KEY.hex() not in said and base64.b64encode(KEY).decode() not in said
+    if tunnel:
+        conf = node.root / "etc" / "wireguard" / "wg-provision.conf"
+        assert oct(conf.stat().st_mode & 0o777) == "0o600"
+        text = conf.read_text()
+        assert f"PrivateKey = {_wg_key(name)}\n" in text
+        assert f"PublicKey = {HUB_KEY}\n" in text
+        assert f"Endpoint = {config.tunnel_endpoint}\n" in text
+        assert f"AllowedIPs = {', '.join(config.tunnel_routes)}\n" in text
+        assert f"dev %i src {NODE_ADDRESS} table 51820" in text
+        assert _wg_key(name) not in said
 
 
 # --- the user data ----------------------------------------------------------------------------
@@ -182,11 +215,7 @@ def test_each_clouds_user_data_runs_the_join_and_holds_no_secret() -> None:
             ]
         ]
         assert config.cloud == view.pool.provider
-        assert (config.controller, config.controller_address, config.port) == (
-            "head01",
-            "10.20.0.10",
-            6817,
-        )
+        assert (config.controllers, config.port) == ((("head01", "10.20.0.10"),), 6817)
         assert munge_secret("burst") in config.secret
     aws = _pool_config("aws")
     assert (aws.secret, aws.region) == ("burst-munge-key", "us-east-1")
@@ -201,6 +230,9 @@ def test_a_join_config_with_an_unknown_key_or_cloud_is_refused(tmp_path: Path) -
     for bad, says in (
         ({**good, "munge_key": "x"}, "unknown keys: munge_key"),
         ({**good, "cloud": "lab"}, "not aws, gcp or azure"),
+        ({**good, "controllers": []}, "controllers: not a list of"),
+        ({**good, "controllers": [["head01"]]}, "controllers: not a list of"),
+        ({**good, "controllers": [["head01", ""]]}, "controllers: not a list of"),
     ):
         path = tmp_path / "join.json"
         path.write_text(json.dumps(bad))
@@ -251,6 +283,9 @@ def test_an_aws_node_made_by_resume_joins_with_the_user_data_moto_gives_back(
     program tagged it) and the key from Secrets Manager."""
     secrets_manager = _aws_env(moto, monkeypatch)
     secrets_manager.create_secret(Name=munge_secret("burst"), SecretBinary=KEY)
+    secrets_manager.create_secret(
+        Name=tunnel_secret("burst", "awsh100"), SecretBinary=_tunnel_keys("aws-h100-001").encode()
+    )
     config = _pool_config("aws")
     text = user_data(config)
     moto.launch_template("burst-awsh100", "p5.48xlarge")
@@ -274,6 +309,7 @@ def test_an_aws_node_made_by_resume_joins_with_the_user_data_moto_gives_back(
     data = base64.b64decode(given["UserData"]["Value"])
     assert data == text.encode()
     assert KEY not in data and base64.b64encode(KEY) not in data and KEY.hex().encode() not in data
+    assert _wg_key("aws-h100-001").encode() not in data
     on_node = parse_join_config(yaml.safe_load(data)["write_files"][0]["content"])
 
     _aws_imds(answers, tags[TAG_NODE], tag_after=2)  # the tag comes a moment after launch
@@ -339,6 +375,12 @@ def test_a_gcp_node_reads_its_name_and_its_service_accounts_secret(
     version = "projects/1/secrets/burst-munge-key/versions/1"
     payload = {"name": version, "payload": {"data": base64.b64encode(KEY).decode()}}
     answers.on(path, (200, json.dumps(payload)))
+    answers.on("/instance/network-interfaces/0/ip", (200, NODE_ADDRESS))
+    keys = base64.b64encode(_tunnel_keys("gcp-h100-003").encode()).decode()
+    answers.on(
+        "/v1/projects/lab-project/secrets/burst-gcph100-tunnel-keys/versions/latest:access",
+        (200, json.dumps({"payload": {"data": keys}})),
+    )
     node, lines = Node(tmp_path), []
     metadata = Metadata("gcp", answers.url)
     key = joining.fetch_key(config, metadata, gcp_api=f"{answers.url}/v1")
@@ -358,8 +400,11 @@ def test_an_azure_node_reads_its_name_and_its_identitys_key_vault_secret(
     named as its node; its token for the user-assigned identity (client_id) has the vaults'
     audience; Key Vault's GET of the secret answers its value."""
     vault = f"{answers.url}/secrets/burst-munge-key"
-    config = JoinConfig(
-        **{**json.loads(_pool_config("azure").to_json()), "secret": vault, "identity": "cid-1"}
+    keys = f"{answers.url}/secrets/burst-azh100-tunnel-keys"
+    given = json.loads(_pool_config("azure").to_json())
+    assert given["tunnel_secret"].endswith(".vault.azure.net/secrets/burst-azh100-tunnel-keys")
+    config = parse_join_config(
+        json.dumps({**given, "secret": vault, "identity": "cid-1", "tunnel_secret": keys})
     )
     answers.on("/metadata/instance/compute/name?api-version=2021-02-01&format=text", (200, "az-1"))
     token = (
@@ -371,13 +416,49 @@ def test_an_azure_node_reads_its_name_and_its_identitys_key_vault_secret(
         "/secrets/burst-munge-key?api-version=7.4",
         (200, json.dumps({"value": base64.b64encode(KEY).decode(), "id": vault})),
     )
+    answers.on(
+        "/metadata/instance/network/interface/0/ipv4/ipAddress/0/privateIpAddress"
+        "?api-version=2021-02-01&format=text",
+        (200, NODE_ADDRESS),
+    )
+    answers.on(
+        "/secrets/burst-azh100-tunnel-keys?api-version=7.4",
+        (200, json.dumps({"value": base64.b64encode(_tunnel_keys("az-1").encode()).decode()})),
+    )
     node, lines = Node(tmp_path), []
     assert node.join(config, Metadata("azure", answers.url), lines) == "az-1"
     _joined(node, "az-1", config, lines)
     imds = [h for _, p, h in answers.got if p.startswith("/metadata/")]
-    assert len(imds) == 2 and all(h.get("metadata") == "true" for h in imds)
-    (read,) = [h for _, p, h in answers.got if p.startswith("/secrets/")]
-    assert read["authorization"] == "Bearer eyJ0"
+    assert len(imds) == 4 and all(h.get("metadata") == "true" for h in imds)
+    reads = [h for _, p, h in answers.got if p.startswith("/secrets/")]
+    assert len(reads) == 2 and all(h["authorization"] == "Bearer eyJ0" for h in reads)
+
+
+def test_a_node_of_an_ha_pair_knows_both_controllers_primary_first(
+    answers: Answers, tmp_path: Path
+) -> None:
+    """Two heads: each is in /etc/hosts (the stale line of the first replaced), and slurmd asks
+    the primary, then the backup, for its configuration (`--conf-server A,B`)."""
+    pair = (("head01", "10.20.0.10"), ("head02", "10.20.0.11"))
+    untunneled = {"tunnel_endpoint": "", "tunnel_routes": [], "tunnel_secret": ""}
+    given = {**json.loads(_pool_config("gcp").to_json()), **untunneled}
+    config = parse_join_config(json.dumps({**given, "controllers": pair}))
+    assert parse_join_config(config.to_json()) == config
+    answers.on("/instance/name", (200, "gcp-h100-001"))
+    answers.on("/project/project-id", (200, "lab-project"))
+    answers.on("/instance/service-accounts/default/token", (200, '{"access_token": "t"}'))
+    path = "/v1/projects/lab-project/secrets/burst-munge-key/versions/latest:access"
+    answers.on(path, (200, json.dumps({"payload": {"data": base64.b64encode(KEY).decode()}})))
+    node, lines = Node(tmp_path), []
+    node.join(config, Metadata("gcp", answers.url), lines, gcp_api=f"{answers.url}/v1")
+    hosts = (node.root / "etc" / "hosts").read_text()
+    assert hosts == "127.0.0.1 localhost\n10.20.0.10 head01\n10.20.0.11 head02\n"
+    assert (node.root / "etc" / "default" / "slurmd").read_text() == (
+        'SLURMD_OPTIONS="--conf-server 10.20.0.10:6817,10.20.0.11:6817 -N gcp-h100-001"\n'
+    )
+    assert "join names: ok" in lines[3] and lines[3].endswith(
+        "head01 at 10.20.0.10, head02 at 10.20.0.11"
+    )
 
 
 def test_a_refusing_secret_store_is_named_with_its_status(answers: Answers) -> None:

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,7 +122,19 @@ def test_inventory_parsed_by_ansible(tmp_path: Path) -> None:
 
 def test_elastic_nodes_are_cloud_state_not_inventory() -> None:
     files = render(Cluster(load_any(UNBUILT_DIR / "cloud-burst.yaml")))
-    assert "aws-h100-001" not in files["inventory/hosts.yml"]
+    inventory: Any = load_rendered(files["inventory/hosts.yml"])
+
+    def hosts(group: dict[str, Any]) -> set[str]:
+        found = set(group.get("hosts") or {})
+        for child in (group.get("children") or {}).values():
+            found |= hosts(child or {})
+        return found
+
+    every = hosts(inventory["all"])
+    assert "head01" in every and not {n for n in every if n.startswith(("aws-", "gcp-", "az-"))}
+    # the hub knows their names (their tunnel keys), nothing more
+    hub = inventory["all"]["children"]["tunnel"]["hosts"]["head01"]
+    assert "aws-h100-001" in hub["tunnel_burst_peers"]
     assert (
         "NodeName=aws-h100-[001-016] CPUs=192 Boards=1 SocketsPerBoard=2 CoresPerSocket=48 "
         "ThreadsPerCore=2 RealMemory=1992294 Gres=gpu:h100:8 "

@@ -15,6 +15,8 @@ from provision.render.tunnel import members, tunnel_host_vars
 from provision.spec.loader import load_spec
 from provision.verify.tunnel import handshake_findings, public_keys
 
+from .conftest import ROOT
+
 SPEC = """
 name: t
 os: debian12
@@ -56,6 +58,7 @@ def test_the_first_head_is_the_hub_and_each_remote_host_a_spoke(tmp_path: Path) 
             {"name": "far02", "address": "10.41.0.6"},
         ],
         "tunnel_forward": True,
+        "tunnel_burst_peers": [],
     }
     # the endpoint defaults to the head's management address; the other remote ranges go
     # through the hub too
@@ -174,3 +177,152 @@ def test_verify_names_members_by_their_key_files(tmp_path: Path) -> None:
     pub = (tmp_path / TUNNEL_DIR / "far01.pub").read_text().strip()
     assert public_keys(tmp_path, ["head01", "far01", "gone01"])[pub] == "far01"
     assert len(public_keys(tmp_path, ["head01", "far01", "gone01"])) == 2
+
+
+# --- burst nodes: peers of the hub from resume to suspend ------------------------------------
+
+
+def _burst_cluster() -> Cluster:
+    return Cluster(
+        load_spec(ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml", unbuilt=True)
+    )
+
+
+def test_burst_nodes_hold_keys_and_the_hub_knows_their_names_not_their_addresses() -> None:
+    cluster = _burst_cluster()
+    hub = tunnel_host_vars(cluster)["head01"]
+    elastic = [n.name for v in cluster.pools if v.pool.elastic for n in v.nodes]
+    assert elastic and hub["tunnel_burst_peers"] == elastic
+    # no static peer for them: resume adds each one at the address its cloud gave it
+    assert not {p["name"] for p in hub["tunnel_peers"]} & set(elastic)  # type: ignore[union-attr]
+    assert set(elastic) <= set(members(cluster))
+    assert not set(elastic) & set(tunnel_host_vars(cluster))  # no Ansible run on them
+
+
+def _template(name: str, **values: object) -> str:
+    """A tunnel role template rendered as Ansible does (trim_blocks), with its file lookups
+    and to_json filter."""
+    import json
+
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(ROOT / "roles" / "tunnel" / "templates"),
+        trim_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["to_json"] = json.dumps
+    keys = values.pop("keys")
+    env.globals["lookup"] = lambda _kind, path: keys[Path(path).name]  # type: ignore[index]
+    return env.get_template(name).render(ansible_managed="managed", **values)
+
+
+def test_a_burst_nodes_spoke_is_the_one_the_role_writes_on_a_lasting_node() -> None:
+    """join writes a burst node's wg-quick file itself (no Ansible runs there): the same lines
+    as wg.conf.j2 makes for a lasting spoke, comments aside."""
+    from provision.burst.tunnel import SPOKE_TABLE, spoke_config
+
+    private = base64.b64encode(bytes(range(32))).decode()
+    hub = base64.b64encode(bytes(range(1, 33))).decode()
+    routes = ["10.20.0.0/16", "10.22.0.0/16"]
+    role = _template(
+        "wg.conf.j2",
+        tunnel_role="spoke",
+        tunnel_keys_dir="/keys",
+        inventory_hostname="aws-h100-001",
+        tunnel_hub="head01",
+        tunnel_endpoint="vpn.example.org:51820",
+        tunnel_routes=routes,
+        tunnel_address="10.21.0.7",
+        _tunnel_table=SPOKE_TABLE,
+        keys={"aws-h100-001.key": private, "head01.pub": hub},
+    )
+    ours = spoke_config(private, hub, "10.21.0.7", "vpn.example.org:51820", routes)
+
+    def lines(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+    assert lines(ours) == lines(role)
+    assert f"PrivateKey = {private}" in lines(ours)
+
+
+def test_the_hub_gets_each_burst_nodes_public_key_as_json() -> None:
+    import json
+
+    names = ["aws-h100-001", "aws-h100-002"]
+    keys = {f"{n}.pub": base64.b64encode(n.encode().ljust(32, b"k")).decode() for n in names}
+    text = _template(
+        "burst-peers.json.j2", tunnel_burst_peers=names, tunnel_keys_dir="/keys", keys=keys
+    )
+    assert json.loads(text) == {n: keys[f"{n}.pub"] for n in names}
+
+
+def test_the_hub_adds_and_removes_burst_peers_and_restores_them(tmp_path: Path) -> None:
+    """What is in the tunnel is kept a file a node, so a restore (after `wg syncconf` dropped
+    the runtime peers) puts back exactly those; a bad address or a node without a key is named
+    and nothing is run for it."""
+    from provision.burst.tunnel import Hub
+
+    calls: list[tuple[str, ...]] = []
+    k1, k2 = (base64.b64encode(bytes([n]) * 32).decode() for n in (1, 2))
+    hub = Hub({"b1": k1, "b2": k2}, tmp_path / "up", lambda *argv: calls.append(argv))
+    assert hub.add({"b1": "10.21.0.7", "b2": "10.21.0.8"}) == {}
+    assert hub.up() == {"b1": "10.21.0.7", "b2": "10.21.0.8"}
+    assert oct((tmp_path / "up").stat().st_mode & 0o777) == "0o700"
+    assert hub.remove(["b2"]) == {}
+    assert calls == [
+        ("set", "wg-provision", "peer", k1, "allowed-ips", "10.21.0.7/32"),
+        ("set", "wg-provision", "peer", k2, "allowed-ips", "10.21.0.8/32"),
+        ("set", "wg-provision", "peer", k2, "remove"),
+    ]
+    calls.clear()
+    assert hub.restore() == {}
+    assert calls == [("set", "wg-provision", "peer", k1, "allowed-ips", "10.21.0.7/32")]
+    calls.clear()
+    assert hub.add({"b2": "10.21.0.999", "b3": "10.21.0.9"}) == {
+        "b2": "tunnel: Octet 999 (> 255) not permitted in '10.21.0.999'",
+        "b3": "tunnel: b3: no tunnel key on the hub (/etc/wireguard/wg-provision-burst.json)",
+    }
+    assert calls == [] and set(hub.up()) == {"b1"}
+
+
+def test_a_tunnel_secret_without_this_nodes_key_is_refused() -> None:
+    from provision.burst.backend import BurstError
+    from provision.burst.tunnel import parse_tunnel_secret, tunnel_secret_text
+
+    key = base64.b64encode(bytes(32)).decode()
+    text = tunnel_secret_text(key, {"b1": key})
+    assert parse_tunnel_secret(text, "b1") == (key, key)
+    for data, node, says in (
+        (text, "b2", "holds no key for b2"),
+        (b"not json", "b1", "holds no key for b1"),
+        (tunnel_secret_text("short", {"b1": key}), "b1", "not WireGuard keys"),
+    ):
+        try:
+            parse_tunnel_secret(data, node)
+        except BurstError as exc:
+            assert says in str(exc)
+        else:
+            raise AssertionError(f"{data!r} taken")
+
+
+def test_a_pools_tunnel_secret_holds_its_nodes_keys_from_apply(tmp_path: Path) -> None:
+    """What a cloud's stack puts in a remote elastic pool's secret: the keys apply made for
+    the hub and each node's name (none until every one is made: a preview plans no value)."""
+    from provision.burst.tunnel import parse_tunnel_secret
+    from provision.providers.cloud.joining import tunnel_keys_value
+
+    cluster = _burst_cluster()
+    view = next(v for v in cluster.pools if v.pool.elastic and v.pool.provider == "aws")
+    keys = tmp_path / TUNNEL_DIR
+    assert tunnel_keys_value(cluster, view, keys) is None
+    tunnel_keys(tmp_path, members(cluster))
+    value = tunnel_keys_value(cluster, view, keys)
+    assert value is not None
+    for node in view.nodes:
+        private, hub = parse_tunnel_secret(value, node.name)
+        assert private == (keys / f"{node.name}.key").read_text().strip()
+        assert hub == (keys / "head01.pub").read_text().strip()
+    assert b"head01.key" not in value and (keys / "head01.key").read_text().strip() not in (
+        value.decode()
+    )

@@ -1,8 +1,9 @@
-"""python3 -m provision.burst resume|suspend|resume-fail HOSTLIST, or reconcile; on a burst
-node, python3 -m provision.burst join [CONFIG].
+"""python3 -m provision.burst resume|suspend|resume-fail HOSTLIST, reconcile, or
+tunnel-restore; on a burst node, python3 -m provision.burst join [CONFIG].
 
 Run by slurmctld through the wrappers the burst role installs (as root, through sudo), and by
-the reconciler's systemd timer; `join` by cloud-init at a burst node's first boot (see join.py).
+the reconciler's systemd timer; `tunnel-restore` by the hub's WireGuard unit after it starts or
+reloads (tunnel.py); `join` by cloud-init at a burst node's first boot (see join.py).
 Exit 0 when every node was handled (or the node joined), 1 otherwise, 2 on bad use.
 """
 
@@ -18,10 +19,11 @@ from provision.burst.config import CONFIG_PATH, load_config
 from provision.burst.hostlist import expand
 from provision.burst.join import JOIN_CONFIG, Metadata, join, parse_join_config
 from provision.burst.programs import reconcile, resume, resume_fail, suspend
+from provision.burst.tunnel import Hub
 
 USAGE = (
     "usage: python3 -m provision.burst {resume|suspend|resume-fail} HOSTLIST | reconcile"
-    " | join [CONFIG]"
+    " | tunnel-restore | join [CONFIG]"
 )
 
 
@@ -48,10 +50,24 @@ def join_main(args: list[str]) -> int:
     return 0
 
 
+def tunnel_restore() -> int:
+    """The burst nodes' peers back on the hub's interface; a line for each that failed."""
+    try:
+        errors = Hub().restore()
+    except BurstError as exc:
+        print(f"provision.burst: {exc}", file=sys.stderr)
+        return 1
+    for node, error in sorted(errors.items()):
+        print(f"provision.burst: {node}: {error}", file=sys.stderr)
+    return 1 if errors else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["join"] and len(args) <= 2:
         return join_main(args[1:])
+    if args == ["tunnel-restore"]:
+        return tunnel_restore()
     config_path = Path(os.environ.get("PROVISION_BURST_CONFIG", str(CONFIG_PATH)))
     if not args or args[0] not in ("resume", "suspend", "resume-fail", "reconcile"):
         print(USAGE, file=sys.stderr)

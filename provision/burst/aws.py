@@ -9,7 +9,7 @@ AWS_ENDPOINT_URL points it at another endpoint (the tests' moto server).
 One resume is one RunInstances call for all of a pool's nodes, all or nothing (MinCount =
 MaxCount: a part of a multi-node job's nodes would hold GPUs that no job can use, and the pool's
 failure sends the job to the next pool whole), then one CreateTags per instance to give it its
-node's name, then one `scontrol update` with every new node's address.
+node's name; resume gives Slurm (and the tunnel) the new nodes' addresses in one call.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from provision.burst import slurm
 from provision.burst.backend import CAPACITY, Backend, BurstError, each, one_line
 from provision.burst.config import TAG_NODE, Pool
 
@@ -66,6 +65,7 @@ def _error(exc: Exception) -> str:
 
 class AwsBackend(Backend):
     def __init__(self, pool: Pool, ec2: Any = None) -> None:
+        super().__init__()
         assert pool.cloud is not None
         self.pool, self.cloud = pool, pool.cloud
         self.ec2 = ec2 if ec2 is not None else client(self.cloud.region)
@@ -129,7 +129,7 @@ class AwsBackend(Backend):
             # if that fails too, the reconciler terminates it after UNNAMED_GRACE_S
             with contextlib.suppress(BurstError):
                 self._call("terminate_instances", InstanceIds=unnamed)
-        slurm.set_addresses(
+        self.addresses.update(
             {
                 node: instance["PrivateIpAddress"]
                 for node, instance in pairs.items()

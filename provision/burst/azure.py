@@ -20,7 +20,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from provision.burst import rest, slurm
+from provision.burst import rest
 from provision.burst.backend import CAPACITY, Backend, BurstError, each, one_line
 from provision.burst.config import TAG_NODE, Pool
 
@@ -51,6 +51,7 @@ def _capacity(codes: list[str], message: str) -> bool:
 
 class AzureBackend(Backend):
     def __init__(self, pool: Pool) -> None:
+        super().__init__()
         assert pool.cloud is not None and pool.cloud.group
         self.pool, self.cloud = pool, pool.cloud
         base = os.environ.get("PROVISION_AZURE_ENDPOINT")
@@ -207,7 +208,7 @@ class AzureBackend(Backend):
             return dict.fromkeys(nodes, capacity)
         if errors:  # nothing half-made stays: a VM that failed goes
             self.stop(list(errors))
-        slurm.set_addresses({n: a for n, a in addresses.items() if n not in errors})
+        self.addresses.update({n: a for n, a in addresses.items() if n not in errors})
         return errors
 
     def suspend(self, node: str) -> bool:

@@ -43,7 +43,12 @@ def each(nodes: list[str], action: Callable[[str], object]) -> dict[str, str]:
 
 class Backend:
     """One pool's nodes. Subclasses that make nodes one at a time implement resume(node) and
-    suspend(node); those with batch APIs override start and stop."""
+    suspend(node); those with batch APIs override start and stop. A start whose cloud chose
+    the nodes' addresses leaves them in `addresses` (node -> address), for Slurm and the
+    tunnel."""
+
+    def __init__(self) -> None:
+        self.addresses: dict[str, str] = {}
 
     def resume(self, node: str) -> None:
         raise NotImplementedError

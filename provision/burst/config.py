@@ -20,6 +20,8 @@ LOG_DIR = Path("/var/log/provision")
 LAB_SOCKET_DIR = Path("/run/provision-podman")
 LAB_SOCKET = LAB_SOCKET_DIR / "podman.sock"
 MUNGE_KEY = Path("/etc/munge/munge.key")
+# the cluster's WireGuard interface on every member (at most 15 characters: a Linux name)
+TUNNEL_INTERFACE = "wg-provision"
 # this project's wheel on every node (the health, burst and node_exporter roles put it there;
 # a burst pool's image carries it): the node programs run from it
 NODE_WHEEL = "/opt/provision/gpu-provision.whl"
@@ -56,6 +58,12 @@ def munge_secret(cluster: str) -> str:
     """The name of the cluster's munge key in the cloud's secret store (AWS Secrets Manager, GCP
     Secret Manager, an Azure Key Vault): letters, digits and hyphens, which all three take."""
     return fit_name(f"{cluster}-munge-key")
+
+
+def tunnel_secret(cluster: str, pool: str) -> str:
+    """The name of a remote elastic pool's tunnel keys in the cloud's secret store: each node's
+    WireGuard private key and the hub's public key, read by that pool's nodes alone."""
+    return fit_name(f"{cluster}-{pool}-tunnel-keys")
 
 
 def key_vault(cluster: str) -> str:
@@ -112,14 +120,23 @@ class Pool:
     nodes: dict[str, str]  # node name -> address (a cloud node's is the cloud's choice)
     lab: LabPool | None = None
     cloud: CloudPool | None = None
+    # on a remote network: each node reaches the cluster through the tunnel, whose hub (this
+    # head) takes its peer at resume and drops it at suspend (burst/tunnel.py)
+    tunnel: bool = False
 
 
 @dataclass(frozen=True)
 class BurstConfig:
     cluster: str
-    conf_server: str  # host:port of slurmctld, for `slurmd --conf-server`
+    # host:port of each slurmctld, the primary first, for `slurmd --conf-server`
+    conf_server: str
     pools: dict[str, Pool]
     cooldown: int = 600  # seconds a node whose start failed stays down
+
+    @property
+    def controllers(self) -> list[str]:
+        """The heads' names, the primary first."""
+        return [server.rsplit(":", 1)[0] for server in self.conf_server.split(",")]
 
     @property
     def log_path(self) -> Path:
@@ -136,6 +153,8 @@ class BurstConfig:
                 entry["lab"] = pool.lab.__dict__
             if pool.cloud is not None:
                 entry["cloud"] = pool.cloud.__dict__
+            if pool.tunnel:
+                entry["tunnel"] = True
             pools[name] = entry
         doc = {
             "cluster": self.cluster,
@@ -152,7 +171,8 @@ def parse_config(text: str) -> BurstConfig:
     for name, entry in doc["pools"].items():
         lab = LabPool(**entry["lab"]) if "lab" in entry else None
         cloud = CloudPool(**entry["cloud"]) if "cloud" in entry else None
-        pools[name] = Pool(name, entry["backend"], dict(entry["nodes"]), lab, cloud)
+        tunnel = bool(entry.get("tunnel", False))
+        pools[name] = Pool(name, entry["backend"], dict(entry["nodes"]), lab, cloud, tunnel)
     return BurstConfig(doc["cluster"], doc["conf_server"], pools, int(doc.get("cooldown", 600)))
 
 

@@ -18,7 +18,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from provision.burst import rest, slurm
+from provision.burst import rest
 from provision.burst.backend import CAPACITY, Backend, BurstError, each, one_line
 from provision.burst.config import Pool
 
@@ -41,6 +41,7 @@ OPERATION_WAIT_S = 240
 
 class GcpBackend(Backend):
     def __init__(self, pool: Pool) -> None:
+        super().__init__()
         assert pool.cloud is not None
         self.pool, self.cloud = pool, pool.cloud
         base = os.environ.get("PROVISION_GCP_ENDPOINT")
@@ -102,7 +103,7 @@ class GcpBackend(Backend):
             found = self._list()
         except BurstError as exc:
             return {node: f"made, but not listed: {one_line(exc)}" for node in nodes}
-        slurm.set_addresses(
+        self.addresses.update(
             {
                 node: found[node]["networkInterfaces"][0]["networkIP"]
                 for node in nodes

@@ -15,10 +15,15 @@ seconds on stdout (cloud-init's log and the serial console):
 3. the munge key, from the cloud's secret store, read with the instance's own identity (an
    instance profile, a service account, a user-assigned managed identity, each allowed to read
    this cluster's secret alone), written 0400 munge:munge and never printed;
-4. the controller's name and address into /etc/hosts (the cloud's resolver does not know an
+4. on a remote pool, the tunnel: its WireGuard key and the hub's public key from the pool's
+   tunnel secret (read the same way), its own address from its metadata, and the spoke's
+   configuration (burst/tunnel.py) up, so the head is reached through the hub, which took this
+   node's peer at resume;
+5. each controller's name and address into /etc/hosts (the cloud's resolver does not know an
    on-premises head), the node's name as its host name;
-5. munge, then `slurmd --conf-server ADDRESS:PORT -N NAME`: slurmd fetches slurm.conf from
-   slurmctld (configless) and registers, and Slurm's resume is done.
+6. munge, then `slurmd --conf-server ADDRESS:PORT[,ADDRESS:PORT] -N NAME` (the primary first,
+   then the backup of an HA pair): slurmd fetches slurm.conf from whichever slurmctld is in
+   control (configless) and registers, and Slurm's resume is done.
 
 A step that fails ends the program with exit code 1 and a line naming the step and the cause;
 slurmd is never started without its key, so the node never registers and Slurm's resume fails
@@ -41,7 +46,8 @@ from typing import Any
 
 from provision.burst import rest
 from provision.burst.backend import BurstError, one_line
-from provision.burst.config import MUNGE_KEY, TAG_NODE
+from provision.burst.config import MUNGE_KEY, TAG_NODE, TUNNEL_INTERFACE
+from provision.burst.tunnel import parse_tunnel_secret, spoke_config
 
 JOIN_CONFIG = Path("/etc/provision/join.json")
 # where slurmd's unit reads its options (Debian's and Ubuntu's slurmd.service, Rocky's too)
@@ -67,17 +73,28 @@ class JoinConfig:
 
     cluster: str
     cloud: str  # aws, gcp or azure: where the node's metadata and secret store are
-    controller: str  # slurmctld's host name
-    controller_address: str  # where the node reaches it (through the tunnel when remote)
+    # (host name, address) of each slurmctld, the primary first: where the node reaches them
+    # (through the tunnel when remote)
+    controllers: tuple[tuple[str, str], ...]
     port: int  # slurmctld's port
     # where the munge key is: the AWS secret's name, the GCP secret's name in the node's
     # project, or the Azure Key Vault secret's URL (https://VAULT.vault.azure.net/secrets/NAME)
     secret: str
     region: str = ""  # AWS: the secret's region
     identity: str = ""  # Azure: the client ID of the user-assigned identity that reads it
+    # a remote pool's: the hub's host:port, the ranges the node sends into the tunnel, and
+    # where the pool's tunnel keys are (named as `secret` is); "" where the pool is not remote
+    tunnel_endpoint: str = ""
+    tunnel_routes: tuple[str, ...] = ()
+    tunnel_secret: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
+
+    @property
+    def conf_server(self) -> str:
+        """`slurmd --conf-server`'s value: every controller's address and port, in order."""
+        return ",".join(f"{address}:{self.port}" for _, address in self.controllers)
 
 
 def parse_join_config(text: str) -> JoinConfig:
@@ -88,7 +105,24 @@ def parse_join_config(text: str) -> JoinConfig:
     unknown = sorted(set(doc) - known)
     if unknown:
         raise ValueError(f"unknown keys: {', '.join(unknown)}")
-    config = JoinConfig(**doc)
+    pairs = doc.get("controllers")
+    if (
+        not isinstance(pairs, list)
+        or not pairs
+        or not all(isinstance(p, list) and len(p) == 2 for p in pairs)
+        or not all(isinstance(v, str) and v for p in pairs for v in p)
+    ):
+        raise ValueError("controllers: not a list of [host name, address] pairs")
+    routes = doc.get("tunnel_routes", [])
+    if not isinstance(routes, list) or not all(isinstance(r, str) for r in routes):
+        raise ValueError("tunnel_routes: not a list of ranges")
+    config = JoinConfig(
+        **{**doc, "controllers": tuple((n, a) for n, a in pairs), "tunnel_routes": tuple(routes)}
+    )
+    if bool(config.tunnel_endpoint) != bool(config.tunnel_secret) or (
+        config.tunnel_endpoint and not config.tunnel_routes
+    ):
+        raise ValueError("tunnel: an endpoint, its routes and a secret, or none of them")
     if config.cloud not in ("aws", "gcp", "azure"):
         raise ValueError(f"cloud {config.cloud!r}: not aws, gcp or azure")
     return config
@@ -169,6 +203,24 @@ class Metadata:
             raise BurstError(f"the metadata service names no instance (HTTP {status})")
         return value
 
+    def address(self) -> str:
+        """The instance's private address on its first interface."""
+        if self.cloud == "gcp":
+            status, value = rest.text(
+                f"{self.base}/instance/network-interfaces/0/ip", {"Metadata-Flavor": "Google"}
+            )
+        elif self.cloud == "azure":
+            status, value = rest.text(
+                f"{self.base}/metadata/instance/network/interface/0/ipv4/ipAddress/0/"
+                "privateIpAddress?api-version=2021-02-01&format=text",
+                {"Metadata": "true"},
+            )
+        else:
+            status, value = self._aws("local-ipv4")
+        if status != 200 or not value.strip():
+            raise BurstError(f"the metadata service gives no address (HTTP {status})")
+        return value.strip()
+
     def gcp_project(self) -> str:
         status, value = rest.text(f"{self.base}/project/project-id", {"Metadata-Flavor": "Google"})
         if status != 200 or not value.strip():
@@ -197,7 +249,7 @@ class Denied(BurstError):
     """The store refused the identity: a grant made moments ago may not have reached it yet."""
 
 
-def _aws_secret(config: JoinConfig) -> bytes:
+def _aws_secret(config: JoinConfig, ref: str) -> bytes:
     try:
         import boto3
         from botocore.config import Config
@@ -210,7 +262,7 @@ def _aws_secret(config: JoinConfig) -> bytes:
         config=Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10),
     )
     try:
-        answer = client.get_secret_value(SecretId=config.secret)
+        answer = client.get_secret_value(SecretId=ref)
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         kind = (
@@ -235,35 +287,57 @@ def _bearer_secret(store: str, url: str, token: str, value: Callable[[Any], str]
         raise BurstError(f"{store}: the answer holds no secret value") from None
 
 
-def _gcp_secret(config: JoinConfig, metadata: Metadata, api: str) -> bytes:
-    name = config.secret
+def _gcp_secret(ref: str, metadata: Metadata, api: str) -> bytes:
+    name = ref
     if not name.startswith("projects/"):
         name = f"projects/{metadata.gcp_project()}/secrets/{name}"
     url = f"{api}/{name}/versions/latest:access"
     return _bearer_secret("Secret Manager", url, metadata.token(), lambda a: a["payload"]["data"])
 
 
-def _azure_secret(config: JoinConfig, metadata: Metadata) -> bytes:
+def _azure_secret(config: JoinConfig, ref: str, metadata: Metadata) -> bytes:
     # the token's audience is the vaults' domain of the secret's cloud (vault.azure.net in
     # Azure's public cloud)
-    host = urllib.parse.urlsplit(config.secret).netloc
+    host = urllib.parse.urlsplit(ref).netloc
     domain = host.split(".", 1)[1] if ".vault." in f".{host}" else "vault.azure.net"
     token = metadata.token(f"https://{domain}", config.identity)
-    url = f"{config.secret}?api-version={KEY_VAULT_API}"
+    url = f"{ref}?api-version={KEY_VAULT_API}"
     return _bearer_secret("Key Vault", url, token, lambda a: a["value"])
 
 
-def _read_key(config: JoinConfig, metadata: Metadata, gcp_api: str) -> bytes:
+def _read_secret(config: JoinConfig, ref: str, metadata: Metadata, gcp_api: str) -> bytes:
     try:
         if config.cloud == "aws":
-            return _aws_secret(config)
+            return _aws_secret(config, ref)
         if config.cloud == "gcp":
-            return _gcp_secret(config, metadata, gcp_api)
-        return _azure_secret(config, metadata)
+            return _gcp_secret(ref, metadata, gcp_api)
+        return _azure_secret(config, ref, metadata)
     except rest.HTTPError as exc:
         if exc.status in (401, 403):
             raise Denied(f"the secret store refused: {exc}") from None
         raise BurstError(f"the secret store refused: {exc}") from None
+
+
+def fetch_secret(
+    config: JoinConfig,
+    ref: str,
+    metadata: Metadata,
+    gcp_api: str = GCP_SECRETS,
+    denied_wait_s: float = DENIED_WAIT_S,
+    poll_s: float = 5,
+) -> bytes:
+    """A secret from the cloud's secret store. A refusal of the identity is asked again for a
+    while: the clouds apply a new grant within seconds to minutes (IAM's eventual consistency;
+    Azure's role assignments take up to ten), and a pool's first burst may come right after its
+    stack made the grant. A missing secret or any other error ends it at once."""
+    deadline = time.monotonic() + denied_wait_s
+    while True:
+        try:
+            return _read_secret(config, ref, metadata, gcp_api)
+        except Denied:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(poll_s)
 
 
 def fetch_key(
@@ -273,20 +347,8 @@ def fetch_key(
     denied_wait_s: float = DENIED_WAIT_S,
     poll_s: float = 5,
 ) -> bytes:
-    """The munge key from the cloud's secret store; a key too short for munged is refused. A
-    refusal of the identity is asked again for a while: the clouds apply a new grant within
-    seconds to minutes (IAM's eventual consistency; Azure's role assignments take up to ten),
-    and a pool's first burst may come right after its stack made the grant. A missing secret
-    or any other error ends it at once."""
-    deadline = time.monotonic() + denied_wait_s
-    while True:
-        try:
-            key = _read_key(config, metadata, gcp_api)
-            break
-        except Denied:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(poll_s)
+    """The munge key (fetch_secret); a key too short for munged is refused."""
+    key = fetch_secret(config, config.secret, metadata, gcp_api, denied_wait_s, poll_s)
     if len(key) < MUNGE_KEY_MIN:
         raise BurstError(f"the secret holds {len(key)} bytes, not a munge key")
     return key
@@ -295,15 +357,15 @@ def fetch_key(
 # --- 4 and 5: the node's files, munge and slurmd -------------------------------------------
 
 
-def write_key(key: bytes, path: Path = MUNGE_KEY, owner: str = "munge") -> None:
-    """The key, 0400 and owned by munge from its first byte on disk (never readable by others
-    even for a moment), replacing what was there in one rename."""
+def write_key(key: bytes, path: Path = MUNGE_KEY, owner: str = "munge", mode: int = 0o400) -> None:
+    """The key, 0400 (mode) and owned by munge (owner) from its first byte on disk (never
+    readable by others even for a moment), replacing what was there in one rename."""
     import pwd
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.join")
     tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         if os.geteuid() == 0:
             user = pwd.getpwnam(owner)
@@ -322,7 +384,7 @@ def hosts_entry(text: str, name: str, address: str) -> str:
 
 
 def slurmd_options(config: JoinConfig, node: str) -> str:
-    return f'SLURMD_OPTIONS="--conf-server {config.controller_address}:{config.port} -N {node}"\n'
+    return f'SLURMD_OPTIONS="--conf-server {config.conf_server} -N {node}"\n'
 
 
 def _command(*argv: str) -> None:
@@ -369,13 +431,29 @@ def join(
         write_key(fetch_key(config, metadata, gcp_api), key_path, key_owner)
         return f"written to {MUNGE_KEY}"
 
+    def wireguard() -> str:
+        secret = fetch_secret(config, config.tunnel_secret, metadata, gcp_api)
+        private, hub = parse_tunnel_secret(secret, node)
+        address = metadata.address()
+        text = spoke_config(
+            private, hub, address, config.tunnel_endpoint, list(config.tunnel_routes)
+        )
+        conf = root / "etc" / "wireguard" / f"{TUNNEL_INTERFACE}.conf"
+        conf.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_key(text.encode(), conf, "root", 0o600)
+        run("systemctl", "enable", f"wg-quick@{TUNNEL_INTERFACE}")
+        run("systemctl", "restart", f"wg-quick@{TUNNEL_INTERFACE}")
+        return f"{address} to the hub at {config.tunnel_endpoint}"
+
     def names() -> str:
         hosts = root / "etc" / "hosts"
-        old = hosts.read_text() if hosts.exists() else ""
-        hosts.write_text(hosts_entry(old, config.controller, config.controller_address))
+        text = hosts.read_text() if hosts.exists() else ""
+        for name, address in config.controllers:
+            text = hosts_entry(text, name, address)
+        hosts.write_text(text)
         (root / "etc" / "hostname").write_text(f"{node}\n")
         run("hostname", node)
-        return f"{config.controller} at {config.controller_address}"
+        return ", ".join(f"{name} at {address}" for name, address in config.controllers)
 
     def daemons() -> str:
         family = "redhat" if (root / "etc" / "redhat-release").exists() else "debian"
@@ -387,11 +465,13 @@ def join(
         # and the options just written
         run("systemctl", "enable", "slurmd")
         run("systemctl", "restart", "slurmd")
-        return f"slurmd --conf-server {config.controller_address}:{config.port} -N {node}"
+        return f"slurmd --conf-server {config.conf_server} -N {node}"
 
     step("metadata", guard)
     step("name", name)
     step("munge key", key)
+    if config.tunnel_endpoint:
+        step("tunnel", wireguard)
     step("names", names)
     step("slurmd", daemons)
     return node

@@ -7,6 +7,8 @@ cause, so Slurm requeues its job and `sinfo -R` says why.
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,7 @@ from provision.burst import slurm
 from provision.burst.backend import CAPACITY, Backend, BurstError, one_line
 from provision.burst.config import MUNGE_KEY, BurstConfig, Pool
 from provision.burst.podman_api import PodmanAPI, PodmanError
+from provision.burst.tunnel import Hub
 
 Log = Callable[[str], None]
 
@@ -24,6 +27,7 @@ class LabBackend(Backend):
     podman API from the pool's image (the compute roles already applied)."""
 
     def __init__(self, pool: Pool, munge_key: Path = MUNGE_KEY) -> None:
+        super().__init__()
         assert pool.lab is not None
         self.pool, self.lab = pool, pool.lab
         self.api = PodmanAPI(self.lab.socket)
@@ -132,7 +136,18 @@ def resume(config: BurstConfig, nodes: list[str], log: Log, now: float | None = 
             failed += len(names)
             continue
         try:
-            errors = backend_for(pool).start(names)
+            backend = backend_for(pool)
+            errors = backend.start(names)
+            made = {n: a for n, a in backend.addresses.items() if n not in errors}
+            if pool.tunnel:
+                # the hub takes each node's peer before the node dials; one it cannot take
+                # could never register: it goes
+                unjoined = hub().add(made)
+                if unjoined:
+                    backend.stop(sorted(unjoined))
+                    errors.update(unjoined)
+                made = {n: a for n, a in made.items() if n not in unjoined}
+            slurm.set_addresses(made)
         except (BurstError, ValueError, ImportError) as exc:
             errors = {n: one_line(exc) for n in names}
         seconds = time.monotonic() - started
@@ -150,13 +165,24 @@ def resume(config: BurstConfig, nodes: list[str], log: Log, now: float | None = 
     return 1 if failed else 0
 
 
+def hub() -> Hub:
+    """This head's end of the tunnel (tests replace it)."""
+    return Hub()
+
+
 def suspend(config: BurstConfig, nodes: list[str], log: Log, why: str = "suspend") -> int:
     failed = 0
     for pool_name, names in _by_pool(config, nodes, log).items():
+        pool = config.pools[pool_name]
         try:
-            gone, errors = backend_for(config.pools[pool_name]).stop(names)
+            gone, errors = backend_for(pool).stop(names)
         except (BurstError, ValueError, ImportError) as exc:
             gone, errors = set(), {n: one_line(exc) for n in names}
+        if pool.tunnel:  # their peers go with them (an instance not removed keeps its peer)
+            try:
+                errors.update(hub().remove([n for n in names if n not in errors]))
+            except BurstError as exc:
+                errors.update({n: one_line(exc) for n in names if n not in errors})
         for node in names:
             if node in errors:
                 log(f"{node} {why} failed ({pool_name}): {errors[node]}")
@@ -174,12 +200,26 @@ def resume_fail(config: BurstConfig, nodes: list[str], log: Log) -> int:
     return code
 
 
-def reconcile(config: BurstConfig, log: Log, now: float | None = None) -> int:
+def reconcile(
+    config: BurstConfig, log: Log, now: float | None = None, host: str | None = None
+) -> int:
     """Containers and instances Slurm does not have up are removed (orphans); nodes Slurm
     counts on whose container or instance is gone (killed, crashed, reclaimed) are marked DOWN,
     so their jobs are requeued; nodes the programs took out after a failed start, or because
-    their pool had no capacity, return to idle~ once the cooldown is over."""
+    their pool had no capacity, return to idle~ once the cooldown is over.
+
+    With two heads the timer runs on both, and only the head whose slurmctld is in control
+    acts (slurmctld runs resume and suspend there too): the other returns at once, quietly.
+    host is this head's name (tests)."""
     now = time.time() if now is None else now
+    if len(config.controllers) > 1:
+        me = host or socket.gethostname().split(".", 1)[0]
+        try:
+            charge = slurm.in_control(slurm.ping())
+        except (OSError, subprocess.SubprocessError):
+            charge = None
+        if charge != me:
+            return 0
     code = 0
     for pool in config.pools.values():
         try:
@@ -214,8 +254,24 @@ def reconcile(config: BurstConfig, log: Log, now: float | None = None) -> int:
                 continue
             if node in present and slurm.powered_down(flags):
                 log(f"{node} reconcile: orphan removed (Slurm has it powered down)")
-                backend.stop([node])
+                gone, _ = backend.stop([node])
+                present -= gone
             elif node not in running and slurm.expected_up(flags) and "DOWN" not in flags:
                 log(f"{node} reconcile: instance or container gone while Slurm has it up")
                 slurm.mark_down([node], "burst: node vanished (container or instance gone)")
+        if pool.tunnel and not _drop_stale_peers(pool, present, log):
+            code = 1
     return code
+
+
+def _drop_stale_peers(pool: Pool, present: set[str], log: Log) -> bool:
+    """The hub's peers of the pool's nodes that have no instance (removed, reclaimed) go."""
+    try:
+        stale = sorted(set(hub().up()) & set(pool.nodes) - present)
+        errors = hub().remove(stale)
+    except BurstError as exc:
+        log(f"{pool.name} reconcile: {one_line(exc)}")
+        return False
+    for node in stale:
+        log(f"{node} reconcile: {errors.get(node, 'tunnel peer removed (no instance)')}")
+    return not errors

@@ -70,6 +70,28 @@ def set_addresses(addresses: dict[str, str]) -> None:
         )
 
 
+# `scontrol ping`: "Slurmctld(primary) at head001 is UP", "Slurmctld(backup) at head002 is DOWN"
+_PING = re.compile(r"^Slurmctld\((primary|backup\d*)\) at (\S+) is (UP|DOWN)", re.MULTILINE)
+
+
+def parse_ping(text: str) -> list[tuple[str, bool]]:
+    """`scontrol ping` -> each controller's host name and whether it answers, in order."""
+    return [(host, state == "UP") for _, host, state in _PING.findall(text)]
+
+
+def in_control(text: str) -> str | None:
+    """The controller in charge: the first one up (a backup gives control back to the primary
+    once it answers again), or None when none answers."""
+    return next((host for host, up in parse_ping(text) if up), None)
+
+
+def ping() -> str:
+    done = subprocess.run(
+        [SCONTROL, "ping"], capture_output=True, text=True, timeout=30, check=False
+    )
+    return done.stdout
+
+
 def show_nodes(nodes: list[str]) -> str:
     done = subprocess.run(
         [SCONTROL, "show", "node", "-o", compress(nodes)],

@@ -48,10 +48,12 @@ def burst_config(cluster: Cluster) -> BurstConfig | None:
                 zone=view.pool.zone,
                 group=cloud_group(spec.name) if view.pool.provider == "azure" else None,
             )
-        pools[view.name] = Pool(view.name, view.pool.provider, nodes, lab, cloud)
+        # a remote pool's nodes join through the tunnel: resume gives the hub their peers
+        tunnel = view.pool.network is not None
+        pools[view.name] = Pool(view.name, view.pool.provider, nodes, lab, cloud, tunnel)
     if not pools:
         return None
     port = service_ports(spec).slurmctld_first
-    return BurstConfig(
-        spec.name, f"{cluster.head_nodes[0].name}:{port}", pools, spec.slurm.burst_cooldown
-    )
+    # every head, the primary first: a lab burst node's slurmd finds whichever is in control
+    servers = ",".join(f"{head.name}:{port}" for head in cluster.head_nodes)
+    return BurstConfig(spec.name, servers, pools, spec.slurm.burst_cooldown)

@@ -51,6 +51,10 @@ _TABLE = (
         "tunnel_forward", "host", ("tunnel",),
         "the hub forwards between the management network and the tunnel",
     ),
+    Variable(
+        "tunnel_burst_peers", "host", ("tunnel",),
+        "the hub's burst nodes: their public keys go to the burst programs, which add each peer",
+    ),
     Variable("tunnel_hub", "host", ("tunnel",), "a spoke's hub, whose public key it trusts"),
     Variable("tunnel_endpoint", "host", ("tunnel",), "host:port a spoke dials the hub at"),
     Variable("tunnel_via", "host", ("tunnel",), "the hub's address, a routed node's gateway"),

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from provision.burst.config import TUNNEL_INTERFACE
 from provision.cluster import Cluster
 from provision.spec.nodes import Node
 
-INTERFACE = "wg-provision"  # at most 15 characters: a Linux interface name
+INTERFACE = TUNNEL_INTERFACE
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class TunnelLayout:
     port: int
     spokes: tuple[Node, ...]  # each remote node
     routed: tuple[Node, ...]  # nodes on the management network other than the hub
+    # each node of a remote elastic pool: a peer of the hub from its resume to its suspend
+    # (burst/tunnel.py), its key made by apply for its name
+    bursting: tuple[Node, ...] = ()
 
 
 def tunnel_layout(cluster: Cluster) -> TunnelLayout | None:
@@ -37,10 +41,13 @@ def tunnel_layout(cluster: Cluster) -> TunnelLayout | None:
     host = tunnel.endpoint or (str(hub.address) if hub.address is not None else hub.name)
     spokes = []
     routed = []
+    bursting = []
     for view in cluster.pools:
         network = view.pool.network
         for node in view.nodes:
             if node.elastic:
+                if network is not None:
+                    bursting.append(node)
                 continue
             if network is not None:
                 if node.address is not None:  # a cloud node has one once it exists
@@ -48,7 +55,7 @@ def tunnel_layout(cluster: Cluster) -> TunnelLayout | None:
             elif node.name != hub.name:
                 routed.append(node)
     return TunnelLayout(
-        hub, f"{host}:{tunnel.port}", tunnel.port, tuple(spokes), tuple(routed),
+        hub, f"{host}:{tunnel.port}", tunnel.port, tuple(spokes), tuple(routed), tuple(bursting),
     )  # fmt: skip
 
 
@@ -65,11 +72,12 @@ def far_ranges(cluster: Cluster, network: str | None) -> list[str]:
 
 
 def members(cluster: Cluster) -> list[str]:
-    """The nodes that hold a WireGuard key: the hub and every remote node."""
+    """The nodes that hold a WireGuard key: the hub and every remote node, burst nodes too
+    (their names are known before any exists)."""
     shape = tunnel_layout(cluster)
     if shape is None:
         return []
-    return [shape.hub.name, *(node.name for node in shape.spokes)]
+    return [shape.hub.name, *(node.name for node in (*shape.spokes, *shape.bursting))]
 
 
 def tunnel_host_vars(cluster: Cluster) -> dict[str, dict[str, object]]:
@@ -87,6 +95,8 @@ def tunnel_host_vars(cluster: Cluster) -> dict[str, dict[str, object]]:
             "tunnel_peers": [{"name": node.name, "address": node.reach} for node in shape.spokes],
             # the other nodes on the management network reach remote nodes through the hub
             "tunnel_forward": bool(shape.routed),
+            # burst nodes: their public keys for the burst programs, which add each one's peer
+            "tunnel_burst_peers": [node.name for node in shape.bursting],
         }
     }
     for node in shape.spokes:

@@ -11,46 +11,59 @@ from __future__ import annotations
 
 import yaml
 
-from provision.burst.config import NODE_WHEEL, key_vault, munge_secret
+from provision.burst.config import NODE_WHEEL, key_vault, munge_secret, tunnel_secret
 from provision.burst.join import JOIN_CONFIG, JoinConfig
 from provision.cluster import Cluster, PoolView
+from provision.render.tunnel import far_ranges, tunnel_layout
 from provision.spec.ports import service_ports
 
 HEADER = "#cloud-config\n"
 
 
-def secret_ref(cloud: str, cluster: str) -> str:
-    """Where a pool's nodes read the munge key: the secret's name (AWS, GCP: in the node's own
-    project), or the Key Vault secret's URL (Azure)."""
+def secret_ref(cloud: str, cluster: str, name: str | None = None) -> str:
+    """Where a pool's nodes read a secret of the cluster (the munge key's unless name): the
+    secret's name (AWS, GCP: in the node's own project), or the Key Vault secret's URL
+    (Azure)."""
+    name = name or munge_secret(cluster)
     if cloud == "azure":
-        return f"https://{key_vault(cluster)}.vault.azure.net/secrets/{munge_secret(cluster)}"
-    return munge_secret(cluster)
+        return f"https://{key_vault(cluster)}.vault.azure.net/secrets/{name}"
+    return name
 
 
-def join_config(
-    cluster: Cluster, view: PoolView, controller_address: str | None = None, identity: str = ""
-) -> JoinConfig:
-    """The pool's join configuration; the controller's address is the first head's (a cloud
+def join_config(cluster: Cluster, view: PoolView, identity: str = "") -> JoinConfig:
+    """The pool's join configuration: every head, the primary first, at its address (a cloud
     head's private address comes from its stack, which fills it in: "" until then)."""
-    head = cluster.head_nodes[0]
-    address = controller_address or (str(head.address) if head.address else "")
     cloud = view.pool.provider
+    spec = cluster.spec
+    endpoint, keys = "", ""
+    routes: tuple[str, ...] = ()
+    shape = tunnel_layout(cluster)
+    if view.pool.network is not None and shape is not None:
+        # a remote pool: its nodes dial the hub, which takes each one's peer at resume
+        endpoint = shape.endpoint
+        routes = tuple(far_ranges(cluster, view.pool.network))
+        keys = secret_ref(cloud, spec.name, tunnel_secret(spec.name, view.name))
     return JoinConfig(
         cluster=cluster.spec.name,
         cloud=cloud,
-        controller=head.name,
-        controller_address=address,
+        controllers=tuple(
+            (head.name, str(head.address) if head.address else "") for head in cluster.head_nodes
+        ),
         port=int(service_ports(cluster.spec).slurmctld_first),
         secret=secret_ref(cloud, cluster.spec.name),
         region=(view.pool.region or "") if cloud == "aws" else "",
         identity=identity,
+        tunnel_endpoint=endpoint,
+        tunnel_routes=routes,
+        tunnel_secret=keys,
     )
 
 
 def user_data(config: JoinConfig) -> str:
     """The `#cloud-config` text: the join configuration's file, and the join program."""
-    if not config.controller_address:
-        raise ValueError(f"the head {config.controller} has no address yet")
+    missing = [name for name, address in config.controllers if not address]
+    if missing:
+        raise ValueError(f"the head {missing[0]} has no address yet")
     doc = {
         "write_files": [
             {

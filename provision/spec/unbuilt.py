@@ -51,23 +51,9 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                 (
                     ("pools", i, "elastic"),
                     f"not supported yet: elastic {pool.provider} pools (a new cloud instance "
-                    "cannot join the cluster by itself yet: no pool image carries the join, "
-                    "and burst nodes are not in the tunnel); leave elastic out and size the "
-                    "pool with count",
-                )
-            )
-        if (
-            pool.role == "head"
-            and spec.scheduler == "slurm"
-            and pool.size > 1
-            and any(p.elastic for p in spec.pools)
-        ):
-            at: Loc = ("pools", i, "hosts" if pool.hosts is not None else "count")
-            problems.append(
-                (
-                    at,
-                    f"not supported yet: {pool.size} head nodes with an elastic pool (the "
-                    "burst programs run on one head); give the head pool one node",
+                    "cannot join the cluster by itself yet: no pool image carries the join "
+                    "program, munge, slurmd and WireGuard's tools); leave elastic out and size "
+                    "the pool with count",
                 )
             )
     return problems

@@ -267,8 +267,7 @@ def test_a_cloud_node_boots_with_cloud_init_and_joins_by_itself(
     join = JoinConfig(
         cluster=NAME,
         cloud="aws",
-        controller="head001",
-        controller_address=head,
+        controllers=(("head001", head),),
         port=6817,
         secret=munge_secret(NAME),
         region=labcloud.REGION,

@@ -1,6 +1,8 @@
-"""examples/lab-ha.yaml end to end: two heads with a primary and a backup slurmctld, their
-state and /home on shared storage (podman volumes in a lab). The primary's container is stopped
-with a job running: the backup takes control, the job completes, a new job runs; the primary
+"""examples/lab-ha.yaml end to end, with an elastic pool beside it: two heads with a primary
+and a backup slurmctld, their state and /home on shared storage (podman volumes in a lab). The
+primary's container is stopped with a job running: the backup takes control, the job completes,
+a new job runs, and a job on the elastic pool bursts from the backup (its slurmctld runs the
+burst programs, its reconciler acts, the primary's stays quiet when it is back); the primary
 comes back and takes control again. The figures are bench/failover.py's.
 """
 
@@ -15,7 +17,7 @@ import pytest
 
 from provision.providers.lab import container_name, podman
 
-from ..conftest import ROOT
+from ..conftest import ROOT, with_burst_pool
 from ..conftest import run_provision as provision
 
 NAME = "hatest"
@@ -31,7 +33,8 @@ def ha(lab_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
     example = (ROOT / "examples" / "lab-ha.yaml").read_text()
     example_key = next(line for line in example.splitlines() if "ssh-ed25519" in line)
     spec.write_text(
-        example.replace("name: lab-ha", f"name: {NAME}")
+        with_burst_pool(example)
+        .replace("name: lab-ha", f"name: {NAME}")
         .replace("10.79.0.", "10.74.0.")
         .replace(example_key.strip(), "- " + key.with_suffix(".pub").read_text().strip())
     )
@@ -57,6 +60,7 @@ def _until(spec: Path, work: Path, node: str, command: str, want: str, seconds: 
 
 
 PING = "scontrol ping"
+ROOT_LIBEXEC = "/usr/local/libexec/provision"
 BOTH_UP = "Slurmctld(primary) at head001 is UP\nSlurmctld(backup) at head002 is UP"
 
 
@@ -133,6 +137,15 @@ def test_the_backup_takes_over_and_gives_back(ha: tuple[Path, Path]) -> None:
         show = f"scontrol show job {job} -o | grep -o 'JobState=[A-Z_]* Reason=[^ ]*'"
         state = _until(spec, work, "head002", show, "COMPLETED", 90)
         assert state.startswith("JobState=COMPLETED"), state
+        # a job on the elastic pool: the backup's slurmctld runs the burst program, whose new
+        # node asks the primary, then the backup, for its configuration and registers
+        burst = "timeout 240 srun -p burst -N1 hostname"
+        assert _on(spec, work, "head002", burst, check=False) == "burst001"
+        burst_log = f"/var/log/provision/burst-{NAME}.log"
+        assert " burst001 resume ok (burst, " in _on(spec, work, "head002", f"cat {burst_log}")
+        # the backup's reconciler acts (the primary's ran nothing while it was down)
+        reconcile = f"{ROOT_LIBEXEC}/burst reconcile; echo $?"
+        assert _on(spec, work, "head002", reconcile).endswith("0")
     finally:
         podman.podman("start", primary)
     # the primary comes back, takes control again, and jobs run through it
@@ -149,6 +162,19 @@ def test_the_backup_takes_over_and_gives_back(ha: tuple[Path, Path]) -> None:
         check=False,
     )
     assert log.isdigit() and int(log) >= 1  # the backup did run as the controller
+    # in control again, the primary's reconciler acts and the backup's returns at once: with
+    # burst001's container gone while Slurm has it up, the backup's run (first, at once) says
+    # nothing and leaves it, the primary's marks it down
+    burst_log = f"/var/log/provision/burst-{NAME}.log"
+    quiet = _on(spec, work, "head002", f"cat {burst_log}")
+    podman.podman("rm", "-f", "-t", "0", container_name(NAME, "burst001"))
+    _on(spec, work, "head002", f"{ROOT_LIBEXEC}/burst reconcile")
+    assert _on(spec, work, "head002", f"cat {burst_log}") == quiet
+    _on(spec, work, "head001", f"{ROOT_LIBEXEC}/burst reconcile")
+    gone = "burst001 reconcile: instance or container gone while Slurm has it up"
+    assert gone in _on(spec, work, "head001", f"cat {burst_log}")
+    reason = "sinfo -h -R -n burst001 -o %E"
+    assert _on(spec, work, "head001", reason).startswith("burst: node vanished")
 
 
 def test_destroy_removes_the_volumes(ha: tuple[Path, Path]) -> None:

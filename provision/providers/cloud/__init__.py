@@ -23,6 +23,7 @@ from typing import Any
 
 from provision.cluster import Cluster, compress
 from provision.errors import OperationError
+from provision.pki import TUNNEL_DIR
 from provision.providers.base import Defaults, ProviderPlan, planned_only
 from provision.secrets import MUNGE_KEY, create_once
 from provision.spec.models import Spec
@@ -279,34 +280,44 @@ def check_capacity(
 
 
 def component(
-    kind: str, cluster: Cluster, ssh_public_key: str, munge_key: bytes | None = None
+    kind: str,
+    cluster: Cluster,
+    ssh_public_key: str,
+    munge_key: bytes | None = None,
+    tunnel_keys: dict[str, bytes] | None = None,
 ) -> Any:
     """Build the cloud's component in the current Pulumi program (or under test mocks). The
-    munge key goes into the cloud's secret store where a pool is elastic (as a Pulumi secret:
-    encrypted in the stack's state)."""
+    munge key goes into the cloud's secret store where a pool is elastic, and a remote elastic
+    pool's tunnel keys (pool -> joining.tunnel_keys_value) into a secret of the pool's (as
+    Pulumi secrets: encrypted in the stack's state)."""
     from provision.providers.cloud.layout import layout
 
     shape = layout(cluster, kind, ssh_public_key)
+    keys = tunnel_keys or {}
     if kind == "aws":
         from provision.providers.cloud.aws import AwsCluster
 
-        return AwsCluster(shape, munge_key)
+        return AwsCluster(shape, munge_key, tunnel_keys=keys)
     if kind == "gcp":
         from provision.providers.cloud.gcp import GcpCluster
 
-        return GcpCluster(shape, munge_key)
+        return GcpCluster(shape, munge_key, tunnel_keys=keys)
     from provision.providers.cloud.azure import AzureCluster
 
-    return AzureCluster(shape, munge_key)
+    return AzureCluster(shape, munge_key, tunnel_keys=keys)
 
 
 def program(
-    kind: str, cluster: Cluster, ssh_public_key: str, munge_key: bytes | None = None
+    kind: str,
+    cluster: Cluster,
+    ssh_public_key: str,
+    munge_key: bytes | None = None,
+    tunnel_keys: dict[str, bytes] | None = None,
 ) -> Callable[[], None]:
     def run() -> None:
         import pulumi
 
-        built = component(kind, cluster, ssh_public_key, munge_key)
+        built = component(kind, cluster, ssh_public_key, munge_key, tunnel_keys)
         pulumi.export("nodes", built.nodes)
         pulumi.export("templates", built.templates)
 
@@ -342,6 +353,21 @@ def _munge_key(state: State) -> bytes | None:
     """The cluster's munge key (made before the nodes), for an elastic pool's secret."""
     path = state.secrets / MUNGE_KEY
     return path.read_bytes() if path.exists() else None
+
+
+def _tunnel_keys(state: State, cluster: Cluster, kind: str) -> dict[str, bytes]:
+    """Each remote elastic pool of this cloud -> its tunnel secret's value, from the keys
+    apply made before the nodes (none before then: a preview plans the secrets alone)."""
+    from provision.providers.cloud.joining import tunnel_keys_value
+
+    out = {}
+    for view in cluster.pools:
+        pool = view.pool
+        if pool.provider == kind and pool.elastic and pool.network is not None:
+            value = tunnel_keys_value(cluster, view, state.secrets / TUNNEL_DIR)
+            if value is not None:
+                out[view.name] = value
+    return out
 
 
 class CloudProvider(Defaults):
@@ -402,7 +428,9 @@ class CloudProvider(Defaults):
         return auto.create_or_select_stack(
             stack_name=f"{self.spec.name}-{self.kind}",
             project_name=PROJECT,
-            program=program(self.kind, cluster, key, _munge_key(state)),
+            program=program(
+                self.kind, cluster, key, _munge_key(state), _tunnel_keys(state, cluster, self.kind)
+            ),
             opts=auto.LocalWorkspaceOptions(
                 project_settings=settings,
                 secrets_provider=os.environ.get(ENV_SECRETS) or "passphrase",

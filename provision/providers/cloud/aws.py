@@ -21,7 +21,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from provision.burst.config import cloud_template, munge_secret
+from provision.burst.config import cloud_template, munge_secret, tunnel_secret
 from provision.providers.cloud.joining import pool_user_data
 from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, CloudPool
 
@@ -53,8 +53,10 @@ class AwsCluster(pulumi.ComponentResource):
         self,
         layout: CloudLayout,
         munge_key: bytes | None = None,
+        tunnel_keys: dict[str, bytes] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        self.tunnel_keys = tunnel_keys or {}
         super().__init__("provision:aws:Cluster", layout.cluster, None, opts)
         region = next((p.region for p in layout.pools if p.region), None)
         provider = aws.Provider(
@@ -235,10 +237,22 @@ class AwsCluster(pulumi.ComponentResource):
             tags=tags,
             opts=here,
         )
+        readable = [self.secret.arn]
+        if pool.join.tunnel_secret:  # a remote pool: its nodes' tunnel keys too
+            keys = _secret(
+                layout,
+                layout.name(pool.name, "tunnel-keys"),
+                tunnel_secret(layout.cluster, pool.name),
+                f"tunnel keys of pool {pool.name} of cluster {layout.cluster}: read by its nodes",
+                self.tunnel_keys.get(pool.name),
+                tags,
+                here,
+            )
+            readable.append(keys.arn)
         aws.iam.RolePolicy(
             layout.name(pool.name, "node", "munge"),
             role=role.id,
-            policy=self.secret.arn.apply(read_only_policy),
+            policy=pulumi.Output.all(*readable).apply(lambda arns: read_only_policy(*arns)),
             opts=here,
         )
         profile = aws.iam.InstanceProfile(
@@ -251,8 +265,9 @@ class AwsCluster(pulumi.ComponentResource):
         }
 
 
-def read_only_policy(secret_arn: str) -> str:
-    """The burst node role's one permission: read the cluster's munge key secret."""
+def read_only_policy(*secret_arns: str) -> str:
+    """The burst node role's one permission: read the cluster's munge key secret (and a remote
+    pool's tunnel keys), nothing else."""
     return json.dumps(
         {
             "Version": "2012-10-17",
@@ -260,7 +275,7 @@ def read_only_policy(secret_arn: str) -> str:
                 {
                     "Effect": "Allow",
                     "Action": "secretsmanager:GetSecretValue",
-                    "Resource": secret_arn,
+                    "Resource": secret_arns[0] if len(secret_arns) == 1 else list(secret_arns),
                 }
             ],
         }
@@ -278,22 +293,43 @@ def _munge_secret(
     tags: dict[str, str],
     here: pulumi.ResourceOptions,
 ) -> aws.secretsmanager.Secret:
-    """The cluster's munge key in Secrets Manager, which burst nodes read at boot. Its value is
-    a Pulumi secret (encrypted in the stack's state); without the key (a preview from the spec
-    alone) only the secret is planned."""
-    secret = aws.secretsmanager.Secret(
+    """The cluster's munge key in Secrets Manager, which burst nodes read at boot."""
+    return _secret(
+        layout,
         layout.name("munge-key"),
-        name=munge_secret(layout.cluster),
-        description=f"munge key of cluster {layout.cluster}: read by its burst nodes",
+        munge_secret(layout.cluster),
+        f"munge key of cluster {layout.cluster}: read by its burst nodes",
+        munge_key,
+        tags,
+        here,
+    )
+
+
+def _secret(
+    layout: CloudLayout,
+    resource: str,
+    name: str,
+    description: str,
+    value: bytes | None,
+    tags: dict[str, str],
+    here: pulumi.ResourceOptions,
+) -> aws.secretsmanager.Secret:
+    """A secret of the cluster in Secrets Manager. Its value is a Pulumi secret (encrypted in
+    the stack's state); without it (a preview from the spec alone) only the secret is
+    planned."""
+    secret = aws.secretsmanager.Secret(
+        resource,
+        name=name,
+        description=description,
         recovery_window_in_days=0,  # destroy removes it: a new cluster of the name gets anew
         tags=tags,
         opts=here,
     )
-    if munge_key is not None:
+    if value is not None:
         aws.secretsmanager.SecretVersion(
-            layout.name("munge-key"),
+            resource,
             secret_id=secret.id,
-            secret_binary=pulumi.Output.secret(base64.b64encode(munge_key).decode()),
+            secret_binary=pulumi.Output.secret(base64.b64encode(value).decode()),
             opts=here,
         )
     return secret

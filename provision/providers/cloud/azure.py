@@ -22,7 +22,13 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_azure_native as az
 
-from provision.burst.config import cloud_group, cloud_template, key_vault, munge_secret
+from provision.burst.config import (
+    cloud_group,
+    cloud_template,
+    key_vault,
+    munge_secret,
+    tunnel_secret,
+)
 from provision.providers.cloud.joining import pool_user_data
 from provision.providers.cloud.layout import (
     AZURE_PLAN_OS,
@@ -41,8 +47,10 @@ class AzureCluster(pulumi.ComponentResource):
         self,
         layout: CloudLayout,
         munge_key: bytes | None = None,
+        tunnel_keys: dict[str, bytes] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        self.tunnel_keys = tunnel_keys or {}
         super().__init__("provision:azure:Cluster", layout.cluster, None, opts)
         here = pulumi.ResourceOptions(parent=self)
         location = next((p.region for p in layout.pools if p.region), None)
@@ -99,8 +107,18 @@ class AzureCluster(pulumi.ComponentResource):
         self.client = az.authorization.get_client_config_output(
             opts=pulumi.InvokeOptions(parent=self)
         )
+        self.vault = _vault(layout, group, self.client, here) if layout.bursts else None
         self.secret = (
-            _munge_secret(layout, munge_key, group, self.client, here) if layout.bursts else None
+            _secret(
+                layout,
+                "munge-key",
+                munge_secret(layout.cluster),
+                munge_key,
+                (self.vault, group),
+                here,
+            )
+            if self.vault is not None
+            else None
         )
         for pool in layout.pools:
             self._pool(layout, pool, group, subnet, here)
@@ -341,8 +359,9 @@ class AzureCluster(pulumi.ComponentResource):
         self, layout: CloudLayout, pool: CloudPool, where: _Where
     ) -> az.managedidentity.UserAssignedIdentity:
         """The pool's user-assigned identity, allowed to read the cluster's munge key secret
-        alone (Key Vault Secrets User, scoped to that one secret)."""
-        assert self.secret is not None
+        (and a remote pool's tunnel keys) alone (Key Vault Secrets User, scoped to each one
+        secret)."""
+        assert self.secret is not None and self.vault is not None
         reader = az.managedidentity.UserAssignedIdentity(
             layout.name(pool.name, "node"),
             resource_group_name=where.group.name,
@@ -350,33 +369,45 @@ class AzureCluster(pulumi.ComponentResource):
             tags=where.tags,
             opts=where.opts,
         )
-        az.authorization.RoleAssignment(
-            layout.name(pool.name, "munge"),
-            principal_id=reader.principal_id,
-            principal_type="ServicePrincipal",
-            role_definition_id=self.client.subscription_id.apply(
-                lambda sub: (
-                    f"/subscriptions/{sub}/providers/Microsoft.Authorization/"
-                    f"roleDefinitions/{SECRETS_USER_ROLE}"
-                )
-            ),
-            scope=self.secret.id,
-            opts=where.opts,
+        readable = [("munge", self.secret)]
+        if pool.join is not None and pool.join.tunnel_secret:
+            name = tunnel_secret(layout.cluster, pool.name)
+            keys = self.tunnel_keys.get(pool.name)
+            keys_secret = _secret(
+                layout,
+                f"{pool.name}-tunnel-keys",
+                name,
+                keys,
+                (self.vault, where.group),
+                where.opts,
+            )
+            readable.append(("tunnel-keys", keys_secret))
+        role = self.client.subscription_id.apply(
+            lambda sub: (
+                f"/subscriptions/{sub}/providers/Microsoft.Authorization/"
+                f"roleDefinitions/{SECRETS_USER_ROLE}"
+            )
         )
+        for what, secret in readable:
+            az.authorization.RoleAssignment(
+                layout.name(pool.name, what),
+                principal_id=reader.principal_id,
+                principal_type="ServicePrincipal",
+                role_definition_id=role,
+                scope=secret.id,
+                opts=where.opts,
+            )
         return reader
 
 
-def _munge_secret(
+def _vault(
     layout: CloudLayout,
-    munge_key: bytes | None,
     group: az.resources.ResourceGroup,
     client: pulumi.Output[az.authorization.GetClientConfigResult],
     here: pulumi.ResourceOptions,
-) -> az.keyvault.Secret:
-    """The cluster's Key Vault (role-based access: only role assignments reach its secrets)
-    and the munge key in it, base64 (a Key Vault secret is text) and a Pulumi secret
-    (encrypted in the stack's state); a preview without the key plans an empty value."""
-    vault = az.keyvault.Vault(
+) -> az.keyvault.Vault:
+    """The cluster's Key Vault (role-based access: only role assignments reach its secrets)."""
+    return az.keyvault.Vault(
         layout.name("kv"),
         vault_name=key_vault(layout.cluster),
         resource_group_name=group.name,
@@ -389,13 +420,27 @@ def _munge_secret(
         tags=layout.tags(),
         opts=here,
     )
-    value = base64.b64encode(munge_key).decode() if munge_key is not None else ""
+
+
+def _secret(
+    layout: CloudLayout,
+    resource: str,
+    name: str,
+    value: bytes | None,
+    where: tuple[az.keyvault.Vault, az.resources.ResourceGroup],
+    here: pulumi.ResourceOptions,
+) -> az.keyvault.Secret:
+    """A secret of the cluster in its Key Vault: the value base64 (a Key Vault secret is text)
+    and a Pulumi secret (encrypted in the stack's state); a preview without it plans an empty
+    value."""
+    text = base64.b64encode(value).decode() if value is not None else ""
+    vault, group = where
     return az.keyvault.Secret(
-        layout.name("munge-key"),
-        secret_name=munge_secret(layout.cluster),
+        layout.name(resource),
+        secret_name=name,
         vault_name=vault.name,
         resource_group_name=group.name,
-        properties=az.keyvault.SecretPropertiesArgs(value=pulumi.Output.secret(value)),
+        properties=az.keyvault.SecretPropertiesArgs(value=pulumi.Output.secret(text)),
         tags=layout.tags(),
         opts=here,
     )

@@ -11,7 +11,7 @@ import base64
 import pulumi
 import pulumi_gcp as gcp
 
-from provision.burst.config import cloud_template, fit_name, munge_secret
+from provision.burst.config import cloud_template, fit_name, munge_secret, tunnel_secret
 from provision.providers.cloud.joining import pool_user_data
 from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, CloudPool
 
@@ -50,8 +50,10 @@ class GcpCluster(pulumi.ComponentResource):
         self,
         layout: CloudLayout,
         munge_key: bytes | None = None,
+        tunnel_keys: dict[str, bytes] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        self.tunnel_keys = tunnel_keys or {}
         super().__init__("provision:gcp:Cluster", layout.cluster, None, opts)
         region = next((p.region for p in layout.pools if p.region), None)
         provider = gcp.Provider(
@@ -203,13 +205,29 @@ class GcpCluster(pulumi.ComponentResource):
             display_name=f"{layout.cluster} pool {pool.name}: burst nodes",
             opts=here,
         )
+        member = account.email.apply(lambda email: f"serviceAccount:{email}")
         gcp.secretmanager.SecretIamMember(
             _name(layout, pool.name, "munge"),
             secret_id=self.secret.id,
             role="roles/secretmanager.secretAccessor",
-            member=account.email.apply(lambda email: f"serviceAccount:{email}"),
+            member=member,
             opts=here,
         )
+        if pool.join is not None and pool.join.tunnel_secret:  # a remote pool's tunnel keys
+            keys = _secret(
+                layout,
+                _name(layout, pool.name, "tunnel-keys"),
+                tunnel_secret(layout.cluster, pool.name),
+                self.tunnel_keys.get(pool.name),
+                here,
+            )
+            gcp.secretmanager.SecretIamMember(
+                _name(layout, pool.name, "tunnel-keys"),
+                secret_id=keys.id,
+                role="roles/secretmanager.secretAccessor",
+                member=member,
+                opts=here,
+            )
         return gcp.compute.InstanceTemplateServiceAccountArgs(
             email=account.email, scopes=["cloud-platform"]
         )
@@ -218,22 +236,35 @@ class GcpCluster(pulumi.ComponentResource):
 def _munge_secret(
     layout: CloudLayout, munge_key: bytes | None, here: pulumi.ResourceOptions
 ) -> gcp.secretmanager.Secret:
-    """The cluster's munge key in Secret Manager, which burst nodes read at boot; its value a
-    Pulumi secret (encrypted in the stack's state), sent as the key's own bytes."""
+    """The cluster's munge key in Secret Manager, which burst nodes read at boot."""
+    return _secret(
+        layout, _name(layout, "munge-key"), munge_secret(layout.cluster), munge_key, here
+    )
+
+
+def _secret(
+    layout: CloudLayout,
+    resource: str,
+    secret_id: str,
+    value: bytes | None,
+    here: pulumi.ResourceOptions,
+) -> gcp.secretmanager.Secret:
+    """A secret of the cluster in Secret Manager; its value a Pulumi secret (encrypted in the
+    stack's state), sent as its own bytes; without it (a preview) only the secret."""
     secret = gcp.secretmanager.Secret(
-        _name(layout, "munge-key"),
-        secret_id=munge_secret(layout.cluster),
+        resource,
+        secret_id=secret_id,
         replication=gcp.secretmanager.SecretReplicationArgs(
             auto=gcp.secretmanager.SecretReplicationAutoArgs()
         ),
         labels=_labels(layout),
         opts=here,
     )
-    if munge_key is not None:
+    if value is not None:
         gcp.secretmanager.SecretVersion(
-            _name(layout, "munge-key"),
+            resource,
             secret=secret.id,
-            secret_data=pulumi.Output.secret(base64.b64encode(munge_key).decode()),
+            secret_data=pulumi.Output.secret(base64.b64encode(value).decode()),
             is_secret_data_base64=True,
             opts=here,
         )

@@ -1,16 +1,32 @@
 """What every cloud's program gives an elastic pool's template so its instances join by
 themselves: the user data (render/userdata.py) with the head's address, which a head of the
-same stack has only once its instance exists, and the identity that reads the munge key."""
+same stack has only once its instance exists, the identity that reads the munge key, and a
+remote pool's tunnel keys."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pulumi
 
+from provision.burst.tunnel import tunnel_secret_text
+from provision.cluster import Cluster, PoolView
 from provision.providers.cloud.layout import CloudLayout, CloudPool
 from provision.render.userdata import user_data
+
+
+def tunnel_keys_value(cluster: Cluster, view: PoolView, keys: Path) -> bytes | None:
+    """A remote elastic pool's tunnel secret: the hub's public key and each node's private key
+    (JSON, the keys as `wg` writes them; burst/tunnel.py reads it on the node). None while a
+    key is not made yet (a preview before the first apply)."""
+    hub = keys / f"{cluster.head_nodes[0].name}.pub"
+    private = {node.name: keys / f"{node.name}.key" for node in view.nodes}
+    if not hub.exists() or not all(path.exists() for path in private.values()):
+        return None
+    nodes = {name: path.read_text().strip() for name, path in private.items()}
+    return tunnel_secret_text(hub.read_text().strip(), nodes)
 
 
 def pool_user_data(
@@ -19,18 +35,24 @@ def pool_user_data(
     nodes: dict[str, dict[str, pulumi.Output[str]]],
     identity: Any = "",
 ) -> pulumi.Output[str]:
-    """The pool's `#cloud-config`. The head's address is the spec's, or the private address
+    """The pool's `#cloud-config`. Each head's address is the spec's, or the private address
     of the head's instance where it is a node of this stack (made before the pool); identity
     is Azure's client ID of the pool's managed identity."""
     join = pool.join
     assert join is not None
-    address: Any = join.controller_address
-    if not address:
-        if layout.head not in nodes:
-            raise ValueError(
-                f"pool {pool.name}: the head {layout.head} has no address this stack knows"
-            )
-        address = nodes[layout.head]["private"]
-    return pulumi.Output.all(address, identity).apply(
-        lambda both: user_data(replace(join, controller_address=both[0], identity=both[1] or ""))
-    )
+    addresses: list[Any] = []
+    for name, address in join.controllers:
+        if address:
+            addresses.append(address)
+        elif name in nodes:
+            addresses.append(nodes[name]["private"])
+        else:
+            raise ValueError(f"pool {pool.name}: the head {name} has no address this stack knows")
+    names = [name for name, _ in join.controllers]
+
+    def text(values: list[Any]) -> str:
+        *found, client = values
+        pairs = tuple(zip(names, found, strict=True))
+        return user_data(replace(join, controllers=pairs, identity=client or ""))
+
+    return pulumi.Output.all(*addresses, identity).apply(text)

@@ -71,8 +71,8 @@ class CloudPool:
     # capacity held for the pool (spec's reservation: its placement replaces the pool's own)
     reservation: str | None = None
     capacity_block: bool = False  # AWS: the reservation is a Capacity Block for ML
-    # an elastic pool's: what its instances' user data tells the join program (its
-    # controller_address is "" where the head is a node of the same stack, which fills it in)
+    # an elastic pool's: what its instances' user data tells the join program (a controller's
+    # address is "" where the head is a node of the same stack, which fills it in)
     join: JoinConfig | None = None
 
 
@@ -85,7 +85,6 @@ class CloudLayout:
     ssh_public_key: str
     pools: tuple[CloudPool, ...]
     os_name: str  # the spec's os: which image each cloud starts
-    head: str = ""  # the first head's name (an elastic pool's controller)
 
     @property
     def bursts(self) -> bool:
@@ -165,7 +164,6 @@ def layout(cluster: Cluster, provider: str, ssh_public_key: str) -> CloudLayout:
         ssh_public_key,
         tuple(pools),
         spec.os,
-        cluster.head_nodes[0].name if cluster.head_nodes else "",
     )
 
 

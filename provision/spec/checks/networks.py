@@ -6,6 +6,7 @@ import difflib
 import ipaddress
 import re
 
+from provision.burst.tunnel import SECRET_LIMIT, secret_size
 from provision.spec.checks.base import Problem
 from provision.spec.fabric import fabric_addresses, fabric_hcas
 from provision.spec.models import CLOUD_PROVIDERS, Spec
@@ -99,6 +100,18 @@ def _check_remote(spec: Spec) -> list[Problem]:
                         at,
                         f"the {pool.provider} pools share one network ('{mine}'): one per "
                         "cloud and cluster",
+                    )
+                )
+        if pool.elastic and pool.provider in SECRET_LIMIT and pool.count:
+            prefix = pool.hostname_prefix or pool.name
+            burst = [f"{prefix}{n + 1:0{pool.index_width}d}" for n in range(pool.count)]
+            size, limit = secret_size(pool.provider, burst), SECRET_LIMIT[pool.provider]
+            if size > limit:
+                problems.append(
+                    (
+                        ("pools", i, "count"),
+                        f"{pool.count} burst nodes' tunnel keys take {size} bytes, more than "
+                        f"one {pool.provider} secret holds ({limit}): split the pool in two",
                     )
                 )
     on_remote = {p.network for p in spec.pools if p.network is not None}
