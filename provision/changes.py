@@ -200,9 +200,14 @@ def _unsafe(loader: yaml.SafeLoader, node: yaml.Node) -> str:
 _Loader.add_constructor("!unsafe", _unsafe)
 
 
+def inventory_document(text: str) -> dict[str, Any]:
+    """A rendered inventory/hosts.yml as data (its `!unsafe` strings plain)."""
+    return dict(yaml.load(text, Loader=_Loader) or {})
+
+
 def inventory_nodes(text: str) -> dict[str, InventoryNode]:
     """Lasting node -> its pool, role and provider, from a rendered inventory/hosts.yml."""
-    doc = yaml.load(text, Loader=_Loader) or {}
+    doc = inventory_document(text)
     children = (doc.get("all") or {}).get("children") or {}
 
     def members(prefix: str) -> dict[str, str]:

@@ -577,6 +577,40 @@ def burst_status(
         out.print(line, markup=False)
 
 
+image_app = typer.Typer(help="Elastic pools' images: what their nodes boot from.")
+app.add_typer(image_app, name="image")
+
+
+@image_app.command("build")
+@guarded
+def image_build(
+    pools: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="elastic pools to make again, whatever their image; default: those whose image "
+            "is missing or stale",
+            show_default=False,
+        ),
+    ] = None,
+    spec: SpecOpt = DEFAULT_SPEC,
+    state_dir: StateOpt = None,
+) -> None:
+    """Bake the elastic pools' images: a builder per pool, the compute roles applied, sealed
+    (no key, no Slurm files) and captured; the pool's template then starts it. Needs an apply
+    first (the render, and a cloud pool's template)."""
+    from provision.lifecycle import build_images
+    from provision.views import Reports
+
+    _load_warning(spec)
+    reports = Reports(out)
+    try:
+        made = build_images(spec, _state_root(state_dir, spec), pools or None, reports)
+    finally:
+        reports.close()
+    if made:
+        out.print(f"image build: done: {', '.join(made)}", markup=False)
+
+
 def compress_names(names: list[str]) -> str:
     from provision.cluster import compress
 

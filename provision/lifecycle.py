@@ -510,13 +510,19 @@ def _converge(
             _play(key, run, limit, extra_vars, builds)
         ok = True
     finally:
-        if builds:
-            with _Phase(run.report, "images"):
-                for made in builds:
-                    made.finish(state, ok)
-            if ok:
-                images = [image for made in builds for image in made.images]
-                run.say(f"images: {', '.join(images)} made")
+        _finish_builds(run, builds, ok)
+
+
+def _finish_builds(run: _Run, builds: list[ImageBuilds], ok: bool) -> None:
+    """Each image sealed and kept when the run went well; the builders removed either way."""
+    if not builds:
+        return
+    with _Phase(run.report, "images"):
+        for made in builds:
+            made.finish(run.state, ok)
+    if ok:
+        images = [image for made in builds for image in made.images]
+        run.say(f"images: {', '.join(images)} made")
 
 
 def _roll(
@@ -578,16 +584,75 @@ def _roll(
         say("slurm: scontrol reconfigure (every node has the new files)")
 
 
-def _start_image_builds(cluster: Cluster, state: State, say: Reporter) -> list[ImageBuilds]:
-    """The images the elastic pools start from that are missing or stale, each provider's."""
-    started = []
-    for kind in _providers_in(cluster):
-        provider = get_provider(kind, cluster.spec, log=say)
-        builds = provider.image_builds(cluster, state)
-        if builds is not None:
-            say(f"images: making {', '.join(builds.images)} (the compute roles applied)")
-            started.append(builds)
+def _start_image_builds(
+    cluster: Cluster, state: State, say: Reporter, pools: list[str] | None = None
+) -> list[ImageBuilds]:
+    """The images the elastic pools start from that are missing or stale (or those of
+    `pools`), each provider's. A provider that fails to start its builders has removed them;
+    the builders the others started are removed too."""
+    started: list[ImageBuilds] = []
+    try:
+        for kind in _providers_in(cluster):
+            provider = get_provider(kind, cluster.spec, log=say)
+            builds = provider.image_builds(cluster, state, pools)
+            if builds is not None:
+                say(f"images: making {', '.join(builds.images)} (the compute roles applied)")
+                started.append(builds)
+    except BaseException:
+        for made in started:
+            made.finish(state, False)
+        raise
     return started
+
+
+def build_images(
+    spec_path: Path,
+    state_root: Path,
+    pools: list[str] | None = None,
+    say: Reporter = quiet,
+) -> list[str]:
+    """`provision image build`: the elastic pools' images that are missing or stale (or those
+    of `pools`, whatever theirs), made now by a converge of their builders alone, from the
+    render of the last apply. What was made."""
+    spec, cluster, state = open_cluster(spec_path, state_root)
+    elastic = [v.name for v in cluster.pools if v.pool.elastic]
+    if not elastic:
+        raise UsageError(
+            f"{spec_path}: cluster '{spec.name}' has no elastic pool: no image to build"
+        )
+    unknown = [p for p in pools or [] if p not in elastic]
+    if unknown:
+        raise UsageError(
+            f"{spec_path}: {unknown[0]!r} is no elastic pool of cluster '{spec.name}' (they "
+            f"are: {', '.join(elastic)})"
+        )
+    if not (state.build / "files" / "hosts").exists():
+        raise UsageError(
+            f"cluster '{spec.name}' has no render in {state.dir}: run apply first (an image is "
+            "made from the cluster's render, and a cloud pool's builder from its template)"
+        )
+    head = Handle(spec_path, spec, cluster, state)
+    with state.locked(command_line()):
+        run = _Run(head, say, ApplyReport(), Leaving(), Scope(), [])
+        builds = _start_image_builds(cluster, state, say, pools)
+        if not builds:
+            say("images: every elastic pool's image is current (name a pool to make it again)")
+            return []
+        builders = [host for made in builds for host in made.hosts]
+        extra_vars: dict[str, object] = {
+            "provision_secrets_dir": str(ensure_cluster_secrets(state, spec.scheduler).resolve()),
+            "slurm_config_change": "none",
+            "provision_drained": builders,  # no job runs on a builder: a role may reboot it
+            "provision_wheel": str(build_wheel(state.dir / "wheel").resolve()),
+        }
+        ok = False
+        try:
+            with _Phase(run.report, "ansible"):
+                _play(private_key(spec, state), run, builders, extra_vars, builds)
+            ok = True
+        finally:
+            _finish_builds(run, builds, ok)
+        return [image for made in builds for image in made.images]
 
 
 def verify(

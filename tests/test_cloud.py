@@ -236,6 +236,8 @@ def test_every_resource_names_its_cluster(made: Any) -> None:
         "pulumi:providers",
         "provision:",
         "iam/rolePolicy:RolePolicy",  # an inline policy of a tagged role
+        "iam/userPolicy:UserPolicy",  # an inline policy of a tagged user
+        "iam/accessKey:AccessKey",  # a key of a tagged user (IAM takes no tags on it)
         "secretVersion:SecretVersion",  # a version of a tagged secret
         "serviceaccount/account:Account",  # GCP service accounts take no labels
         "secretIamMember:SecretIamMember",  # a binding on a labelled secret
@@ -1254,3 +1256,62 @@ def test_plan_says_how_each_clouds_burst_nodes_join() -> None:
         layout(Cluster(load_any(ROOT / "examples" / "hybrid-cloud.yaml")), "aws", KEY)
     )
     assert not any("munge" in line for line in lasting)
+
+
+def test_the_heads_burst_in_aws_with_the_burst_policy_alone(tmp_path: Path) -> None:
+    """The heads' burst programs act in EC2 with a policy of what they do and no more: launch,
+    tag at launch, name and end only the cluster's own instances, look, and pass the elastic
+    pools' node roles to EC2. The heads are on premises: the policy is an IAM user's, whose
+    key is a Pulumi secret (apply keeps it 0600 for the burst role)."""
+    from provision.providers.cloud.aws import burst_policy
+
+    rec, _, _ = build(ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml")
+    (user,) = rec.of("iam/user:User")
+    (policy,) = rec.of("iam/userPolicy:UserPolicy")
+    (key,) = rec.of("iam/accessKey:AccessKey")
+    assert policy.inputs["user"] == key.inputs["user"] == user.inputs["name"] == "burst-burst"
+    (node_role,) = rec.of("iam/role:Role")  # the elastic pool's: no role for a head
+    statements = {s["Sid"]: s for s in json.loads(policy.inputs["policy"])["Statement"]}
+    assert statements["PassNodeRoles"]["Resource"] == [f"arn:aws:iam/role:{node_role.name}"]
+    own = {"StringEquals": {f"aws:ResourceTag/{TAG}": "burst"}}
+    assert statements["EndOwn"]["Condition"] == statements["NameOwn"]["Condition"] == own
+    assert statements["EndOwn"]["Action"] == "ec2:TerminateInstances"
+    assert statements["TagAtLaunch"]["Condition"] == {
+        "StringEquals": {"ec2:CreateAction": "RunInstances"}
+    }
+    actions = set()
+    for statement in statements.values():
+        found = statement["Action"]
+        actions |= {found} if isinstance(found, str) else set(found)
+    assert actions == {
+        "ec2:RunInstances",
+        "ec2:CreateTags",
+        "ec2:DescribeInstances",
+        "ec2:DescribeLaunchTemplates",
+        "ec2:DescribeLaunchTemplateVersions",
+        "ec2:TerminateInstances",
+        "iam:PassRole",
+    }
+    assert json.loads(policy.inputs["policy"]) == json.loads(
+        burst_policy("burst", [f"arn:aws:iam/role:{node_role.name}"])
+    )
+
+
+def test_the_heads_credentials_are_kept_apart_from_the_outputs(tmp_path: Path) -> None:
+    import stat
+
+    from provision.providers.cloud import BURST_CREDENTIALS, keep_credentials
+    from provision.state import State
+
+    state = State(tmp_path, "c")
+    state.ensure()
+    text = "[default]\naws_access_key_id = AKIAX\naws_secret_access_key = s3cr3t\n"
+    outputs = {"nodes": {}, "templates": {"p": "lt-1"}, BURST_CREDENTIALS: text}
+    kept = keep_credentials(dict(outputs), state, "aws")
+    assert kept == {"nodes": {}, "templates": {"p": "lt-1"}}
+    path = state.secrets / "aws-burst-credentials"
+    assert path.read_text() == text
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    # a stack without the user any more (a head moved into AWS): the file goes
+    keep_credentials({"nodes": {}}, state, "aws")
+    assert not path.exists()

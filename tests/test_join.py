@@ -165,6 +165,7 @@ def _joined(node: Node, name: str, config: JoinConfig, lines: list[str]) -> None
         "nft",
         *tunnel,
         f"hostname {name}",
+        "systemctl enable munge",
         "systemctl restart munge",
         "systemctl enable slurmd",
         "systemctl restart slurmd",

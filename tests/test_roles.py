@@ -26,8 +26,14 @@ def _load(path: Path) -> Any:
 
 @pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
 def test_argument_specs_match_defaults(role: Path) -> None:
+    """Over all the role's entry points (main, and a tasks file another play includes)."""
     defaults = _load(role / "defaults" / "main.yml") or {}
-    spec = _load(role / "meta" / "argument_specs.yml")["argument_specs"]["main"]["options"]
+    entries = _load(role / "meta" / "argument_specs.yml")["argument_specs"]
+    assert "main" in entries
+    spec = {}
+    for entry in entries.values():
+        for name, option in entry["options"].items():
+            assert spec.setdefault(name, option) == option, f"{name}: two declarations differ"
     assert set(spec) == set(defaults), "every default is declared, every option has a default"
     for name, option in spec.items():
         assert option.get("default") == defaults[name], name

@@ -460,6 +460,8 @@ def join(
         defaults = root / SLURMD_DEFAULTS[family].relative_to("/")
         defaults.parent.mkdir(parents=True, exist_ok=True)
         defaults.write_text(slurmd_options(config, node))
+        # enabled too: the pool's image leaves both disabled for the join (a reboot starts them)
+        run("systemctl", "enable", "munge")
         run("systemctl", "restart", "munge")
         # restart, not start: a slurmd the image left enabled may run already, without the key
         # and the options just written

@@ -6,7 +6,9 @@
     create(nodes)          make the nodes exist; return the addresses the provider assigned
     login_addresses()      where this machine logs in, where that is not the node's address
     release(names)         what becomes of nodes that left the spec: a line that says so
-    image_builds(cluster)  images the elastic pools start from, made during the converge (None:
+    image_builds(cluster, pools)
+                           images the elastic pools start from that are missing or stale (or
+                           those of `pools`, whatever theirs), made during the converge (None:
                            none to make)
     destroy(nodes)         remove what create made
     destroy_note           what destroy leaves, said after it (None: nothing)
@@ -75,7 +77,9 @@ class Provider(Protocol):
 
     def release(self, names: list[str], state: State) -> str: ...
 
-    def image_builds(self, cluster: Cluster, state: State) -> ImageBuilds | None: ...
+    def image_builds(
+        self, cluster: Cluster, state: State, pools: list[str] | None = None
+    ) -> ImageBuilds | None: ...
 
     def destroy(self, nodes: list[Node], state: State) -> list[str]: ...
 
@@ -96,7 +100,9 @@ class Defaults:
     def login_addresses(self, state: State) -> dict[str, ipaddress.IPv4Address]:
         return {}
 
-    def image_builds(self, cluster: Cluster, state: State) -> ImageBuilds | None:
+    def image_builds(
+        self, cluster: Cluster, state: State, pools: list[str] | None = None
+    ) -> ImageBuilds | None:
         return None
 
 

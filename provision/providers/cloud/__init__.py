@@ -25,7 +25,7 @@ from provision.cluster import Cluster, compress
 from provision.errors import OperationError
 from provision.pki import TUNNEL_DIR
 from provision.providers.base import Defaults, ProviderPlan, planned_only
-from provision.secrets import MUNGE_KEY, create_once
+from provision.secrets import MUNGE_KEY, create_once, write_private
 from provision.spec.models import Spec
 from provision.spec.nodes import Node
 from provision.sshkeys import public_key
@@ -37,6 +37,10 @@ SDK = {"aws": "pulumi_aws", "gcp": "pulumi_gcp", "azure": "pulumi_azure_native"}
 CLIENT = {"aws": ("boto3",), "gcp": (), "azure": ()}
 PLUGIN = {"aws": "aws", "gcp": "gcp", "azure": "azure-native"}
 PASSPHRASE = "pulumi.passphrase"
+# the stack's output (a secret) of the credentials the heads' burst programs use where no head
+# is an instance of the cloud (AWS: an IAM user's access key), kept in the cluster's secrets as
+# <cloud>-burst-credentials, from where the burst role puts it on the heads
+BURST_CREDENTIALS = "burst-credentials"
 # Options: a remote backend (s3://, gs://, azblob://, https://api.pulumi.com) and a KMS secrets
 # provider (awskms://..., gcpkms://..., azurekeyvault://...) instead of the local defaults
 ENV_BACKEND = "PROVISION_PULUMI_BACKEND"
@@ -285,14 +289,16 @@ def component(
     ssh_public_key: str,
     munge_key: bytes | None = None,
     tunnel_keys: dict[str, bytes] | None = None,
+    images: dict[str, str] | None = None,
 ) -> Any:
     """Build the cloud's component in the current Pulumi program (or under test mocks). The
     munge key goes into the cloud's secret store where a pool is elastic, and a remote elastic
     pool's tunnel keys (pool -> joining.tunnel_keys_value) into a secret of the pool's (as
-    Pulumi secrets: encrypted in the stack's state)."""
+    Pulumi secrets: encrypted in the stack's state); images: an elastic pool's own image, which
+    its template starts (images.py)."""
     from provision.providers.cloud.layout import layout
 
-    shape = layout(cluster, kind, ssh_public_key)
+    shape = layout(cluster, kind, ssh_public_key, images)
     keys = tunnel_keys or {}
     if kind == "aws":
         from provision.providers.cloud.aws import AwsCluster
@@ -313,13 +319,17 @@ def program(
     ssh_public_key: str,
     munge_key: bytes | None = None,
     tunnel_keys: dict[str, bytes] | None = None,
+    images: dict[str, str] | None = None,
 ) -> Callable[[], None]:
     def run() -> None:
         import pulumi
 
-        built = component(kind, cluster, ssh_public_key, munge_key, tunnel_keys)
+        built = component(kind, cluster, ssh_public_key, munge_key, tunnel_keys, images)
         pulumi.export("nodes", built.nodes)
         pulumi.export("templates", built.templates)
+        credentials = getattr(built, "burst_credentials", None)
+        if credentials is not None:  # a Pulumi secret: apply keeps it apart (create)
+            pulumi.export(BURST_CREDENTIALS, credentials)
 
     return run
 
@@ -370,6 +380,25 @@ def _tunnel_keys(state: State, cluster: Cluster, kind: str) -> dict[str, bytes]:
     return out
 
 
+def keep_credentials(outputs: dict[str, Any], state: State, kind: str) -> dict[str, Any]:
+    """The stack's outputs without the heads' burst credentials, which go to the cluster's
+    secrets (0600) for the burst role; removed there when the stack has none any more."""
+    path = state.secrets / f"{kind}-{BURST_CREDENTIALS}"
+    credentials = outputs.pop(BURST_CREDENTIALS, None)
+    if credentials:
+        write_private(path, str(credentials).encode())
+    else:
+        path.unlink(missing_ok=True)
+    return outputs
+
+
+def _images(state: State, kind: str) -> dict[str, str]:
+    """Each elastic pool of this cloud whose image was made -> that image."""
+    from provision.providers.cloud.images import records
+
+    return {pool: r.image for pool, r in records(state).items() if r.cloud == kind}
+
+
 class CloudProvider(Defaults):
     """plan / create / destroy of one cloud's stack for one cluster."""
 
@@ -400,6 +429,7 @@ class CloudProvider(Defaults):
 
         planned = planned_only(self.kind, nodes)
         lines = describe(layout(Cluster(self.spec), self.kind, ssh_public_key=""))
+        lines += self._image_lines(state)
         try:
             check_ready(self.kind)
         except OperationError as exc:
@@ -411,6 +441,22 @@ class CloudProvider(Defaults):
         counts = ", ".join(f"{n} {op}" for op, n in sorted(preview.change_summary.items()))
         lines.append(f"{self.kind}: pulumi preview: {counts or 'no changes'}")
         return replace(planned, resources=lines)
+
+    def _image_lines(self, state: State) -> list[str]:
+        """Each elastic pool's image: made, or to be made and how long it may take. The render
+        is the one apply would write: with the addresses the clouds gave the lasting nodes."""
+        from provision.providers.cloud.images import BUILDERS, elastic_pools, plan_lines
+        from provision.render import render
+
+        if self.kind not in BUILDERS or not elastic_pools(Cluster(self.spec), self.kind):
+            return []
+        private: dict[str, ipaddress.IPv4Address] = {}
+        public: dict[str, ipaddress.IPv4Address] = {}
+        for kind in SDK:
+            private.update(saved_addresses(state, kind))
+            public.update(saved_addresses(state, kind, "public"))
+        cluster = Cluster(self.spec, private or None, public or None)
+        return plan_lines(cluster, self.kind, render(cluster), state)
 
     def _stack(self, state: State, cluster: Cluster, key: str) -> Any:
         from pulumi import automation as auto
@@ -429,7 +475,12 @@ class CloudProvider(Defaults):
             stack_name=f"{self.spec.name}-{self.kind}",
             project_name=PROJECT,
             program=program(
-                self.kind, cluster, key, _munge_key(state), _tunnel_keys(state, cluster, self.kind)
+                self.kind,
+                cluster,
+                key,
+                _munge_key(state),
+                _tunnel_keys(state, cluster, self.kind),
+                _images(state, self.kind),
             ),
             opts=auto.LocalWorkspaceOptions(
                 project_settings=settings,
@@ -451,12 +502,31 @@ class CloudProvider(Defaults):
                 f"{self.kind}: pulumi up failed ({' '.join(str(exc).split())[:300]}); "
                 "run apply again to continue"
             ) from None
-        outputs = {k: v.value for k, v in result.outputs.items()}
+        outputs = keep_credentials(
+            {k: v.value for k, v in result.outputs.items()}, state, self.kind
+        )
         # node addresses and template IDs, for bursting and for people: no secrets in them
         outputs_file(state, self.kind).write_text(
             json.dumps(outputs, indent=1, sort_keys=True) + "\n"
         )
         return addresses_from(outputs)
+
+    def image_builds(self, cluster: Cluster, state: State, pools: list[str] | None = None) -> Any:
+        """Builder instances for the elastic pools whose image is missing or stale (or for
+        `pools`): images.py. After the capture the stack runs again, so each pool's template
+        starts its new image."""
+        from provision.providers.cloud.images import BUILDERS, cloud_builds, elastic_pools
+
+        if not elastic_pools(cluster, self.kind):
+            return None
+        if self.kind not in BUILDERS:  # the spec refuses their elastic pools until then
+            raise OperationError(f"{self.kind}: pool images are not built yet")
+        from provision.providers.cloud.builders import AwsBuilder
+
+        def refresh() -> None:
+            self.create(self.chosen(cluster), state)
+
+        return cloud_builds(cluster, state, AwsBuilder(cluster), self.log, refresh, pools)
 
     def destroy(self, nodes: list[Node], state: State) -> list[str]:
         if not (state.dir / "pulumi").exists():

@@ -21,7 +21,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from provision.burst.config import cloud_template, munge_secret, tunnel_secret
+from provision.burst.config import TAG_CLUSTER, cloud_template, munge_secret, tunnel_secret
 from provision.providers.cloud.joining import pool_user_data
 from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, CloudPool
 
@@ -120,8 +120,17 @@ class AwsCluster(pulumi.ComponentResource):
         self.nodes: dict[str, dict[str, pulumi.Output[str]]] = {}
         self.templates: dict[str, pulumi.Output[str]] = {}
         self.secret = _munge_secret(layout, munge_key, tags, here) if layout.bursts else None
+        self.node_roles: list[aws.iam.Role] = []  # the elastic pools' (the heads pass them on)
         for pool in layout.pools:
             self._pool(layout, pool, vpc, subnets.get(pool.zone, first), key, image, here)
+        # what the heads' burst programs act as: the heads are never instances of the stack
+        # (head pools stay on premises), so a user whose key apply puts on the heads
+        self.burst_credentials: pulumi.Output[str] | None = None
+        if layout.bursts:
+            policy = pulumi.Output.all(*(r.arn for r in self.node_roles)).apply(
+                lambda arns: burst_policy(layout.cluster, arns)
+            )
+            self.burst_credentials = _burst_user(layout, policy, tags, here)
         self.register_outputs({"nodes": self.nodes, "templates": self.templates})
 
     def _pool(
@@ -155,7 +164,8 @@ class AwsCluster(pulumi.ComponentResource):
         template = aws.ec2.LaunchTemplate(
             layout.name(pool.name, "lt"),
             name=cloud_template(layout.cluster, pool.name),
-            image_id=image.id,
+            # an elastic pool's own image once made (its root device is the stock image's)
+            image_id=pool.image or image.id,
             instance_type=pool.instance_type,
             key_name=key.key_name,
             network_interfaces=_interfaces(pool, subnet, group),
@@ -220,23 +230,8 @@ class AwsCluster(pulumi.ComponentResource):
         profile whose role reads the cluster's munge key secret and nothing else, and the user
         data that runs the join program (no key material in it)."""
         assert pool.join is not None and self.secret is not None
-        role = aws.iam.Role(
-            layout.name(pool.name, "node"),
-            assume_role_policy=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Principal": {"Service": "ec2.amazonaws.com"},
-                            "Action": "sts:AssumeRole",
-                        }
-                    ],
-                }
-            ),
-            tags=tags,
-            opts=here,
-        )
+        role, profile = _role_and_profile(layout, f"{pool.name}-node", tags, here)
+        self.node_roles.append(role)
         readable = [self.secret.arn]
         if pool.join.tunnel_secret:  # a remote pool: its nodes' tunnel keys too
             keys = _secret(
@@ -255,14 +250,111 @@ class AwsCluster(pulumi.ComponentResource):
             policy=pulumi.Output.all(*readable).apply(lambda arns: read_only_policy(*arns)),
             opts=here,
         )
-        profile = aws.iam.InstanceProfile(
-            layout.name(pool.name, "node"), role=role.name, tags=tags, opts=here
-        )
         data = pool_user_data(layout, pool, self.nodes).apply(_encoded)
         return {
             "iam_instance_profile": aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=profile.arn),
             "user_data": data,
         }
+
+
+def _role_and_profile(
+    layout: CloudLayout, what: str, tags: dict[str, str], here: pulumi.ResourceOptions
+) -> tuple[aws.iam.Role, aws.iam.InstanceProfile]:
+    """An IAM role EC2 instances take on, in an instance profile (its permissions beside)."""
+    role = aws.iam.Role(
+        layout.name(what),
+        assume_role_policy=json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Effect": "Allow",
+                        "Principal": {"Service": "ec2.amazonaws.com"},
+                        "Action": "sts:AssumeRole",
+                    }
+                ],
+            }
+        ),
+        tags=tags,
+        opts=here,
+    )
+    profile = aws.iam.InstanceProfile(layout.name(what), role=role.name, tags=tags, opts=here)
+    return role, profile
+
+
+def burst_policy(cluster: str, node_role_arns: list[str]) -> str:
+    """What the heads' burst programs may do in EC2 (provision/burst/aws.py), and no more:
+    launch from the cluster's templates, tag at launch and name its own instances, look, end
+    its own instances, and hand the elastic pools' node roles to the instances they launch."""
+    own = {"StringEquals": {f"aws:ResourceTag/{TAG_CLUSTER}": cluster}}
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Sid": "Launch", "Effect": "Allow", "Action": "ec2:RunInstances", "Resource": "*"},
+                {
+                    "Sid": "TagAtLaunch",
+                    "Effect": "Allow",
+                    "Action": "ec2:CreateTags",
+                    "Resource": "*",
+                    "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances"}},
+                },
+                {
+                    "Sid": "NameOwn",
+                    "Effect": "Allow",
+                    "Action": "ec2:CreateTags",
+                    "Resource": "arn:aws:ec2:*:*:instance/*",
+                    "Condition": own,
+                },
+                {
+                    "Sid": "Look",
+                    "Effect": "Allow",
+                    "Action": [
+                        "ec2:DescribeInstances",
+                        "ec2:DescribeLaunchTemplates",
+                        "ec2:DescribeLaunchTemplateVersions",
+                    ],
+                    "Resource": "*",
+                },
+                {
+                    "Sid": "EndOwn",
+                    "Effect": "Allow",
+                    "Action": "ec2:TerminateInstances",
+                    "Resource": "arn:aws:ec2:*:*:instance/*",
+                    "Condition": own,
+                },
+                {
+                    "Sid": "PassNodeRoles",
+                    "Effect": "Allow",
+                    "Action": "iam:PassRole",
+                    "Resource": list(node_role_arns),
+                    "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
+                },
+            ],
+        }
+    )
+
+
+def _burst_user(
+    layout: CloudLayout,
+    policy: pulumi.Output[str],
+    tags: dict[str, str],
+    here: pulumi.ResourceOptions,
+) -> pulumi.Output[str]:
+    """What the heads' burst programs act as: an IAM user with the burst policy alone and an
+    access key, as a credentials file's text (a Pulumi secret: encrypted in the state; apply
+    keeps it 0600 in the cluster's secrets, and the burst role puts it at root's
+    ~/.aws/credentials on the heads)."""
+    user = aws.iam.User(layout.name("burst"), name=layout.name("burst"), tags=tags, opts=here)
+    aws.iam.UserPolicy(layout.name("burst"), user=user.name, policy=policy, opts=here)
+    key = aws.iam.AccessKey(layout.name("burst"), user=user.name, opts=here)
+    return pulumi.Output.secret(
+        pulumi.Output.all(key.id, key.secret).apply(
+            lambda pair: (
+                f"[default]\naws_access_key_id = {pair[0]}\naws_secret_access_key = {pair[1]}\n"
+            )
+        )
+    )
 
 
 def read_only_policy(*secret_arns: str) -> str:

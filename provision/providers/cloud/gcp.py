@@ -151,7 +151,8 @@ class GcpCluster(pulumi.ComponentResource):
             disks=[
                 # every GCP disk is encrypted at rest (Google-managed keys)
                 gcp.compute.InstanceTemplateDiskArgs(
-                    source_image=image,
+                    # an elastic pool's own image once made
+                    source_image=pool.image or image,
                     boot=True,
                     auto_delete=True,
                     disk_size_gb=ROOT_GB,

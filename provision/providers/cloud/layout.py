@@ -74,6 +74,8 @@ class CloudPool:
     # an elastic pool's: what its instances' user data tells the join program (a controller's
     # address is "" where the head is a node of the same stack, which fills it in)
     join: JoinConfig | None = None
+    # an elastic pool's own image (provision image build), once made: its template starts it
+    image: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,13 @@ def _ports(text: str) -> tuple[int, int]:
     return int(low), int(high or low)
 
 
-def layout(cluster: Cluster, provider: str, ssh_public_key: str) -> CloudLayout:
+def layout(
+    cluster: Cluster,
+    provider: str,
+    ssh_public_key: str,
+    images: dict[str, str] | None = None,
+) -> CloudLayout:
+    """images: an elastic pool's own image, by pool (the state's images.json)."""
     spec = cluster.spec
     # the cloud's own range (network.remote, one per cloud): the rest of the cluster reaches it
     # through the tunnel, whose packets the cloud's firewall sees as the nodes' own outbound
@@ -153,6 +161,7 @@ def layout(cluster: Cluster, provider: str, ssh_public_key: str) -> CloudLayout:
                 reservation=view.pool.reservation.id if view.pool.reservation else None,
                 capacity_block=bool(view.pool.reservation and view.pool.reservation.capacity_block),
                 join=join_config(cluster, view) if view.pool.elastic else None,
+                image=(images or {}).get(view.name) if view.pool.elastic else None,
             )
         )
     user = login_user(spec, provider)  # AWS: the image's; the key pair goes to it
@@ -192,6 +201,12 @@ def describe(shape: CloudLayout) -> list[str]:
         f"{shape.provider}: its nodes dial the head's WireGuard tunnel once they exist; Ansible "
         "reaches them at their public addresses"
     )
+    if shape.bursts and shape.provider == "aws":
+        lines.append(
+            f"aws: the heads burst as the IAM user {shape.name('burst')} (launch from the "
+            "cluster's templates, name and end its own instances, pass the pools' node roles); "
+            "its key kept 0600 in the cluster's secrets, root's ~/.aws/credentials on the heads"
+        )
     if shape.provider == "gcp":
         extra = max((p.extra_nics for p in shape.pools), default=0)
         if extra:

@@ -272,14 +272,17 @@ class LabProvider(Defaults):
             podman.podman("rm", "-f", "-t", "0", name, check=False)  # nothing half-made stays
             raise
 
-    def image_builds(self, cluster: Cluster, state: State) -> LabImageBuilds | None:
-        """Builder containers for the elastic lab pools whose image is missing or stale."""
+    def image_builds(
+        self, cluster: Cluster, state: State, pools: list[str] | None = None
+    ) -> LabImageBuilds | None:
+        """Builder containers for the elastic lab pools whose image is missing or stale (or
+        for `pools`, whatever their image)."""
         if not burst.elastic_lab_pools(cluster):
             return None
         config = burst_config(cluster)
         assert config is not None  # an elastic pool has one
         base, _ = ensure_image(debian_mirror(), log=self.log)
-        builds = burst.stale_images(cluster, state, base)
+        builds = burst.stale_images(cluster, state, base, pools)
         if not builds:
             return None
         inventory = burst.start_builders(builds, base, cluster, state)

@@ -122,17 +122,20 @@ def _image_digest(image: str) -> str | None:
     return labels.get(INPUTS_LABEL)
 
 
-def stale_images(cluster: Cluster, state: State, base_image: str) -> list[ImageBuild]:
-    """The elastic lab pools whose image is missing or made from other inputs."""
+def stale_images(
+    cluster: Cluster, state: State, base_image: str, pools: list[str] | None = None
+) -> list[ImageBuild]:
+    """The elastic lab pools whose image is missing or made from other inputs; with `pools`,
+    those pools whatever their image."""
     base_id = podman.text("image", "inspect", base_image, "--format", "{{.Id}}")
     builds = []
     elastic = elastic_lab_pools(cluster)
     for view in cluster.pools:
-        if view.name not in elastic:
+        if view.name not in elastic or (pools is not None and view.name not in pools):
             continue
         image = lab_image(cluster.spec.name, view.name)
         digest = _digest(cluster, state, base_id, view.name)
-        if _image_digest(image) == digest:
+        if pools is None and _image_digest(image) == digest:
             continue
         container = f"{lab_container_prefix(cluster.spec.name)}image-{view.name}"
         builds.append(ImageBuild(view.name, view.nodes[0].name, container, image, digest))

@@ -1,0 +1,209 @@
+"""Each cloud's part of a pool image's build (images.py): a builder instance from the pool's
+template booted from the OS's stock image, its capture, its removal, and the pool's older images
+removed once the stack starts the new one.
+
+AWS through boto3 with the workstation's credentials (the same chain as the stack's), as EC2's
+documentation has an AMI made from an instance: the instance stopped first (a consistent root
+volume), CreateImage with the image's and its snapshot's tags, the image waited for until
+`available`. The builder is the pool's own instance type from the pool's launch template (its
+subnet, security group, placement and encrypted root volume), with the stock image and a user
+data that runs nothing of the join in place of the template's; a type of several network cards
+gets no public address from EC2, so the builder gets an Elastic IP on its primary interface, as
+the lasting nodes of such a type do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from provision.burst.config import cloud_template
+from provision.cluster import Cluster, PoolView
+from provision.errors import OperationError
+from provision.providers.cloud.images import BUILDER_USER_DATA, Launched
+
+# EC2's waiters: seconds between looks, and how many (an image of a 200 GB disk takes minutes)
+_WAIT = {
+    "instance_running": (5, 120),
+    "instance_stopped": (5, 180),
+    "image_available": (15, 240),
+    "instance_terminated": (5, 120),
+}
+
+
+def _line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+class AwsBuilder:
+    cloud = "aws"
+
+    def __init__(
+        self, cluster: Cluster, ec2: Any = None, stock: tuple[str, str] | None = None
+    ) -> None:
+        from provision.providers.cloud.layout import IMAGES
+
+        self.cluster = cluster
+        self.region = next(
+            (v.pool.region for v in cluster.pools if v.pool.provider == "aws" and v.pool.region),
+            None,
+        )
+        if ec2 is None:
+            import boto3
+
+            ec2 = boto3.session.Session(region_name=self.region).client("ec2")
+        self.ec2 = ec2
+        owner, pattern = stock or IMAGES[cluster.spec.os]["aws"]
+        self.owner, self.pattern = owner, pattern
+
+    def _call(self, method: str, **kwargs: Any) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return getattr(self.ec2, method)(**kwargs)
+        except (ClientError, BotoCoreError) as exc:
+            raise OperationError(f"aws: {method}: {_line(exc)}") from None
+
+    def _wait(self, name: str, **kwargs: Any) -> None:
+        from botocore.exceptions import WaiterError
+
+        delay, attempts = _WAIT[name]
+        try:
+            self.ec2.get_waiter(name).wait(
+                **kwargs, WaiterConfig={"Delay": delay, "MaxAttempts": attempts}
+            )
+        except WaiterError as exc:
+            raise OperationError(
+                f"aws: waiting for {name.replace('_', ' ')}: {_line(exc)}"
+            ) from None
+
+    def stock_image(self) -> str:
+        """The newest available image of the OS's publisher matching the stack's pattern."""
+        found = self._call(
+            "describe_images",
+            Owners=[self.owner],
+            Filters=[
+                {"Name": "name", "Values": [self.pattern]},
+                {"Name": "state", "Values": ["available"]},
+            ],
+        )["Images"]
+        if not found:
+            raise OperationError(
+                f"aws: no image {self.pattern} of owner {self.owner} in {self.region}"
+            )
+        return str(max(found, key=lambda i: i.get("CreationDate", ""))["ImageId"])
+
+    def launch(self, view: PoolView, name: str, tags: dict[str, str]) -> Launched:
+        stock = self.stock_image()
+        pairs = [{"Key": "Name", "Value": name}] + [
+            {"Key": k, "Value": v} for k, v in sorted(tags.items())
+        ]
+        made = self._call(
+            "run_instances",
+            LaunchTemplate={
+                "LaunchTemplateName": cloud_template(self.cluster.spec.name, view.name),
+                "Version": "$Latest",
+            },
+            ImageId=stock,
+            UserData=BUILDER_USER_DATA,
+            MinCount=1,
+            MaxCount=1,
+            TagSpecifications=[{"ResourceType": "instance", "Tags": pairs}],
+        )["Instances"][0]
+        launched = Launched(view.name, view.nodes[0].name, made["InstanceId"], "", stock)
+        try:
+            self._wait("instance_running", InstanceIds=[launched.instance])
+            instance = self._instance(launched.instance)
+            launched.address = instance.get("PublicIpAddress", "")
+            if not launched.address:  # several network cards: EC2 gives the instance none
+                self._elastic_ip(launched, instance, pairs)
+        except BaseException:
+            self.remove(launched)  # nothing half-made stays
+            raise
+        return launched
+
+    def _instance(self, instance_id: str) -> dict[str, Any]:
+        found = self._call("describe_instances", InstanceIds=[instance_id])["Reservations"]
+        return dict(found[0]["Instances"][0])
+
+    def _elastic_ip(
+        self, launched: Launched, instance: dict[str, Any], tags: list[dict[str, str]]
+    ) -> None:
+        primary = next(
+            (
+                n["NetworkInterfaceId"]
+                for n in instance.get("NetworkInterfaces", [])
+                if n.get("Attachment", {}).get("DeviceIndex", 0) == 0
+                and n.get("Attachment", {}).get("NetworkCardIndex", 0) == 0
+            ),
+            None,
+        )
+        if primary is None:
+            raise OperationError(f"aws: builder {launched.instance} has no primary interface")
+        address = self._call(
+            "allocate_address",
+            Domain="vpc",
+            TagSpecifications=[{"ResourceType": "elastic-ip", "Tags": tags}],
+        )
+        launched.extra["allocation"] = address["AllocationId"]
+        self._call(
+            "associate_address",
+            AllocationId=address["AllocationId"],
+            NetworkInterfaceId=primary,
+        )
+        launched.address = address["PublicIp"]
+
+    def capture(self, launched: Launched, name: str, tags: dict[str, str]) -> str:
+        pairs = [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
+        self._call("stop_instances", InstanceIds=[launched.instance])
+        self._wait("instance_stopped", InstanceIds=[launched.instance])
+        image = str(
+            self._call(
+                "create_image",
+                InstanceId=launched.instance,
+                Name=name,
+                Description=f"pool {launched.pool} of cluster {self.cluster.spec.name}",
+                TagSpecifications=[{"ResourceType": "image", "Tags": pairs}],
+            )["ImageId"]
+        )
+        self._wait("image_available", ImageIds=[image])
+        # its snapshots tagged as the image is: the cluster's, found and removed with it
+        snapshots = self._snapshots(image)
+        if snapshots:
+            self._call("create_tags", Resources=snapshots, Tags=pairs)
+        return image
+
+    def _snapshots(self, image: str) -> list[str]:
+        (found,) = self._call("describe_images", ImageIds=[image])["Images"]
+        return [
+            str(m["Ebs"]["SnapshotId"])
+            for m in found.get("BlockDeviceMappings", [])
+            if m.get("Ebs", {}).get("SnapshotId")
+        ]
+
+    def remove(self, launched: Launched) -> None:
+        self._call("terminate_instances", InstanceIds=[launched.instance])
+        allocation = launched.extra.get("allocation")
+        if allocation:  # released once its instance is gone (it is associated until then)
+            self._wait("instance_terminated", InstanceIds=[launched.instance])
+            self._call("release_address", AllocationId=allocation)
+
+    def prune(self, pool: str, tags: dict[str, str], keep: str) -> list[str]:
+        """The pool's images other than `keep`, deregistered, and their snapshots deleted."""
+        found = self._call(
+            "describe_images",
+            Owners=["self"],
+            Filters=[{"Name": f"tag:{k}", "Values": [v]} for k, v in sorted(tags.items())],
+        )["Images"]
+        removed = []
+        for image in found:
+            if image["ImageId"] == keep:
+                continue
+            self._call("deregister_image", ImageId=image["ImageId"])
+            for mapping in image.get("BlockDeviceMappings", []):
+                snapshot = mapping.get("Ebs", {}).get("SnapshotId")
+                if snapshot:
+                    with contextlib.suppress(OperationError):  # shared elsewhere: left
+                        self._call("delete_snapshot", SnapshotId=snapshot)
+            removed.append(str(image["ImageId"]))
+        return removed
