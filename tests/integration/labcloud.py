@@ -18,10 +18,13 @@ to):
   NoCloud with exactly that instance's user data (DescribeInstanceAttribute), and removes the
   container once the instance is terminated.
 
-The rig's image is the pool's image (the compute roles already applied by apply) plus
-cloud-init, boto3, the CA and the DNAT unit, with slurmd left to the join. One more line a
-cloud image does not need: slurmd is started with `-b` (a container shares this machine's
-uptime, so without it slurmd reports a boot from before the resume, which slurmctld waits past).
+The rig's image is the pool's image (the compute roles already applied by apply) with the burst
+role's image tasks and seal run on it, as a cloud pool's builder runs them at the end of its
+converge (cloud-init, boto3, the wheel; munge and slurmd left to the join; no key, no Slurm
+files, no host keys, cloud-init cleaned), then the rig's own lines: its CA, its names in
+/etc/hosts and the DNAT unit. One more line a cloud image does not need: slurmd is started with
+`-b` (a container shares this machine's uptime, so without it slurmd reports a boot from before
+the resume, which slurmctld waits past).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import json
 import secrets
 import ssl
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -43,7 +47,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from provision.burst.config import NODE_WHEEL
 from provision.providers.lab import podman
 from provision.run.wheel import build_wheel
 
@@ -151,20 +154,89 @@ CLOUD_CFG = """datasource_list: [NoCloud, None]
 network: {config: disabled}
 """
 
+# the rig's own lines, on top of the sealed image
 CONTAINERFILE = """FROM {base}
-RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \\
-      --no-install-recommends cloud-init python3-boto3 && apt-get clean
 COPY lab-cloud.nft /etc/lab-cloud.nft
 COPY lab-cloud.service /etc/systemd/system/lab-cloud.service
 COPY 99-lab-cloud.cfg /etc/cloud/cloud.cfg.d/99-lab-cloud.cfg
 COPY hosts /etc/hosts
 COPY slurmd-boot.conf /etc/systemd/system/slurmd.service.d/lab-cloud-boot.conf
-COPY gpu-provision.whl {wheel}
 RUN touch /etc/cloud/cloud-init.enabled \\
- && systemctl enable lab-cloud.service && systemctl disable slurmd \\
- && rm -f /etc/default/slurmd && mkdir -p /var/lib/cloud/seed/nocloud
+ && systemctl enable lab-cloud.service && mkdir -p /var/lib/cloud/seed/nocloud
 LABEL {label}={digest}
 """
+
+# What a cloud pool's builder runs at the end of its converge (site.yml's last play), run here
+# on a container of the lab pool's image: the product's own tasks and seal make the image
+SEAL_PLAY = """- name: An elastic cloud pool's image, as its builder's last play makes it
+  hosts: all
+  gather_facts: true
+  pre_tasks:
+    - name: Refresh the package lists (on a builder, the common role did at the run's start)
+      ansible.builtin.apt:
+        update_cache: true
+    - name: Read the installed packages
+      ansible.builtin.package_facts:
+  tasks:
+    - name: Role burst, the image's part
+      ansible.builtin.include_role:
+        name: gpu_provision.cluster.burst
+        tasks_from: image.yml
+"""
+
+
+def sealed_image(base: str, folder: Path, wheel: Path, tag: str) -> str:
+    """The lab pool's image with the burst role's image tasks and seal run on it, as on a
+    cloud builder (AWS: cloud-init, boto3, the wheel; munge and slurmd left to the join; the
+    seal), made again when the role, the wheel or the base change: the image's name."""
+    from provision.assets import ansible_cfg, collection_dir, collections_path
+
+    role = collection_dir() / "roles" / "burst"
+    base_id = podman.text("image", "inspect", base, "--format", "{{.Id}}")
+    h = hashlib.sha256(base_id.encode() + SEAL_PLAY.encode() + wheel.read_bytes())
+    for path in sorted(p for p in role.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(role)).encode() + path.read_bytes())
+    image = f"{tag}-sealed:{h.hexdigest()[:16]}"
+    if podman.image_exists(image):
+        return image
+    container = f"{tag.rsplit('/', 1)[-1]}-sealer"
+    podman.podman("rm", "-f", "-t", "0", container, check=False)
+    podman.podman(
+        "run", "-d", "--name", container, "--systemd=always", "--cap-add", "NET_ADMIN",
+        base, "/sbin/init",
+    )  # fmt: skip
+    try:
+        play = folder / "seal.yml"
+        play.write_text(SEAL_PLAY)
+        variables = {
+            "burst_wheel_src": str(wheel),
+            "burst_image_cloud": "aws",
+            "burst_image_remote": False,
+            "ansible_python_interpreter": "/usr/bin/python3",
+        }
+        argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", f"{container},"]
+        argv += ["-c", "containers.podman.podman", "-e", json.dumps(variables), str(play)]
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            env={
+                **podman.env(),
+                "ANSIBLE_CONFIG": str(ansible_cfg()),
+                "ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
+                "ANSIBLE_HOME": str(folder / "ansible"),
+            },
+            timeout=900,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"the image tasks failed:\n{done.stdout[-4000:]}{done.stderr}")
+        podman.podman("stop", "-t", "10", container)
+        podman.podman("commit", "--quiet", "--change", "CMD=/sbin/init", container, image)
+    finally:
+        podman.podman("rm", "-f", "-t", "0", container, check=False)
+    return image
+
 
 # this run's CA on top (a new one each run: the cached image above holds none)
 TRUST = """FROM {image}
@@ -189,16 +261,16 @@ def build_image(base: str, folder: Path, gateway: str, ca: Path, tag: str) -> st
         + exec_start.replace("/slurmd ", "/slurmd -b ", 1)
         + "\n",
     }
-    # the join program, as a cloud pool's image carries it
-    wheel = build_wheel(folder).read_bytes()
-    base_id = podman.text("image", "inspect", base, "--format", "{{.Id}}")
-    h = hashlib.sha256(base_id.encode() + CONTAINERFILE.encode() + wheel)
+    # the join program and what it needs, as a cloud pool's image carries them
+    sealed = sealed_image(base, folder, build_wheel(folder), tag)
+    base_id = podman.text("image", "inspect", sealed, "--format", "{{.Id}}")
+    h = hashlib.sha256(base_id.encode() + CONTAINERFILE.encode())
     for rel, text in sorted(files.items()):
         h.update(f"{rel}\n{text}".encode())
     digest = h.hexdigest()[:16]
     image = f"{tag}:{digest}"
     if not podman.image_exists(image):
-        _build(folder, image, files, wheel, base, digest)
+        _build(folder, image, files, sealed, digest)
     trust = folder / "trust"
     trust.mkdir(exist_ok=True)
     (trust / "ca.crt").write_bytes(ca.read_bytes())
@@ -207,14 +279,11 @@ def build_image(base: str, folder: Path, gateway: str, ca: Path, tag: str) -> st
     return f"{tag}:run"
 
 
-def _build(
-    folder: Path, image: str, files: dict[str, str], wheel: bytes, base: str, digest: str
-) -> None:
+def _build(folder: Path, image: str, files: dict[str, str], base: str, digest: str) -> None:
     for rel, text in files.items():
         (folder / rel).write_text(text)
-    (folder / "gpu-provision.whl").write_bytes(wheel)
     (folder / "Containerfile").write_text(
-        CONTAINERFILE.format(base=base, label=IMAGE_LABEL, digest=digest, wheel=NODE_WHEEL)
+        CONTAINERFILE.format(base=base, label=IMAGE_LABEL, digest=digest)
     )
     podman.podman("build", "-q", "-t", image, str(folder))
 

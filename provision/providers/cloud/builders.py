@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from provision.burst.backend import one_line
 from provision.burst.config import cloud_template
 from provision.cluster import Cluster, PoolView
 from provision.errors import OperationError
@@ -29,10 +30,6 @@ _WAIT = {
     "image_available": (15, 240),
     "instance_terminated": (5, 120),
 }
-
-
-def _line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
 
 
 class AwsBuilder:
@@ -62,7 +59,7 @@ class AwsBuilder:
         try:
             return getattr(self.ec2, method)(**kwargs)
         except (ClientError, BotoCoreError) as exc:
-            raise OperationError(f"aws: {method}: {_line(exc)}") from None
+            raise OperationError(f"aws: {method}: {one_line(exc)}") from None
 
     def _wait(self, name: str, **kwargs: Any) -> None:
         from botocore.exceptions import WaiterError
@@ -74,7 +71,7 @@ class AwsBuilder:
             )
         except WaiterError as exc:
             raise OperationError(
-                f"aws: waiting for {name.replace('_', ' ')}: {_line(exc)}"
+                f"aws: waiting for {name.replace('_', ' ')}: {one_line(exc)}"
             ) from None
 
     def stock_image(self) -> str:

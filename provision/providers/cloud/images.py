@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from provision import assets
+from provision.burst.backend import one_line
 from provision.burst.config import TAG_CLUSTER, TAG_POOL, cloud_template, fit_name
 from provision.changes import GROUP_VARS, INVENTORY, inventory_document
 from provision.cluster import Cluster, PoolView
@@ -257,7 +258,7 @@ class CloudImageBuilds:
                 except Exception as exc:  # said: a builder left behind costs money
                     self.say(
                         f"images: {self.cloud}: builder {launched.instance} could not be "
-                        f"removed ({_line(exc)}): remove it by hand"
+                        f"removed ({one_line(exc)}): remove it by hand"
                     )
             self.inventory.unlink(missing_ok=True)
         if made:
@@ -292,10 +293,6 @@ def _tags(cluster: Cluster, pool: str) -> dict[str, str]:
     return {TAG_CLUSTER: cluster.spec.name, TAG_POOL: pool}
 
 
-def _line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
-
-
 def start_builds(
     cluster: Cluster,
     state: State,
@@ -325,17 +322,19 @@ def start_builds(
             try:
                 builder.remove(one)
             except Exception as gone:
-                say(f"images: {cloud}: builder {one.instance} could not be removed ({_line(gone)})")
-        if isinstance(exc, OperationError):
+                why = one_line(gone)
+                say(f"images: {cloud}: builder {one.instance} could not be removed ({why})")
+        if isinstance(exc, (OperationError, KeyboardInterrupt)):
             raise
-        raise OperationError(f"images: {cloud}: a builder could not start ({_line(exc)})") from exc
-    hosts = {one.host: builder_vars(cluster, one, want.view) for one, want in launched}
+        why = one_line(exc)
+        raise OperationError(f"images: {cloud}: a builder could not start ({why})") from exc
+    hosts = {one.host: builder_vars(one, want.view) for one, want in launched}
     path = state.build / "inventory" / f"{cloud}-{IMAGE_INVENTORY}"
     path.write_text(json.dumps({"all": {"hosts": hosts}}, indent=1) + "\n")  # JSON is YAML
     return CloudImageBuilds(cloud, builder, cluster, launched, path, say, refresh)
 
 
-def builder_vars(cluster: Cluster, launched: Launched, view: PoolView) -> dict[str, Any]:
+def builder_vars(launched: Launched, view: PoolView) -> dict[str, Any]:
     """The builder as a host of the run: the pool's first node (its groups and variables come
     from the rendered inventory) reached at the builder's address, with what makes it an image:
     no munge key (each node reads it at boot), slurmd left to the join, no mounts of the cluster
