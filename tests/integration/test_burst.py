@@ -123,6 +123,31 @@ def test_apply_makes_the_pool_image_and_no_burst_node(cluster: tuple[Path, Path]
     assert b"munge.key" not in probe.stdout
 
 
+def test_image_build_makes_a_current_image_only_when_asked(cluster: tuple[Path, Path]) -> None:
+    """`provision image build`: nothing to make right after apply; naming the pool makes it
+    again, by a run of its builder alone (the cluster's nodes untouched), the same way."""
+    spec, work = cluster
+    before = podman.text("image", "inspect", IMAGE, "--format", "{{.Id}}")
+    r = provision("image", "build", "-f", str(spec), cwd=work)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert "every elastic pool's image is current" in r.stdout
+    assert podman.text("image", "inspect", IMAGE, "--format", "{{.Id}}") == before
+    started = time.monotonic()
+    r = provision("image", "build", "burst", "-f", str(spec), cwd=work, timeout=900)
+    took = time.monotonic() - started
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert f"images: {IMAGE} made" in r.stdout and "image build: done" in r.stdout
+    print(f"provision image build burst: {took:.0f} s")
+    after = podman.text("image", "inspect", IMAGE, "--format", "{{.Id}}")
+    assert after != before
+    # the builder was the run's one host: the cluster's nodes were not touched
+    assert "burst001 │" in r.stdout
+    assert "head001" not in r.stdout and "compute001" not in r.stdout
+    assert [c for c in _containers() if "image-" in c] == []
+    probe = podman.podman("run", "--rm", IMAGE, "ls", "/etc/munge", check=False)
+    assert b"munge.key" not in probe.stdout
+
+
 def test_a_job_bursts_onto_new_nodes_that_leave_when_idle(cluster: tuple[Path, Path]) -> None:
     started = time.monotonic()
     out = _on_head(cluster, "timeout 240 srun -p burst -N2 hostname", timeout=300)
