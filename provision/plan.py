@@ -47,6 +47,8 @@ class PoolCost:
     elastic: bool
     price_as_of: str
     price_region: str
+    # spot: the market's price, which the on-demand list price bounds (EC2 charges no more)
+    spot: bool = False
 
     @property
     def usd_per_hour(self) -> float:
@@ -136,6 +138,7 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
             v.pool.elastic,
             v.profile.price.as_of.isoformat(),
             v.profile.price.region,
+            v.pool.capacity == "spot",
         )
         for v in cluster.pools
         if v.profile.price is not None
@@ -211,6 +214,7 @@ def plan_json(plan: Plan, cluster: Cluster) -> dict[str, Any]:
                 "nodes": c.nodes,
                 "usd_per_hour": round(c.usd_per_hour, 2),
                 "elastic": c.elastic,
+                "spot": c.spot,
                 "price_as_of": c.price_as_of,
             }
             for c in plan.cost

@@ -232,7 +232,9 @@ def print_plan(plan: Plan, cluster: Cluster, console: Console, diff: bool = Fals
             cost.add_column(col)
         for c in plan.cost:
             cost.add_row(
-                c.pool + (" (elastic, at most)" if c.elastic else ""),
+                c.pool
+                + (" (elastic, at most)" if c.elastic and not c.spot else "")
+                + (" (elastic, spot: the market's price, at most)" if c.spot else ""),
                 c.instance_type,
                 str(c.nodes),
                 f"{c.usd_per_node_hour:,.2f}",

@@ -106,6 +106,13 @@ def _aws_launch_template(inputs: dict[str, Any]) -> list[str]:
         problems.append(f"EC2 takes instanceMetadataTags enabled or disabled, not {tags!r}")
     market = inputs.get("instanceMarketOptions", {}).get("marketType")
     target = inputs.get("capacityReservationSpecification", {}).get("capacityReservationTarget", {})
+    spot = inputs.get("instanceMarketOptions", {}).get("spotOptions", {})
+    stops = spot.get("instanceInterruptionBehavior") in ("stop", "hibernate")
+    if market == "spot" and stops and spot.get("spotInstanceType") != "persistent":
+        problems.append(
+            f"EC2 stops or hibernates a spot instance of {inputs.get('name')} only from a "
+            "persistent request (InvalidParameterCombination)"
+        )
     if market == "capacity-block" and not target.get("capacityReservationId"):
         problems.append(
             f"EC2 refuses the capacity-block market on {inputs.get('name')} without the "

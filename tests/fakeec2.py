@@ -33,11 +33,14 @@ def free_port() -> int:
 
 class FakeEC2:
     """Use as a context manager; `url` is the endpoint, `calls` counts actions, `fail` maps an
-    action to (code, message) to answer with instead."""
+    action to (code, message) to answer with instead, `rewrite` an action to (old, new): bytes
+    of moto's answer replaced as EC2 would send them (what moto cannot make happen, such as EC2
+    taking a spot instance back)."""
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
         self.fail: dict[str, tuple[str, str]] = {}
+        self.rewrite: dict[str, tuple[bytes, bytes]] = {}
         self._moto_port = free_port()
         self._moto: subprocess.Popen[bytes] | None = None
         self._proxy: ThreadingHTTPServer | None = None
@@ -91,6 +94,8 @@ class FakeEC2:
                 answer = conn.getresponse()
                 data = answer.read()
                 conn.close()
+                if action in fake.rewrite:
+                    data = data.replace(*fake.rewrite[action])
                 self._answer(answer.status, data, answer.getheader("Content-Type") or "text/xml")
 
             def _answer(self, status: int, data: bytes, kind: str) -> None:

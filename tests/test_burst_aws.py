@@ -48,8 +48,10 @@ def aws(ec2: FakeEC2, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEC2]:
         monkeypatch.setenv(key, value)
     ec2.calls.clear()
     ec2.fail.clear()
+    ec2.rewrite.clear()
     yield ec2
     ec2.fail.clear()
+    ec2.rewrite.clear()
     client = ec2.client()
     ids = [
         i["InstanceId"]
@@ -300,3 +302,27 @@ def test_without_boto3_the_nodes_go_down_with_the_fix(
     log: list[str] = []
     assert programs.resume(config, ["aws-h100-014"], log.append) == 1
     assert "boto3 is not installed on this head" in scontrol.read_text()
+
+
+def test_a_reclaimed_spot_node_is_marked_down_saying_so(
+    config: BurstConfig, aws: FakeEC2, scontrol: Path, tmp_path: Path
+) -> None:
+    """EC2 takes a spot instance back: it lingers terminated with the state reason
+    Server.SpotInstanceTermination (moto ends it as a user would: that code is EC2's own,
+    put in its answer), and the reconciler marks the node down saying so; Slurm requeues its
+    job."""
+    from provision.burst.aws import SPOT_RECLAIMED
+
+    log: list[str] = []
+    programs.resume(config, ["aws-h100-014"], log.append)
+    AwsBackend(config.pools[POOL]).stop(["aws-h100-014"])  # what EC2 does to it
+    aws.rewrite["DescribeInstances"] = (
+        b"<code>Client.UserInitiatedShutdown</code>",
+        b"<code>Server.SpotInstanceTermination</code>",
+    )
+    (tmp_path / "states").write_text("NodeName=aws-h100-014 State=ALLOCATED+CLOUD\n")
+    log.clear()
+    assert programs.reconcile(config, log.append) == 0
+    assert log[0] == f"aws-h100-014 reconcile: {SPOT_RECLAIMED} while Slurm has it up"
+    last = [line for line in scontrol.read_text().splitlines() if "State=DOWN" in line][-1]
+    assert f"Reason=burst: node vanished ({SPOT_RECLAIMED})" in last

@@ -380,3 +380,46 @@ def test_an_elastic_aws_pool_of_one_network_card_is_accepted(tmp_path: Path) -> 
     assert template.inputs["instanceType"] == "g6e.12xlarge"
     assert template.inputs["userData"] and template.inputs["iamInstanceProfile"]
     assert [u.inputs["name"] for u in rec.of("iam/user:User")] == ["awsburst-burst"]
+
+
+def test_a_spot_pool_launches_one_time_spot_instances(tmp_path: Path) -> None:
+    """capacity: spot: the pool's launch template asks EC2's spot market for one-time
+    instances that end when reclaimed (a resume makes anew), its placement group kept; EC2's
+    rule that only a persistent request may stop or hibernate holds (tests/cloud_rules.py);
+    plan prices it as spot, at most the on-demand list price."""
+    pytest.importorskip("pulumi")
+    from . import cloud_rules
+    from .test_cloud import build
+
+    text = (ROOT / "tests" / "data" / "cloud" / "aws-burst.yaml").read_text()
+    spec = tmp_path / "spot.yaml"
+    # a price of the test's own (the site's profile names none)
+    price = "    max_power_w: 2400\n    price: {usd_per_hour: 10.0, region: us-east-1, "
+    price += "as_of: 2026-12-01, source: this test}\n"
+    text = text.replace("    max_power_w: 2400\n", price)
+    spec.write_text(text.replace("    elastic: true\n", "    elastic: true\n    capacity: spot\n"))
+    rec, _, _ = build(spec)
+    (template,) = rec.of("LaunchTemplate")
+    assert template.inputs["instanceMarketOptions"] == {
+        "marketType": "spot",
+        "spotOptions": {
+            "spotInstanceType": "one-time",
+            "instanceInterruptionBehavior": "terminate",
+        },
+    }
+    assert template.inputs["placement"]["groupName"] == "awsburst-awsl40s-pg"
+    stopping = {
+        **template.inputs,
+        "instanceMarketOptions": {
+            "marketType": "spot",
+            "spotOptions": {"spotInstanceType": "one-time", "instanceInterruptionBehavior": "stop"},
+        },
+    }
+    assert cloud_rules.refusals("aws:ec2/launchTemplate:LaunchTemplate", "t", stopping)
+    done = provision("plan", str(spec), "--state-dir", str(tmp_path / "state"), "--json")
+    assert done.returncode == 0, done.stderr
+    (cost,) = json.loads(done.stdout)["cost_usd_per_hour"]
+    assert cost["spot"] is True and cost["elastic"] is True
+    assert cost["usd_per_hour"] == 80.0  # 8 nodes, at most the on-demand price
+    shown = provision("plan", str(spec), "--state-dir", str(tmp_path / "state"))
+    assert "spot: the market's price, at most" in " ".join(shown.stdout.split())

@@ -39,6 +39,8 @@ LIVE = ["pending", "running", "stopping", "stopped"]
 # An instance of the pool with no node's name that is older than this was left by a resume
 # that stopped between launching and naming: the reconciler terminates it
 UNNAMED_GRACE_S = 300
+# what a node's reason says when EC2 took its spot instance back
+SPOT_RECLAIMED = "spot instance reclaimed by EC2"
 
 
 def client(region: str) -> Any:
@@ -156,6 +158,22 @@ class AwsBackend(Backend):
             if node in self.pool.nodes:
                 out[node] = instance["State"]["Name"]
         return out
+
+    def ended(self, nodes: list[str]) -> dict[str, str]:
+        """A spot instance EC2 took back says so in its state reason while it lingers."""
+        filters = [
+            *self._tag_filters(),
+            {"Name": f"tag:{TAG_NODE}", "Values": nodes},
+            {"Name": "instance-state-name", "Values": ["shutting-down", "terminated"]},
+        ]
+        found = self._call("describe_instances", Filters=filters)
+        return {
+            node: SPOT_RECLAIMED
+            for reservation in found.get("Reservations", [])
+            for instance in reservation.get("Instances", [])
+            if (node := self._node(instance)) is not None
+            and instance.get("StateReason", {}).get("Code") == "Server.SpotInstanceTermination"
+        }
 
     def sweep(self, now: float) -> list[str]:
         stray = [

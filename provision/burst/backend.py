@@ -82,6 +82,10 @@ class Backend:
     def present(self) -> set[str]:
         return set(self.states())
 
+    def ended(self, nodes: list[str]) -> dict[str, str]:
+        """Why the cloud ended these nodes' instances, where it says (a spot reclaim)."""
+        return {}
+
     def sweep(self, now: float) -> list[str]:
         """Remove what carries the pool's tags but no node's name (a start cut short between
         making and naming); what was removed, for the log."""

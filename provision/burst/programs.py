@@ -16,6 +16,7 @@ from pathlib import Path
 from provision.burst import slurm
 from provision.burst.backend import CAPACITY, Backend, BurstError, one_line
 from provision.burst.config import MUNGE_KEY, BurstConfig, Pool
+from provision.burst.hostlist import compress
 from provision.burst.podman_api import PodmanAPI, PodmanError
 from provision.burst.tunnel import Hub
 
@@ -249,19 +250,48 @@ def reconcile(
         for node in cooled:
             log(f"{node} reconcile: cooldown of {config.cooldown}s over, powered down to idle~")
         slurm.power_down(cooled)
-        for node, flags in sorted(flags_of.items()):
-            if node in cooled:
-                continue
-            if node in present and slurm.powered_down(flags):
+        orphans = {
+            node
+            for node, flags in flags_of.items()
+            if node in present and slurm.powered_down(flags) and node not in cooled
+        }
+        vanished = [
+            node
+            for node, flags in sorted(flags_of.items())
+            if node not in orphans
+            and node not in cooled
+            and node not in running
+            and slurm.expected_up(flags)
+            and "DOWN" not in flags
+        ]
+        why = _ended(backend, vanished, log)
+        for node in sorted(orphans | set(vanished)):
+            if node in orphans:
                 log(f"{node} reconcile: orphan removed (Slurm has it powered down)")
                 gone, _ = backend.stop([node])
                 present -= gone
-            elif node not in running and slurm.expected_up(flags) and "DOWN" not in flags:
-                log(f"{node} reconcile: instance or container gone while Slurm has it up")
-                slurm.mark_down([node], "burst: node vanished (container or instance gone)")
+            else:
+                said = why.get(node, "instance or container gone")
+                log(f"{node} reconcile: {said} while Slurm has it up")
+                slurm.mark_down([node], f"burst: node vanished ({why.get(node, GONE)})")
         if pool.tunnel and not _drop_stale_peers(pool, present, log):
             code = 1
     return code
+
+
+# a vanished node's reason where the cloud says nothing more
+GONE = "container or instance gone"
+
+
+def _ended(backend: Backend, nodes: list[str], log: Log) -> dict[str, str]:
+    """Why the cloud ended the nodes' instances, where it says; {} where it cannot be asked."""
+    if not nodes:
+        return {}
+    try:
+        return backend.ended(nodes)
+    except BurstError as exc:
+        log(f"reconcile: why {compress(nodes)} ended is not known: {one_line(exc)}")
+        return {}
 
 
 def _drop_stale_peers(pool: Pool, present: set[str], log: Log) -> bool:

@@ -637,9 +637,15 @@ class Pool(Model):
     elastic: bool = Field(
         default=False,
         description=(
-            "nodes are created when jobs wait and removed when idle (lab pools; cloud pools: "
-            "not supported yet)"
+            "nodes are created when jobs wait and removed when idle (lab pools, and aws pools "
+            "of a type with one network card; gcp, azure: not supported yet)"
         ),
+    )
+    capacity: Literal["on-demand", "spot"] = Field(
+        default="on-demand",
+        description="how the cloud sells the pool's instances: on-demand, or spot (AWS Spot: "
+        "cheaper, and taken back when EC2 needs it; a reclaimed node is marked down and its job "
+        "requeued). Elastic aws pools only; gcp and azure: not supported yet",
     )
     mig: list[MigProfile] | None = Field(
         default=None,

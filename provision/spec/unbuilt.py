@@ -52,6 +52,14 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
         if not pool.elastic or pool.provider == "lab":
             continue
         at = ("pools", i, "elastic")
+        if pool.capacity == "spot" and pool.provider != "aws":
+            problems.append(
+                (
+                    ("pools", i, "capacity"),
+                    f"not supported yet: spot on {pool.provider} (its templates are AWS's alone "
+                    "so far); leave capacity out",
+                )
+            )
         if pool.provider != "aws":
             problems.append(
                 (

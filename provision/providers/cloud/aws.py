@@ -157,6 +157,14 @@ class AwsCluster(pulumi.ComponentResource):
                 opts=here,
             )
             placement = {"placement": aws.ec2.LaunchTemplatePlacementArgs(group_name=pg.name)}
+        if pool.spot:  # one-time requests: a reclaimed instance ends, and a resume makes anew
+            placement["instance_market_options"] = aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(
+                market_type="spot",
+                spot_options=aws.ec2.LaunchTemplateInstanceMarketOptionsSpotOptionsArgs(
+                    spot_instance_type="one-time",
+                    instance_interruption_behavior="terminate",
+                ),
+            )
         joining: dict[str, Any] = {}
         if pool.join is not None:
             assert self.secret is not None

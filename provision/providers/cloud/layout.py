@@ -76,6 +76,7 @@ class CloudPool:
     join: JoinConfig | None = None
     # an elastic pool's own image (provision image build), once made: its template starts it
     image: str | None = None
+    spot: bool = False  # the cloud's spare capacity, taken back when the cloud needs it
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,7 @@ def layout(
                 capacity_block=bool(view.pool.reservation and view.pool.reservation.capacity_block),
                 join=join_config(cluster, view) if view.pool.elastic else None,
                 image=(images or {}).get(view.name) if view.pool.elastic else None,
+                spot=view.pool.capacity == "spot",
             )
         )
     user = login_user(spec, provider)  # AWS: the image's; the key pair goes to it
@@ -241,7 +243,9 @@ def describe(shape: CloudLayout) -> list[str]:
         if shape.provider == "aws" and pool.efa > 1 and pool.nodes:
             parts[-1] += " with an Elastic IP each"  # EC2 gives multi-card ones no address
         if pool.elastic:
-            parts.append(f"{pool.elastic} on demand")
+            parts.append(f"{pool.elastic} made when jobs wait")
+        if pool.spot:
+            parts.append("spot (reclaimed nodes are marked down, their jobs requeued)")
         lines.append(f"{shape.provider} pool {pool.name}: " + ", ".join(parts))
         if pool.join:
             lines.append(

@@ -10,6 +10,7 @@ from provision.spec.checks.gpu import check_gpu, check_gpu_generation
 from provision.spec.checks.monitoring import check_health, check_monitoring
 from provision.spec.checks.networks import check_fabric, check_fabric_nodes, check_networks
 from provision.spec.checks.pools import (
+    check_capacity,
     check_compute,
     check_efa,
     check_head,
@@ -51,6 +52,7 @@ CHECKS: list[Callable[[Spec], list[Problem]]] = [
     check_compute,
     check_pools,
     check_reservations,
+    check_capacity,
     check_efa,
     check_networks,
     check_scheduler,

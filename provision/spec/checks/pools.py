@@ -177,6 +177,30 @@ _RESERVATION_FORM = {
 }
 
 
+def check_capacity(spec: Spec) -> list[Problem]:
+    """Spot capacity: a cloud's, for pools whose nodes are made again when jobs wait."""
+    problems: list[Problem] = []
+    for i, pool in enumerate(spec.pools):
+        if pool.capacity != "spot":
+            continue
+        at: Loc = ("pools", i, "capacity")
+        if pool.provider not in CLOUD_PROVIDERS:
+            problems.append((at, f"spot is a cloud's way of selling; '{pool.provider}' has none"))
+        elif not pool.elastic:
+            problems.append(
+                (
+                    at,
+                    "spot on a lasting pool: a reclaimed node would stay gone until the next "
+                    "apply; set elastic: true (Slurm makes nodes again when jobs wait)",
+                )
+            )
+        elif pool.reservation is not None:
+            problems.append(
+                (at, "a reservation holds on-demand capacity: remove capacity or the reservation")
+            )
+    return problems
+
+
 def check_reservations(spec: Spec) -> list[Problem]:
     """A reservation in each cloud's own form, where that cloud launches into it."""
     problems: list[Problem] = []
