@@ -358,6 +358,14 @@ def test_the_verb_says_what_it_cannot_build(tmp_path: Path) -> None:
     assert first.returncode == 2
     assert "has no render" in first.stderr and "run apply first" in first.stderr
     assert "Traceback" not in first.stderr + other.stderr + lab.stderr
+    # a cloud pool's: rendered, but no Pulumi CLI here (the stack runs again after the capture):
+    # one line before any builder is launched
+    cloud = ROOT / "tests" / "data" / "cloud" / "aws-burst.yaml"
+    assert provision("render", str(cloud), "--state-dir", str(tmp_path)).returncode == 0
+    done = provision("image", "build", "-f", str(cloud), "--state-dir", str(tmp_path))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.startswith("error: the aws pools need the Pulumi CLI"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_an_elastic_aws_pool_of_one_network_card_is_accepted(tmp_path: Path) -> None:

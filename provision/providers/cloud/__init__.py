@@ -521,6 +521,7 @@ class CloudProvider(Defaults):
             return None
         if self.kind not in BUILDERS:  # the spec refuses their elastic pools until then
             raise OperationError(f"{self.kind}: pool images are not built yet")
+        check_ready(self.kind)  # the SDK, the CLI (the stack runs again after) and credentials
         from provision.providers.cloud.builders import AwsBuilder
 
         def refresh() -> None:
