@@ -185,12 +185,14 @@ SEAL_PLAY = """- name: An elastic cloud pool's image, as its builder's last play
 """
 
 
-def sealed_image(base: str, folder: Path, wheel: Path, tag: str) -> str:
+def sealed_image(base: str, folder: Path, tag: str) -> str:
     """The lab pool's image with the burst role's image tasks and seal run on it, as on a
     cloud builder (AWS: cloud-init, boto3, the wheel; munge and slurmd left to the join; the
     seal), made again when the role, the wheel or the base change: the image's name."""
     from provision.assets import ansible_cfg, collection_dir, collections_path
 
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = build_wheel(folder)
     role = collection_dir() / "roles" / "burst"
     base_id = podman.text("image", "inspect", base, "--format", "{{.Id}}")
     h = hashlib.sha256(base_id.encode() + SEAL_PLAY.encode() + wheel.read_bytes())
@@ -245,12 +247,12 @@ RUN update-ca-certificates
 """
 
 
-def build_image(base: str, folder: Path, gateway: str, ca: Path, tag: str) -> str:
-    """The pool's image as a cloud image of the lab (made again when an input changes), with this
-    run's CA trusted: the image's name."""
+def build_image(sealed: str, folder: Path, gateway: str, ca: Path, tag: str) -> str:
+    """The sealed pool's image (sealed_image) as a cloud image of the lab (made again when an
+    input changes), with this run's CA trusted: the image's name."""
     folder.mkdir(parents=True, exist_ok=True)
-    hosts = podman.text("run", "--rm", "--no-hosts", base, "cat", "/etc/hosts")
-    slurmd = podman.text("run", "--rm", base, "cat", "/lib/systemd/system/slurmd.service")
+    hosts = podman.text("run", "--rm", "--no-hosts", sealed, "cat", "/etc/hosts")
+    slurmd = podman.text("run", "--rm", sealed, "cat", "/lib/systemd/system/slurmd.service")
     exec_start = next(line for line in slurmd.splitlines() if line.startswith("ExecStart="))
     files = {
         "lab-cloud.nft": NFT.format(gateway=gateway, port=IMDS_PORT),
@@ -261,8 +263,6 @@ def build_image(base: str, folder: Path, gateway: str, ca: Path, tag: str) -> st
         + exec_start.replace("/slurmd ", "/slurmd -b ", 1)
         + "\n",
     }
-    # the join program and what it needs, as a cloud pool's image carries them
-    sealed = sealed_image(base, folder, build_wheel(folder), tag)
     base_id = podman.text("image", "inspect", sealed, "--format", "{{.Id}}")
     h = hashlib.sha256(base_id.encode() + CONTAINERFILE.encode())
     for rel, text in sorted(files.items()):

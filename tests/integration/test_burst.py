@@ -276,9 +276,23 @@ def test_a_cloud_node_boots_with_cloud_init_and_joins_by_itself(
     pool = parse_config(original).pools["burst"]
     head = _on_head(cluster, "getent hosts head001").split()[0]
     tls = labcloud.make_tls(tmp_path / "tls", gateway)
-    image = labcloud.build_image(
-        IMAGE, tmp_path / "image", gateway, tls[0], f"localhost/provision-{NAME}-burst-cloud"
-    )
+    tag = f"localhost/provision-{NAME}-burst-cloud"
+    # the pool's image as a cloud builder leaves it: the burst role's image tasks and seal
+    sealed = labcloud.sealed_image(IMAGE, tmp_path / "image", tag)
+    found = podman.text(
+        "run", "--rm", "--no-hosts", sealed, "sh", "-c",
+        "ls /etc/munge /etc/slurm; echo machine-id $(wc -c < /etc/machine-id);"
+        " echo host-keys $(ls /etc/ssh | grep -c ssh_host_);"
+        " echo cloud-init $(ls /var/lib/cloud/instances 2>/dev/null | wc -l);"
+        " systemctl is-enabled slurmd munge; ls /opt/provision;"
+        " python3 -c 'import boto3' && echo boto3; command -v cloud-init",
+    )  # fmt: skip
+    lines = found.splitlines()
+    assert "munge.key" not in lines and "slurm.conf" not in lines, found
+    assert {"machine-id 0", "host-keys 0", "cloud-init 0", "boto3"} <= set(lines), found
+    assert lines.count("disabled") == 2 and "gpu-provision.whl" in lines, found
+    assert "/usr/bin/cloud-init" in lines, found
+    image = labcloud.build_image(sealed, tmp_path / "image", gateway, tls[0], tag)
     addresses = sorted(pool.nodes.values(), key=ipaddress.ip_address)
     cloud = labcloud.LabCloud(
         gateway,
