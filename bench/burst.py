@@ -1,6 +1,7 @@
 """Time bursting on the lab: from a job sent to the elastic pool (srun, then sbatch) to it
 running on a fresh container, and from the node going idle to its container removed, with the
 phases (the resume program, the container's start to slurmd's registration). Median of --runs.
+Also the time `provision image build` takes to make the pool's image again.
 
 Run as root with podman. It applies its own cluster (burstbench: examples/lab-burst.yaml on
 10.73.0.0/24 with suspend_time 30), measures, and destroys it; about 10 minutes.
@@ -114,6 +115,10 @@ def main() -> int:
     provision(work, "apply", str(spec))
     print(f"cold apply with the pool's image: {time.monotonic() - started:.0f}s")
     try:
+        started = time.monotonic()
+        provision(work, "image", "build", "burst", "-f", str(spec))
+        took = time.monotonic() - started
+        print(f"provision image build burst (the pool's image made again): {took:.0f}s")
         runs = [one_run(work, spec, NODES[i % len(NODES)]) for i in range(args.runs)]
     finally:
         provision(work, "destroy", str(spec), "--yes")
