@@ -241,6 +241,21 @@ def test_an_aws_pools_image_from_its_template_to_the_stack(
     )
 
 
+def test_destroy_removes_the_pools_images_and_their_records(
+    cluster: Cluster, state: State, ec2: Any
+) -> None:
+    """The images are not the stack's: destroy removes them (and their snapshots) itself."""
+    builds = _start(cluster, state, ec2, [])
+    builds.finish(state, ok=True)
+    made = images.records(state)[POOL].image
+    other = images.ImageRecord("gcph100", "gcp", "img", "d", "s", "now", 1.0)
+    images.save_record(state, other)
+    removed = images.remove_images(cluster, state, _builder(cluster, ec2))
+    assert removed == [made]
+    assert [i for i in ec2.describe_images(Owners=["self"])["Images"] if i["ImageId"] == made] == []
+    assert images.records(state) == {"gcph100": other}  # another cloud's record stays
+
+
 def test_a_failed_converge_captures_nothing_and_removes_the_builder(
     cluster: Cluster, state: State, ec2: Any, fake: FakeEC2
 ) -> None:

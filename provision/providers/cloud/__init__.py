@@ -534,6 +534,13 @@ class CloudProvider(Defaults):
             return []
         check_ready(self.kind)
 
-        stack = self._stack(state, Cluster(self.spec), public_key(self.spec, state))
+        cluster = Cluster(self.spec)
+        stack = self._stack(state, cluster, public_key(self.spec, state))
         stack.destroy(on_output=self.log)
+        if self.kind == "aws":  # the pools' images are not the stack's: removed here
+            from provision.providers.cloud.builders import AwsBuilder
+            from provision.providers.cloud.images import remove_images
+
+            for image in remove_images(cluster, state, AwsBuilder(cluster)):
+                self.log(f"destroy: {self.kind}: image {image} and its snapshots removed")
         return [n.name for n in nodes if not n.elastic]

@@ -350,6 +350,20 @@ def builder_vars(launched: Launched, view: PoolView) -> dict[str, Any]:
     }
 
 
+def remove_images(cluster: Cluster, state: State, builder: Builder) -> list[str]:
+    """Every image of the cluster's elastic pools on this cloud, and the records of them (what
+    destroy does once the stack is gone): what was removed."""
+    removed = []
+    made = records(state)
+    for view in elastic_pools(cluster, builder.cloud):
+        removed += builder.prune(view.name, _tags(cluster, view.name), keep="")
+        made.pop(view.name, None)
+    (state.dir / RECORDS).unlink(missing_ok=True)
+    for record in made.values():
+        save_record(state, record)  # another cloud's
+    return removed
+
+
 def wait_for_ssh(address: str, user: str, timeout: float = SSH_WAIT_S) -> None:
     """Until sshd answers at the address (a cloud image's first boot takes a minute or two)."""
     import socket
