@@ -66,8 +66,10 @@ def records(state: State) -> dict[str, ImageRecord]:
 
 
 def save_record(state: State, record: ImageRecord) -> None:
-    found = records(state)
-    found[record.pool] = record
+    _write_records(state, {**records(state), record.pool: record})
+
+
+def _write_records(state: State, found: dict[str, ImageRecord]) -> None:
     doc = {pool: asdict(r) for pool, r in sorted(found.items())}
     (state.dir / RECORDS).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
@@ -160,9 +162,8 @@ def wanted(
     return out
 
 
-def estimate_s(view: PoolView, state: State) -> float:
+def estimate_s(view: PoolView, record: ImageRecord | None) -> float:
     """How long the pool's build may take: its last one, or a rough figure."""
-    record = records(state).get(view.name)
     return record.seconds if record else ESTIMATE_S[view.profile.gpu is not None]
 
 
@@ -173,7 +174,7 @@ def plan_lines(cluster: Cluster, cloud: str, files: dict[str, str], state: State
     lines = []
     for view in elastic_pools(cluster, cloud):
         if view.name in todo:
-            minutes = round(estimate_s(view, state) / 60)
+            minutes = round(estimate_s(view, made.get(view.name)) / 60)
             lines.append(
                 f"{cloud} pool {view.name}: image would be built ({todo[view.name].why}; "
                 f"about {minutes} min: a builder instance, the compute roles, the capture)"
@@ -358,9 +359,7 @@ def remove_images(cluster: Cluster, state: State, builder: Builder) -> list[str]
     for view in elastic_pools(cluster, builder.cloud):
         removed += builder.prune(view.name, _tags(cluster, view.name), keep="")
         made.pop(view.name, None)
-    (state.dir / RECORDS).unlink(missing_ok=True)
-    for record in made.values():
-        save_record(state, record)  # another cloud's
+    _write_records(state, made)  # another cloud's records stay
     return removed
 
 
