@@ -805,7 +805,11 @@ def test_node_stopped_mid_apply(
     assert proc.returncode == 1, out[-2000:] + err
     assert "apply failed on: compute002" in err
     hosts = _report(work)["hosts"]
-    assert hosts["compute002"]["unreachable"] >= 1
+    # stopped between two tasks the node is unreachable; stopped inside one (its command killed
+    # with the container) that task fails first: either way it is lost and ends there
+    lost = hosts["compute002"]
+    assert lost["unreachable"] + lost["failed"] >= 1, lost
+    assert lost["ok"] < hosts["compute001"]["ok"], (lost, hosts["compute001"])
     for done in ("head001", "compute001"):
         assert hosts[done]["failed"] == 0 and hosts[done]["unreachable"] == 0, hosts[done]
         assert hosts[done]["ok"] >= 29  # they ran to the end of the play
