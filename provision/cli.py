@@ -210,6 +210,7 @@ def plan(
     from provision.drain import running_jobs
     from provision.head import Handle
     from provision.plan import ask_leaving_jobs, make_plan, plan_json
+    from provision.providers.cloud import refuse_recarve
     from provision.render import read_render
     from provision.state import State
     from provision.views import print_plan
@@ -219,6 +220,7 @@ def plan(
     root = _state_root(state_dir, spec)
     state = State(root, loaded.name)
     refuse_unsupported_changes(spec, read_render(state.applied), cluster)
+    refuse_recarve(spec, state, cluster)
     p = make_plan(cluster, state)
     head = Handle(spec, loaded, cluster, state)  # asked only when nodes with jobs would leave
     ask_leaving_jobs(p, lambda nodes: running_jobs(head, nodes))

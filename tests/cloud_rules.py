@@ -6,7 +6,9 @@ and returns why the cloud would refuse it, if it would.
 Sources, each rule: EC2's CreateSecurityGroup and IpPermission (GroupDescription and rule
 descriptions: a-zA-Z0-9, spaces and ._-:/()#,@[]+=&;{}!$*, at most 255 characters); EC2's
 launch templates (a public address cannot be asked for on a template with several network
-interfaces: InvalidParameterCombination); Compute Engine's resource names (RFC 1035: a
+interfaces: InvalidParameterCombination); EC2's way out (an Elastic IP in a VPC, a public NAT
+gateway with a subnet and an Elastic IP's allocation ID, each route with exactly one target);
+Compute Engine's resource names (RFC 1035: a
 lower-case letter, then lower-case letters, digits and '-', not ending with '-', at most 63;
 Pulumi's auto-naming adds '-' and 7 characters) and zonal instances (a zone is required); Azure's
 Marketplace images that carry a purchase plan (the VM must name the plan) and encryption at host
@@ -59,6 +61,8 @@ def refusals(typ: str, name: str, inputs: dict[str, Any]) -> list[str]:
         return _aws_security_group(inputs)
     if typ == "aws:ec2/launchTemplate:LaunchTemplate":
         return _aws_launch_template(inputs)
+    if typ in ("aws:ec2/natGateway:NatGateway", "aws:ec2/routeTable:RouteTable", "aws:ec2/eip:Eip"):
+        return _aws_way_out(typ, name, inputs)
     if typ.startswith("aws:iam/") or typ.startswith("aws:secretsmanager/"):
         return _aws_identity(typ, inputs)
     if typ == "gcp:serviceaccount/account:Account":
@@ -119,6 +123,42 @@ def _aws_launch_template(inputs: dict[str, Any]) -> list[str]:
             "Capacity Block's reservation ID (InvalidParameterCombination)"
         )
     return problems
+
+
+ROUTE_TARGETS = (
+    "gatewayId",
+    "natGatewayId",
+    "networkInterfaceId",
+    "transitGatewayId",
+    "vpcPeeringConnectionId",
+    "egressOnlyGatewayId",
+    "vpcEndpointId",
+    "carrierGatewayId",
+    "localGatewayId",
+    "coreNetworkArn",
+)
+
+
+def _aws_way_out(typ: str, name: str, inputs: dict[str, Any]) -> list[str]:
+    if typ == "aws:ec2/eip:Eip":
+        domain = inputs.get("domain")
+        return [] if domain == "vpc" else [f"EC2 makes Elastic IPs in a VPC only, not {domain!r}"]
+    if typ == "aws:ec2/natGateway:NatGateway":
+        problems = []
+        if not inputs.get("subnetId"):
+            problems.append(f"EC2 refuses NAT gateway {name} without a subnet (MissingParameter)")
+        public = inputs.get("connectivityType", "public") == "public"
+        if public and not inputs.get("allocationId"):
+            problems.append(
+                f"EC2 refuses public NAT gateway {name} without an Elastic IP's allocation ID"
+            )
+        return problems
+    return [
+        f"EC2 refuses route {route.get('cidrBlock')} of {name}: a route names exactly one "
+        f"target, not {sorted(k for k in ROUTE_TARGETS if route.get(k))}"
+        for route in inputs.get("routes", [])
+        if sum(1 for k in ROUTE_TARGETS if route.get(k)) != 1
+    ]
 
 
 def _aws_identity(typ: str, inputs: dict[str, Any]) -> list[str]:

@@ -32,13 +32,16 @@ def free_port() -> int:
 
 
 class FakeEC2:
-    """Use as a context manager; `url` is the endpoint, `calls` counts actions, `fail` maps an
+    """Use as a context manager; `url` is the endpoint, `calls` counts actions (`requests` keeps
+    their parameters), `fail` maps an
     action to (code, message) to answer with instead, `rewrite` an action to (old, new): bytes
     of moto's answer replaced as EC2 would send them (what moto cannot make happen, such as EC2
     taking a spot instance back)."""
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
+        # each action's requests as EC2 gets them (query parameters: what moto may not keep)
+        self.requests: dict[str, list[dict[str, str]]] = {}
         self.fail: dict[str, tuple[str, str]] = {}
         self.rewrite: dict[str, tuple[bytes, bytes]] = {}
         self._moto_port = free_port()
@@ -81,8 +84,10 @@ class FakeEC2:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                action = urllib.parse.parse_qs(body.decode()).get("Action", ["?"])[0]
+                params = dict(urllib.parse.parse_qsl(body.decode()))
+                action = params.get("Action", "?")
                 fake.calls[action] += 1
+                fake.requests.setdefault(action, []).append(params)
                 if action in fake.fail:
                     code, message = fake.fail[action]
                     reply = ERROR.format(code=code, message=message, rid=f"fake-{action}")
@@ -132,18 +137,32 @@ class FakeEC2:
             aws_secret_access_key="testing",
         )
 
-    def launch_template(self, name: str, instance_type: str) -> str:
-        """What the cluster's stack makes for a pool: a VPC, a subnet, a launch template."""
+    def launch_template(self, name: str, instance_type: str, cards: int = 1) -> str:
+        """What the cluster's stack makes for a pool: a VPC, a subnet, a launch template; with
+        several network cards, an EFA on each (P5's: efa-only past the first), as aws.py lays
+        them out. Returns the subnet."""
         ec2 = self.client()
         vpc = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
         subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.20.128.0/20")["Subnet"]["SubnetId"]
         image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        interfaces: list[dict[str, Any]] = [{"DeviceIndex": 0, "SubnetId": subnet}]
+        if cards > 1:
+            interfaces = [
+                {
+                    "DeviceIndex": 0 if card == 0 else 1,
+                    "NetworkCardIndex": card,
+                    "InterfaceType": "efa" if card == 0 else "efa-only",
+                    "SubnetId": subnet,
+                    "DeleteOnTermination": True,
+                }
+                for card in range(cards)
+            ]
         ec2.create_launch_template(
             LaunchTemplateName=name,
             LaunchTemplateData={
                 "ImageId": image,
                 "InstanceType": instance_type,
-                "NetworkInterfaces": [{"DeviceIndex": 0, "SubnetId": subnet}],
+                "NetworkInterfaces": interfaces,
                 "MetadataOptions": {"HttpTokens": "required"},
             },
         )

@@ -210,7 +210,8 @@ def test_efa_and_nic_layout_per_type(made: Any) -> None:
         assert not any("associatePublicIpAddress" in n for n in nics)
     # each lasting node of those types is reached at an Elastic IP on its primary interface
     lasting = [n for v in _pools(cluster, "aws") for n in v.nodes if not n.elastic]
-    eips = rec.of("ec2/eip:Eip", none=not lasting)
+    # (the NAT gateways' own Elastic IPs, of private pools, aside: the test below)
+    eips = [e for e in rec.of("ec2/eip:Eip", none=True) if "networkInterface" in e.inputs]
     assert sorted(e.name for e in eips) == sorted(
         f"{cluster.spec.name}-{n.name}-eip" for n in lasting
     )
@@ -474,6 +475,14 @@ def test_the_rules_refuse_what_the_clouds_refuse() -> None:
     assert not cloud_rules.refusals(
         "aws:ec2/launchTemplate:LaunchTemplate", "c", {"networkInterfaces": nics[:1]}
     )
+    nat = "aws:ec2/natGateway:NatGateway"
+    assert cloud_rules.refusals(nat, "n", {"subnetId": "subnet-1"})  # public: needs an address
+    assert cloud_rules.refusals(nat, "n", {"allocationId": "eipalloc-1"})  # no subnet
+    assert not cloud_rules.refusals(nat, "n", {"subnetId": "s", "allocationId": "eipalloc-1"})
+    assert cloud_rules.refusals("aws:ec2/eip:Eip", "e", {})  # EC2-Classic's: gone
+    two = {"routes": [{"cidrBlock": "0.0.0.0/0", "gatewayId": "igw", "natGatewayId": "nat"}]}
+    assert cloud_rules.refusals("aws:ec2/routeTable:RouteTable", "r", two)
+    assert cloud_rules.refusals("aws:ec2/routeTable:RouteTable", "r", {"routes": [{}]})
     gcp = "gcp:compute/instanceFromTemplate:InstanceFromTemplate"
     assert cloud_rules.refusals(gcp, "n", {"name": "node1"})  # no zone
     assert not cloud_rules.refusals(gcp, "n", {"name": "node1", "zone": "us-central1-a"})
@@ -809,8 +818,82 @@ def test_one_subnet_over_the_range_where_the_pools_name_one_zone_or_none(made: A
     if len(zones) > 1:  # a slice each (the test above)
         assert len(subnets) == len(zones)
         return
+    from provision.providers.cloud.layout import layout
+
+    if any(p.private for p in layout(cluster, "aws", "").pools):
+        return  # a private pool's zone is split in two (the test below)
     (subnet,) = subnets
     assert subnet.inputs["cidrBlock"] == vpc.inputs["cidrBlock"]
+
+
+def test_multi_card_burst_nodes_go_out_through_a_nat_gateway() -> None:
+    """EC2 gives an instance of several network cards no public address, and its template
+    cannot ask one: an elastic pool of such a type (p5.48xlarge) starts in its zone's private
+    subnet, the second half of the zone's slice, whose one route out is a NAT gateway with an
+    Elastic IP in the zone's public subnet (the first half, routed to the internet gateway). A
+    pool of one card stays in the public subnet; the stack names the public subnet where the
+    private pool's image builder starts, and the subnets' ranges, which a running stack keeps."""
+    from provision.providers.cloud import component
+
+    spec = ROOT / "examples" / "hybrid-burst.yaml"
+    rec = Recorder()
+    pulumi.runtime.set_mocks(rec, preview=False)
+    cluster = Cluster(load_any(spec))
+    seen: dict[str, Any] = {}
+
+    @pulumi.runtime.test  # type: ignore[misc]
+    def program() -> Any:
+        built = component("aws", cluster, KEY)
+        return pulumi.Output.all(
+            pulumi.Output.from_input(built.subnets), pulumi.Output.from_input(built.builder_subnets)
+        ).apply(lambda pair: seen.update(subnets=pair[0], builders=pair[1]))
+
+    program()
+    assert rec.refused == [], rec.refused
+    subnets = {s.name: s for s in rec.of("ec2/subnet:Subnet")}
+    public, private = subnets["hybridburst-subnet"], subnets["hybridburst-private"]
+    assert (public.inputs["cidrBlock"], private.inputs["cidrBlock"]) == (
+        "10.31.0.0/17",
+        "10.31.128.0/17",
+    )
+    assert public.inputs["availabilityZone"] == private.inputs["availabilityZone"] == "us-east-1a"
+    assert public.inputs["mapPublicIpOnLaunch"] and not private.inputs["mapPublicIpOnLaunch"]
+    (nat,) = rec.of("ec2/natGateway:NatGateway")
+    (eip,) = rec.of("ec2/eip:Eip")
+    assert nat.inputs["subnetId"] == f"{public.name}-id"
+    assert nat.inputs["allocationId"] == f"{eip.name}-id"
+    tables = {t.name: t for t in rec.of("ec2/routeTable:RouteTable")}
+    links = {
+        a.inputs["subnetId"]: a.inputs["routeTableId"]
+        for a in rec.of("ec2/routeTableAssociation:RouteTableAssociation")
+    }
+
+    def way_out(subnet: Any) -> dict[str, Any]:
+        (table,) = [t for t in tables.values() if f"{t.name}-id" == links[f"{subnet.name}-id"]]
+        (route,) = table.inputs["routes"]
+        assert route["cidrBlock"] == "0.0.0.0/0"
+        return dict(route)
+
+    assert way_out(private) == {"cidrBlock": "0.0.0.0/0", "natGatewayId": f"{nat.name}-id"}
+    (igw,) = rec.of("ec2/internetGateway:InternetGateway")
+    assert way_out(public) == {"cidrBlock": "0.0.0.0/0", "gatewayId": f"{igw.name}-id"}
+    templates = {t.name: t for t in rec.of("LaunchTemplate")}
+    h100 = templates["hybridburst-awsh100-lt"].inputs["networkInterfaces"]
+    assert len(h100) == 32 and {n["subnetId"] for n in h100} == {f"{private.name}-id"}
+    assert not any("associatePublicIpAddress" in n for n in h100)
+    (l40s,) = templates["hybridburst-awsl40s-lt"].inputs["networkInterfaces"]
+    assert l40s["subnetId"] == f"{public.name}-id" and l40s["associatePublicIpAddress"] == "true"
+    assert seen["subnets"] == {
+        "hybridburst-subnet": "10.31.0.0/17",
+        "hybridburst-private": "10.31.128.0/17",
+    }
+    assert seen["builders"] == {"awsh100": f"{public.name}-id"}
+    # the pool's template from the spec alone, for plan
+    from provision.providers.cloud.layout import describe, layout
+
+    text = "\n".join(describe(layout(cluster, "aws", "")))
+    assert "a private subnet 10.31.128.0/17 in us-east-1a going out through a NAT gateway" in text
+    assert "awsh100: 4 ingress rules" in text and "out through the NAT gateway" in text
 
 
 # --- what EC2 can give the pools, asked before anything is made ---------------------------------
@@ -1315,3 +1398,37 @@ def test_the_heads_credentials_are_kept_apart_from_the_outputs(tmp_path: Path) -
     # a stack without the user any more (a head moved into AWS): the file goes
     keep_credentials({"nodes": {}}, state, "aws")
     assert not path.exists()
+
+
+def test_a_running_stacks_subnets_keep_their_ranges(tmp_path: Path) -> None:
+    """A spec that would change the range of a subnet the running AWS stack has (here the first
+    elastic pool of several network cards, whose zone then splits in two) is refused by plan at
+    the pool, before anything changes: EC2 cannot change a subnet's range, and Pulumi would fail
+    midway (the new subnet overlaps the old one). The ranges the stack has pass."""
+    from provision.providers.cloud import outputs_file, refuse_recarve
+    from provision.state import State
+
+    spec = ROOT / "examples" / "hybrid-burst.yaml"
+    cluster = Cluster(load_any(spec))
+    state = State(tmp_path, cluster.spec.name)
+    state.ensure()
+    saved = outputs_file(state, "aws")
+    saved.write_text(json.dumps({"nodes": {}, "subnets": {"hybridburst-subnet": "10.31.0.0/16"}}))
+    done = provision("plan", str(spec), "--state-dir", str(tmp_path))
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"{spec}:59: pools[3]: the running AWS stack's subnets would change")
+    assert "hybridburst-subnet 10.31.0.0/16 -> 10.31.0.0/17" in line
+    assert "Traceback" not in done.stderr
+    saved.write_text(
+        json.dumps(
+            {
+                "nodes": {},
+                "subnets": {
+                    "hybridburst-subnet": "10.31.0.0/17",
+                    "hybridburst-private": "10.31.128.0/17",
+                },
+            }
+        )
+    )
+    refuse_recarve(spec, state, cluster)  # as made: nothing to refuse

@@ -35,6 +35,8 @@ SPEC = ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml"
 POOL = "awsh100"
 # moto's own stock images: Canonical's account, an older name than the stack's pattern
 STOCK = ("099720109477", "ubuntu/images/hvm-ssd/ubuntu-*")
+# the public subnet where the private pool's builder starts (the stack's builder_subnets output)
+PUBLIC: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +68,12 @@ def ec2(fake: FakeEC2, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     name = cloud_template("burst", POOL)
     for t in client.describe_launch_templates()["LaunchTemplates"]:
         client.delete_launch_template(LaunchTemplateId=t["LaunchTemplateId"])
-    fake.launch_template(name, "p5.48xlarge")
+    private = fake.launch_template(name, "p5.48xlarge", cards=32)
+    # the zone's public subnet, where the stack has this private pool's builder start
+    vpc = client.describe_subnets(SubnetIds=[private])["Subnets"][0]["VpcId"]
+    PUBLIC[POOL] = client.create_subnet(VpcId=vpc, CidrBlock="10.20.0.0/20")["Subnet"]["SubnetId"]
     fake.calls.clear()
+    fake.requests.clear()
     fake.fail.clear()
     yield client
     fake.fail.clear()
@@ -84,7 +90,7 @@ def ec2(fake: FakeEC2, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 def _builder(cluster: Cluster, ec2: Any) -> Any:
     from provision.providers.cloud.builders import AwsBuilder
 
-    return AwsBuilder(cluster, ec2=ec2, stock=STOCK)
+    return AwsBuilder(cluster, ec2=ec2, stock=STOCK, subnets=PUBLIC)
 
 
 def _start(
@@ -182,6 +188,17 @@ def test_an_aws_pools_image_from_its_template_to_the_stack(
     (instance,) = _live(ec2)
     assert instance["InstanceId"] == launched.instance
     assert instance["InstanceType"] == "p5.48xlarge"
+    # a private pool's builder: the template's interfaces, one per network card, each moved to
+    # the zone's public subnet (the pool's nodes start in the private one)
+    (asked,) = fake.requests["RunInstances"]
+    nics = [
+        {k.split(".", 2)[2]: v for k, v in asked.items() if k.startswith(f"NetworkInterface.{i}.")}
+        for i in range(1, 33)
+    ]
+    assert [n["NetworkCardIndex"] for n in nics] == [str(card) for card in range(32)]
+    assert [n["InterfaceType"] for n in nics] == ["efa"] + ["efa-only"] * 31
+    assert {n["SubnetId"] for n in nics} == {PUBLIC[POOL]}
+    assert "NetworkInterface.33.DeviceIndex" not in asked
     stock = [
         i["ImageId"]
         for i in ec2.describe_images(Owners=[STOCK[0]])["Images"]
@@ -315,7 +332,7 @@ def test_a_builder_without_a_public_address_gets_an_elastic_ip(
 
             return strip
 
-    builder = AwsBuilder(cluster, ec2=NoPublic(ec2), stock=STOCK)
+    builder = AwsBuilder(cluster, ec2=NoPublic(ec2), stock=STOCK, subnets=PUBLIC)
     builds = images.cloud_builds(
         cluster, state, builder, lambda _: None, lambda: None, wait_ssh=lambda a, u: None
     )
@@ -386,8 +403,8 @@ def test_the_verb_says_what_it_cannot_build(tmp_path: Path) -> None:
 def test_an_elastic_aws_pool_of_one_network_card_is_accepted(tmp_path: Path) -> None:
     """What the spec takes now: an elastic AWS pool whose type has one network card (its nodes
     get a public address, their way out); plan says its image is to be made and how the heads
-    burst. A type of several cards, GCP's and Azure's elastic pools stay refused
-    (tests/data/bad_specs/67-, 132-)."""
+    burst; its builder starts where its nodes do (the template's own interface). GCP's and
+    Azure's elastic pools stay refused (tests/data/bad_specs/67-, 132-)."""
     spec = ROOT / "tests" / "data" / "cloud" / "aws-burst.yaml"
     done = provision("plan", str(spec), "--state-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr
@@ -403,6 +420,10 @@ def test_an_elastic_aws_pool_of_one_network_card_is_accepted(tmp_path: Path) -> 
     assert template.inputs["instanceType"] == "g6e.12xlarge"
     assert template.inputs["userData"] and template.inputs["iamInstanceProfile"]
     assert [u.inputs["name"] for u in rec.of("iam/user:User")] == ["awsburst-burst"]
+    from provision.providers.cloud.builders import AwsBuilder
+
+    builder = AwsBuilder(Cluster(load_any(spec)), ec2=object(), subnets={})
+    assert builder._public_interfaces("awsl40s", "awsburst-awsl40s") == {}
 
 
 def test_a_spot_pool_launches_one_time_spot_instances(tmp_path: Path) -> None:

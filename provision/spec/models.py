@@ -637,8 +637,9 @@ class Pool(Model):
     elastic: bool = Field(
         default=False,
         description=(
-            "nodes are created when jobs wait and removed when idle (lab pools, and aws pools "
-            "of a type with one network card; gcp, azure: not supported yet)"
+            "nodes are created when jobs wait and removed when idle (lab and aws pools; a type "
+            "of several network cards starts in a private subnet behind a NAT gateway; gcp, "
+            "azure: not supported yet)"
         ),
     )
     capacity: Literal["on-demand", "spot"] = Field(

@@ -8,10 +8,8 @@ line never does.
 
 from __future__ import annotations
 
-from provision.spec.fabric import efa_count
 from provision.spec.models import Spec
 from provision.spec.nodes import Loc
-from provision.spec.profiles import load_profiles
 
 Problem = tuple[Loc, str]
 
@@ -47,7 +45,6 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                 "Ubuntu's packages; Rocky has none); leave monitoring out",
             )
         )
-    profiles = load_profiles(spec.profiles)
     for i, pool in enumerate(spec.pools):
         if not pool.elastic or pool.provider == "lab":
             continue
@@ -67,18 +64,6 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                     f"not supported yet: elastic {pool.provider} pools (no pool image is built "
                     f"for {pool.provider} yet: provision image build bakes AWS's and the lab's); "
                     "leave elastic out and size the pool with count",
-                )
-            )
-            continue
-        profile = profiles.get(pool.profile)
-        if profile is not None and efa_count(profile) > 1:
-            problems.append(
-                (
-                    at,
-                    "not supported yet: elastic aws pools of a type with several network cards "
-                    f"({profile.instance_type}: EC2 gives its instances no public address and no "
-                    "NAT gateway is built yet, so a new node has no way out to Secrets Manager or "
-                    "the tunnel's hub); leave elastic out and size the pool with count",
                 )
             )
     return problems

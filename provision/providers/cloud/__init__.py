@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.cluster import Cluster, compress
-from provision.errors import OperationError
+from provision.errors import OperationError, SpecError
 from provision.pki import TUNNEL_DIR
 from provision.providers.base import Defaults, ProviderPlan, planned_only
 from provision.secrets import MUNGE_KEY, create_once, write_private
@@ -327,6 +327,9 @@ def program(
         built = component(kind, cluster, ssh_public_key, munge_key, tunnel_keys, images)
         pulumi.export("nodes", built.nodes)
         pulumi.export("templates", built.templates)
+        if kind == "aws":  # a running stack's subnets keep their ranges (refused_recarve)
+            pulumi.export("subnets", built.subnets)
+            pulumi.export("builder_subnets", built.builder_subnets)
         credentials = getattr(built, "burst_credentials", None)
         if credentials is not None:  # a Pulumi secret: apply keeps it apart (create)
             pulumi.export(BURST_CREDENTIALS, credentials)
@@ -357,6 +360,43 @@ def addresses_from(
         if addrs.get(which):
             out[name] = ipaddress.IPv4Address(addrs[which])
     return out
+
+
+def refuse_recarve(spec_path: Path, state: State, cluster: Cluster) -> None:
+    """SpecError (exit 2, at the pool) where the spec would change the range of a subnet the
+    running AWS stack has (a zone added, or the first pool of a private zone): plan and apply
+    say it before anything is changed, as Pulumi would only fail midway (the new subnet
+    overlaps the old one, which holds the instances)."""
+    from provision.providers.cloud.layout import layout, refused_recarve
+    from provision.spec.validation import issue_at
+    from provision.spec.yamlfile import read_yaml
+
+    path = outputs_file(state, "aws")
+    pools = [i for i, p in enumerate(cluster.spec.pools) if p.provider == "aws"]
+    if not pools or not path.exists():
+        return
+    saved = json.loads(path.read_text()).get("subnets") or {}
+    shape = layout(cluster, "aws", "")
+    changed = refused_recarve(shape, saved)
+    if not changed:
+        return
+    private = {p.name for p in shape.pools if p.private}
+    spec = cluster.spec
+    at = next((i for i in pools if spec.pools[i].name in private), None)
+    at = at if at is not None else next((i for i in pools if spec.pools[i].zone), pools[0])
+    raise SpecError(
+        [
+            issue_at(
+                read_yaml(spec_path),
+                str(spec_path),
+                ["pools", at],
+                f"the running AWS stack's subnets would change range ({'; '.join(changed)}): "
+                "EC2 cannot change a subnet's range, and a new subnet beside it would overlap "
+                "it; keep the zones and the burst pools' types the stack was made with, or "
+                "destroy the cluster and apply it anew",
+            )
+        ]
+    )
 
 
 def _munge_key(state: State) -> bytes | None:
@@ -527,7 +567,10 @@ class CloudProvider(Defaults):
         def refresh() -> None:
             self.create(self.chosen(cluster), state)
 
-        return cloud_builds(cluster, state, AwsBuilder(cluster), self.log, refresh, pools)
+        path = outputs_file(state, self.kind)
+        subnets = json.loads(path.read_text()).get("builder_subnets") if path.exists() else None
+        builder = AwsBuilder(cluster, subnets=subnets)
+        return cloud_builds(cluster, state, builder, self.log, refresh, pools)
 
     def destroy(self, nodes: list[Node], state: State) -> list[str]:
         if not (state.dir / "pulumi").exists():

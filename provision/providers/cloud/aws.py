@@ -1,20 +1,21 @@
 """The cluster's AWS side as one Pulumi component: a VPC, a subnet per zone the pools name and the
-route to the internet, a key pair, and per pool a security group from the cluster's rule set, a
-cluster placement group (GPU pools; or the pool's Capacity Reservation or Block, which holds the
-placement), a launch template (EFA interfaces where the type has them, encrypted root volume)
-and the pool's lasting instances. Burst nodes reuse the launch template.
+route to the internet (and, in a zone with burst nodes of a type with several network cards, a
+private subnet going out through a NAT gateway), a key pair, and per pool a security group from
+the cluster's rule set, a cluster placement group (GPU pools; or the pool's Capacity Reservation
+or Block, which holds the placement), a launch template (EFA interfaces where the type has them,
+encrypted root volume) and the pool's lasting instances. Burst nodes reuse the launch template.
 
 EC2's rules the program keeps (tests/cloud_rules.py holds them for the mocks): descriptions only
 in EC2's character set; no public address asked of a template with several network interfaces
 (InvalidParameterCombination): a lasting node of such a type gets an Elastic IP on its primary
-interface instead, as ParallelCluster gives its multi-card head node."""
+interface instead, as ParallelCluster gives its multi-card head node, and burst nodes of such a
+type start in the private subnet, as ParallelCluster puts multi-card compute nodes behind a NAT
+gateway; a public NAT gateway needs an Elastic IP and a subnet the internet gateway routes."""
 
 from __future__ import annotations
 
 import base64
-import ipaddress
 import json
-import math
 import re
 from typing import Any
 
@@ -23,24 +24,19 @@ import pulumi_aws as aws
 
 from provision.burst.config import TAG_CLUSTER, cloud_template, munge_secret, tunnel_secret
 from provision.providers.cloud.joining import pool_user_data
-from provision.providers.cloud.layout import IMAGES, ROOT_GB, CloudLayout, CloudPool
+from provision.providers.cloud.layout import (
+    IMAGES,
+    ROOT_GB,
+    CloudLayout,
+    CloudPool,
+    Subnet,
+    aws_subnets,
+)
 
 # the characters EC2 takes in a security group's and a rule's description
 _EC2_TEXT = re.compile(r"[^a-zA-Z0-9. _\-:/()#,@\[\]+=&;{}!$*]")
 # IMDSv2 answers a container on the node too: a PUT crosses one more hop (the bridge)
 _METADATA_HOPS = 2
-
-
-def zone_subnets(layout: CloudLayout) -> list[tuple[str | None, str]]:
-    """(zone, range) of each subnet: one per zone the pools name, in their order, each an equal
-    slice of the cloud's range; one subnet over the whole range where no pool names a zone."""
-    named: list[str | None] = list(dict.fromkeys(p.zone for p in layout.pools if p.zone))
-    zones = named or [None]
-    network = ipaddress.IPv4Network(layout.cidr)
-    if len(zones) == 1:
-        return [(zones[0], str(network))]
-    slices = network.subnets(prefixlen_diff=math.ceil(math.log2(len(zones))))
-    return [(zone, str(part)) for zone, part in zip(zones, slices, strict=False)]
 
 
 def ec2_text(text: str) -> str:
@@ -83,26 +79,38 @@ class AwsCluster(pulumi.ComponentResource):
             opts=here,
         )
         # a subnet per zone the pools name, each a slice of the range; pools without a zone
-        # share the first (EC2 picks its zone where no pool names one)
+        # share the first (EC2 picks its zone where no pool names one); a zone with a private
+        # pool also a private subnet, whose way out is a NAT gateway in the zone's public one
         subnets: dict[str | None, aws.ec2.Subnet] = {}
-        for i, (zone, cidr) in enumerate(zone_subnets(layout)):
-            name = layout.name("subnet") if i == 0 else layout.name("subnet", str(zone))
-            subnets[zone] = aws.ec2.Subnet(
-                name,
+        private: dict[str | None, aws.ec2.Subnet] = {}
+        self.subnets: dict[str, str] = {}  # name -> range: a running stack's are kept
+        for carved in aws_subnets(layout):
+            made = aws.ec2.Subnet(
+                carved.name,
                 vpc_id=vpc.id,
-                cidr_block=cidr,
-                availability_zone=zone,
-                map_public_ip_on_launch=True,
-                tags={**tags, "Name": name},
+                cidr_block=carved.cidr,
+                availability_zone=carved.zone,
+                map_public_ip_on_launch=not carved.private,
+                tags={**tags, "Name": carved.name},
                 opts=here,
             )
+            self.subnets[carved.name] = carved.cidr
+            table = routes
+            if carved.private:
+                private[carved.zone] = made
+                table = _nat_routes(layout, carved, vpc, subnets[carved.zone], gateway, here)
+            else:
+                subnets[carved.zone] = made
             aws.ec2.RouteTableAssociation(
-                f"{layout.name('routes')}-{name.removeprefix(layout.cluster + '-')}",
-                subnet_id=subnets[zone].id,
-                route_table_id=routes.id,
+                f"{layout.name('routes')}-{carved.name.removeprefix(layout.cluster + '-')}",
+                subnet_id=made.id,
+                route_table_id=table.id,
                 opts=here,
             )
         first = next(iter(subnets.values()))
+        # where a private pool's image builder starts: the public subnet of its zone (the
+        # workstation reaches it at an Elastic IP)
+        self.builder_subnets: dict[str, pulumi.Output[str]] = {}
         key = aws.ec2.KeyPair(
             layout.name("key"),
             key_name=layout.name("key"),
@@ -122,7 +130,12 @@ class AwsCluster(pulumi.ComponentResource):
         self.secret = _munge_secret(layout, munge_key, tags, here) if layout.bursts else None
         self.node_roles: list[aws.iam.Role] = []  # the elastic pools' (the heads pass them on)
         for pool in layout.pools:
-            self._pool(layout, pool, vpc, subnets.get(pool.zone, first), key, image, here)
+            public = subnets.get(pool.zone, first)
+            zone = pool.zone if pool.zone in subnets else next(iter(subnets))
+            inside = private[zone] if pool.private else public
+            if pool.private:
+                self.builder_subnets[pool.name] = public.id
+            self._pool(layout, pool, vpc, inside, key, image, here)
         # what the heads' burst programs act as: the heads are never instances of the stack
         # (head pools stay on premises), so a user whose key apply puts on the heads
         self.burst_credentials: pulumi.Output[str] | None = None
@@ -131,7 +144,14 @@ class AwsCluster(pulumi.ComponentResource):
                 lambda arns: burst_policy(layout.cluster, arns)
             )
             self.burst_credentials = _burst_user(layout, policy, tags, here)
-        self.register_outputs({"nodes": self.nodes, "templates": self.templates})
+        self.register_outputs(
+            {
+                "nodes": self.nodes,
+                "templates": self.templates,
+                "subnets": self.subnets,
+                "builder_subnets": self.builder_subnets,
+            }
+        )
 
     def _pool(
         self,
@@ -263,6 +283,40 @@ class AwsCluster(pulumi.ComponentResource):
             "iam_instance_profile": aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=profile.arn),
             "user_data": data,
         }
+
+
+def _nat_routes(
+    layout: CloudLayout,
+    carved: Subnet,
+    vpc: aws.ec2.Vpc,
+    public: aws.ec2.Subnet,
+    gateway: aws.ec2.InternetGateway,
+    here: pulumi.ResourceOptions,
+) -> aws.ec2.RouteTable:
+    """A private subnet's way out: a NAT gateway with an Elastic IP in its zone's public
+    subnet (a public NAT gateway must live where the internet gateway routes), and the route
+    table that sends the private subnet's traffic to it. The nodes' tunnel to the head goes
+    out this way too (they dial the hub; its keepalive holds the NAT's mapping open)."""
+    tags = layout.tags()
+    suffix = carved.name.removeprefix(layout.cluster + "-")
+    address = aws.ec2.Eip(
+        layout.name(suffix, "nat"), domain="vpc", tags={**tags, "Name": carved.name}, opts=here
+    )
+    nat = aws.ec2.NatGateway(
+        layout.name(suffix, "nat"),
+        allocation_id=address.id,
+        subnet_id=public.id,
+        connectivity_type="public",
+        tags={**tags, "Name": carved.name},
+        opts=pulumi.ResourceOptions.merge(here, pulumi.ResourceOptions(depends_on=[gateway])),
+    )
+    return aws.ec2.RouteTable(
+        layout.name("routes", suffix),
+        vpc_id=vpc.id,
+        routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", nat_gateway_id=nat.id)],
+        tags=tags,
+        opts=here,
+    )
 
 
 def _role_and_profile(

@@ -9,7 +9,8 @@ volume), CreateImage with the image's and its snapshot's tags, the image waited 
 subnet, security group, placement and encrypted root volume), with the stock image and a user
 data that runs nothing of the join in place of the template's; a type of several network cards
 gets no public address from EC2, so the builder gets an Elastic IP on its primary interface, as
-the lasting nodes of such a type do.
+the lasting nodes of such a type do. Such a pool's nodes live in a private subnet (aws.py): its
+builder is started with the template's interfaces moved to the zone's public subnet.
 """
 
 from __future__ import annotations
@@ -36,11 +37,18 @@ class AwsBuilder:
     cloud = "aws"
 
     def __init__(
-        self, cluster: Cluster, ec2: Any = None, stock: tuple[str, str] | None = None
+        self,
+        cluster: Cluster,
+        ec2: Any = None,
+        stock: tuple[str, str] | None = None,
+        subnets: dict[str, str] | None = None,
     ) -> None:
+        """subnets: a private pool's -> the public subnet its builder starts in (the stack's
+        builder_subnets output)."""
         from provision.providers.cloud.layout import IMAGES
 
         self.cluster = cluster
+        self.subnets = subnets or {}
         self.region = next(
             (v.pool.region for v in cluster.pools if v.pool.provider == "aws" and v.pool.region),
             None,
@@ -95,12 +103,11 @@ class AwsBuilder:
         pairs = [{"Key": "Name", "Value": name}] + [
             {"Key": k, "Value": v} for k, v in sorted(tags.items())
         ]
+        template = cloud_template(self.cluster.spec.name, view.name)
         made = self._call(
             "run_instances",
-            LaunchTemplate={
-                "LaunchTemplateName": cloud_template(self.cluster.spec.name, view.name),
-                "Version": "$Latest",
-            },
+            LaunchTemplate={"LaunchTemplateName": template, "Version": "$Latest"},
+            **self._public_interfaces(view.name, template),
             ImageId=stock,
             UserData=BUILDER_USER_DATA,
             MinCount=1,
@@ -118,6 +125,38 @@ class AwsBuilder:
             self.remove(launched)  # nothing half-made stays
             raise
         return launched
+
+    def _public_interfaces(self, pool: str, template: str) -> dict[str, Any]:
+        """A private pool's builder: the template's interfaces (every network card, as its
+        nodes have them), each in the zone's public subnet, where the workstation reaches the
+        builder at an Elastic IP; RunInstances' interfaces replace the template's. Nothing for
+        the other pools."""
+        from provision.providers.cloud.layout import layout
+
+        shape = layout(self.cluster, "aws", "")
+        if not any(p.private for p in shape.pools if p.name == pool):
+            return {}
+        subnet = self.subnets.get(pool)
+        if not subnet:
+            raise OperationError(
+                f"aws: the stack names no public subnet for pool {pool}'s builder (a stack "
+                "made before private pools): run apply, then build again"
+            )
+        (version,) = self._call(
+            "describe_launch_template_versions",
+            LaunchTemplateName=template,
+            Versions=["$Latest"],
+        )["LaunchTemplateVersions"]
+        kept = ("DeviceIndex", "NetworkCardIndex", "InterfaceType", "Groups")
+        interfaces = [
+            {
+                **{k: nic[k] for k in kept if k in nic},
+                "SubnetId": subnet,
+                "DeleteOnTermination": True,
+            }
+            for nic in version["LaunchTemplateData"].get("NetworkInterfaces", [])
+        ]
+        return {"NetworkInterfaces": interfaces} if interfaces else {}
 
     def _instance(self, instance_id: str) -> dict[str, Any]:
         found = self._call("describe_instances", InstanceIds=[instance_id])["Reservations"]

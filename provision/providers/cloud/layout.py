@@ -4,6 +4,8 @@ files come from (one source, two enforcement points). Pure; no cloud SDK needed.
 
 from __future__ import annotations
 
+import ipaddress
+import math
 from dataclasses import dataclass
 
 from provision.burst.config import TAG_CLUSTER, TAG_POOL
@@ -78,6 +80,14 @@ class CloudPool:
     image: str | None = None
     spot: bool = False  # the cloud's spare capacity, taken back when the cloud needs it
 
+    @property
+    def private(self) -> bool:
+        """AWS: burst nodes of a type with several network cards. EC2 gives such an instance
+        no public address and a launch template cannot ask one, so the pool's template puts
+        them in its zone's private subnet, whose way out is a NAT gateway (a lasting node of
+        such a type gets an Elastic IP in the public subnet instead)."""
+        return self.join is not None and self.efa > 1
+
 
 @dataclass(frozen=True)
 class CloudLayout:
@@ -103,6 +113,55 @@ class CloudLayout:
     def name(self, *parts: str) -> str:
         """A resource name from the cluster and its place: burst-awsh100-lt."""
         return "-".join((self.cluster, *parts))
+
+
+@dataclass(frozen=True)
+class Subnet:
+    """One of an AWS stack's subnets: its resource name, zone (None: EC2 picks) and range."""
+
+    name: str
+    zone: str | None
+    cidr: str
+    private: bool  # behind the zone's NAT gateway, without public addresses
+
+
+def aws_subnets(shape: CloudLayout) -> list[Subnet]:
+    """The subnets of an AWS stack, carved from the cloud's range: one public subnet per zone
+    the pools name, in their order, each an equal slice (the whole range where they name one
+    zone or none; pools without a zone share the first). A zone holding a private pool splits
+    its slice: the public subnet takes the first half, the private one the second. A subnet's
+    range never changes on a running stack (refused_recarve)."""
+    named: list[str | None] = list(dict.fromkeys(p.zone for p in shape.pools if p.zone))
+    zones = named or [None]
+    private = {p.zone if p.zone in zones else zones[0] for p in shape.pools if p.private}
+    network = ipaddress.IPv4Network(shape.cidr)
+    slices = (
+        [network]
+        if len(zones) == 1
+        else list(network.subnets(prefixlen_diff=math.ceil(math.log2(len(zones)))))
+    )
+    out = []
+    for i, (zone, part) in enumerate(zip(zones, slices, strict=False)):
+        suffix = () if i == 0 else (str(zone),)
+        if zone not in private:
+            out.append(Subnet(shape.name("subnet", *suffix), zone, str(part), False))
+            continue
+        public, behind = part.subnets(prefixlen_diff=1)
+        out.append(Subnet(shape.name("subnet", *suffix), zone, str(public), False))
+        out.append(Subnet(shape.name("private", *suffix), zone, str(behind), True))
+    return out
+
+
+def refused_recarve(shape: CloudLayout, saved: dict[str, str]) -> list[str]:
+    """The subnets of a running AWS stack (saved: name -> range, the stack's last outputs)
+    whose range the spec would change: EC2 cannot change a subnet's range, Pulumi would make
+    it anew beside the old one (refused: the ranges overlap) and its instances with it."""
+    wanted = {s.name: s.cidr for s in aws_subnets(shape)}
+    return [
+        f"{name} {cidr} -> {wanted[name]}"
+        for name, cidr in sorted(saved.items())
+        if name in wanted and wanted[name] != cidr
+    ]
 
 
 def _ports(text: str) -> tuple[int, int]:
@@ -197,6 +256,13 @@ JOIN_IDENTITY = {
 def describe(shape: CloudLayout) -> list[str]:
     """What the cloud's stack holds, one line for the network and one per pool (for plan)."""
     lines = [f"{shape.provider}: {', '.join(NETWORK[shape.provider])} ({shape.cidr})"]
+    if shape.provider == "aws":
+        behind = [s for s in aws_subnets(shape) if s.private]
+        if behind:
+            lines[0] += "; " + ", ".join(
+                f"a private subnet {s.cidr}{f' in {s.zone}' if s.zone else ''}" for s in behind
+            )
+            lines[0] += " going out through a NAT gateway (an Elastic IP; it costs by the hour)"
     if shape.bursts:
         lines[0] += f"; the munge key in {SECRET_STORE[shape.provider]}"
     lines.append(
@@ -244,6 +310,8 @@ def describe(shape: CloudLayout) -> list[str]:
             parts[-1] += " with an Elastic IP each"  # EC2 gives multi-card ones no address
         if pool.elastic:
             parts.append(f"{pool.elastic} made when jobs wait")
+        if pool.private:  # EC2 gives multi-card ones no address
+            parts.append("in the private subnet, out through the NAT gateway")
         if pool.spot:
             parts.append("spot (reclaimed nodes are marked down, their jobs requeued)")
         lines.append(f"{shape.provider} pool {pool.name}: " + ", ".join(parts))
