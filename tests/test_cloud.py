@@ -22,6 +22,7 @@ import pytest
 from provision.burst.config import TAG_POOL
 from provision.cluster import Cluster
 from provision.errors import OperationError
+from provision.providers.cloud.layout import IMAGES
 from provision.render import render, render_inventory
 from provision.render.tunnel import tunnel_host_vars
 from provision.spec.fabric import cloud_infiniband
@@ -223,6 +224,9 @@ def test_efa_and_nic_layout_per_type(made: Any) -> None:
         nics = template.inputs["networkInterfaces"]
         assert len(nics) == 5 and {n["nicType"] for n in nics} == {"GVNIC"}  # a3-highgpu-8g
         assert template.inputs["scheduling"]["onHostMaintenance"] == "TERMINATE"
+        # no image of the pool's own made: the OS's public family
+        (family,) = IMAGES[cluster.spec.os]["gcp"]
+        assert template.inputs["disks"][0]["sourceImage"] == family
 
 
 def test_every_resource_names_its_cluster(made: Any) -> None:

@@ -228,7 +228,7 @@ def test_an_aws_pools_image_from_its_template_to_the_stack(
     record = images.records(state)[POOL]
     assert (record.cloud, record.digest, record.source) == ("aws", want.digest, launched.source)
     (image,) = ec2.describe_images(ImageIds=[record.image])["Images"]
-    assert image["Name"] == f"burst-{POOL}-{want.digest}"
+    assert image["Name"].startswith(f"burst-{POOL}-{want.digest}-20")  # and the build's time
     tags = {t["Key"]: t["Value"] for t in image["Tags"]}
     assert tags == {TAG_CLUSTER: "burst", TAG_POOL: POOL, images.TAG_INPUTS: want.digest}
     snapshots = [m["Ebs"]["SnapshotId"] for m in image["BlockDeviceMappings"]]
@@ -360,21 +360,20 @@ def test_the_stack_starts_a_pools_own_image_once_made() -> None:
     recorder = Recorder()
     pulumi.runtime.set_mocks(recorder, preview=False)
     cluster = Cluster(load_any(SPEC))
+    made = {POOL: "ami-0baked", GCP_POOL: "projects/p/global/images/burst-gcph100-0baked"}
 
     @pulumi.runtime.test  # type: ignore[misc]
     def program() -> Any:
-        made = {
-            k: component(k, cluster, "ssh-ed25519 AAAA test", images={POOL: "ami-0baked"})
-            for k in ("aws", "gcp")
+        built = {
+            k: component(k, cluster, "ssh-ed25519 AAAA test", images=made) for k in ("aws", "gcp")
         }
-        return pulumi.Output.all(*(m.templates for m in made.values()))
+        return pulumi.Output.all(*(m.templates for m in built.values()))
 
     program()
     (template,) = [t for t in recorder.of("LaunchTemplate") if t.name == "burst-awsh100-lt"]
     assert template.inputs["imageId"] == "ami-0baked"
-    # a pool without an image of its own starts the stock one (the mocks answer getAmi)
     (gcp,) = recorder.of("compute/instanceTemplate:InstanceTemplate")
-    assert gcp.inputs["disks"][0]["sourceImage"] == "ubuntu-os-cloud/ubuntu-2204-lts"
+    assert gcp.inputs["disks"][0]["sourceImage"] == made[GCP_POOL]
 
 
 def test_the_verb_says_what_it_cannot_build(tmp_path: Path) -> None:
@@ -467,3 +466,131 @@ def test_a_spot_pool_launches_one_time_spot_instances(tmp_path: Path) -> None:
     assert cost["usd_per_hour"] == 80.0  # 8 nodes, at most the on-demand price
     shown = provision("plan", str(spec), "--state-dir", str(tmp_path / "state"))
     assert "spot: the market's price, at most" in " ".join(shown.stdout.split())
+
+
+# --- GCP: the builder against Compute Engine at the HTTP layer (tests/fakegcp.py) ---------------
+
+GCP_POOL = "gcph100"
+
+
+def test_a_gcp_pools_image_from_its_template_to_the_stack(cluster: Cluster, state: State) -> None:
+    """The builder is made from the pool's instance template, its boot disk from the OS
+    family's newest image (the template's disk type, zonal as an instance names it), the
+    template's ssh-keys kept and a user data that runs no join; it is reached at its external
+    address; finish stops it, makes the image from its boot disk with the cluster's labels and
+    the digest, keeps the record, runs the stack again and deletes the builder. Made again, the
+    old image goes; destroy's removal takes the rest."""
+    from provision.burst import rest
+    from provision.providers.cloud.builders import GcpBuilder
+
+    from .fakegcp import PROJECT, TOKEN, FakeGCE
+
+    template = cloud_template("burst", GCP_POOL)
+    labels = {TAG_CLUSTER: "burst", TAG_POOL: GCP_POOL}
+    family = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"
+    with FakeGCE({template: labels}) as gce:
+        gce.template_properties[template] = {
+            "machineType": "a3-highgpu-8g",
+            "disks": [
+                {
+                    "boot": True,
+                    "autoDelete": True,
+                    "initializeParams": {
+                        "sourceImage": family,
+                        "diskSizeGb": "200",
+                        "diskType": "pd-ssd",
+                    },
+                }
+            ],
+            "metadata": {
+                "items": [
+                    {"key": "ssh-keys", "value": "ubuntu:ssh-ed25519 AAAA builder"},
+                    {"key": "user-data", "value": "#cloud-config\n# the pool's join\n"},
+                ]
+            },
+            "labels": labels,
+        }
+
+        def call(method: str, url: str, body: object = None) -> Any:
+            return rest.call(method, url, body, headers={"Authorization": f"Bearer {TOKEN}"})
+
+        builder = GcpBuilder(cluster, call=call, project=PROJECT, base=f"{gce.url}/compute/v1")
+        refreshed: list[int] = []
+
+        def start(pools: list[str] | None) -> Any:
+            reached: list[tuple[str, str]] = []
+            builds = images.cloud_builds(
+                cluster,
+                state,
+                builder,
+                lambda _: None,
+                lambda: refreshed.append(1),
+                pools,
+                wait_ssh=lambda address, user: reached.append((address, user)),
+            )
+            assert builds is not None
+            assert reached == [(builds.launched[0][0].address, "ubuntu")]
+            return builds
+
+        builds = start(None)  # no image yet: only the GCP pool of this cloud
+        ((launched, want),) = builds.launched
+        assert want.view.name == GCP_POOL
+        (body,) = gce.inserted
+        (disk,) = body["disks"]
+        assert disk["initializeParams"]["sourceImage"] == (
+            "projects/ubuntu-os-cloud/global/images/ubuntu-2204-lts-v20261201"
+        )
+        assert disk["initializeParams"]["diskType"] == (
+            f"projects/{PROJECT}/zones/us-central1-a/diskTypes/pd-ssd"
+        )
+        assert body["metadata"]["items"] == [
+            {"key": "ssh-keys", "value": "ubuntu:ssh-ed25519 AAAA builder"},
+            {"key": "user-data", "value": images.BUILDER_USER_DATA},
+        ]
+        assert body["labels"][images.TAG_BUILDER] == GCP_POOL
+        (insert,) = [
+            p
+            for m, p, _ in gce.requests
+            if m == "POST"
+            and p.endswith(
+                "sourceInstanceTemplate="
+                + f"projects/{PROJECT}/global/instanceTemplates/{template}"
+            )
+        ]
+        assert "/zones/us-central1-a/instances?" in insert
+        assert launched.address.startswith("198.51.100.")
+        assert json.loads(builds.inventory.read_text())["all"]["hosts"] == {
+            "gcp-h100-001": {
+                "ansible_host": launched.address,
+                "burst_image_builder": True,
+                "burst_image_cloud": "gcp",
+                "burst_image_remote": True,
+                "munge_key_install": False,
+                "slurm_start_daemons": False,
+                "mounts_filesystems": [],
+            }
+        }
+
+        builds.finish(state, ok=True)
+        record = images.records(state)[GCP_POOL]
+        (name,) = gce.images
+        assert name.startswith(f"burst-{GCP_POOL}-{want.digest}-20")  # and the build's time
+        assert record.image == f"projects/{PROJECT}/global/images/{name}"
+        assert (record.cloud, record.source) == ("gcp", launched.source)
+        assert gce.images[name]["labels"] == {**labels, images.TAG_INPUTS: want.digest}
+        assert gce.images[name]["sourceDisk"].endswith(f"/disks/{launched.instance}")
+        assert gce.instances == {} and refreshed == [1]  # the builder deleted, the stack again
+        assert not builds.inventory.exists()
+        assert images.wanted(cluster, "gcp", images.read_render(state.build), state) == []
+
+        again = start([GCP_POOL])
+        again.finish(state, ok=True)
+        newer = images.records(state)[GCP_POOL].image
+        assert [f"projects/{PROJECT}/global/images/{n}" for n in gce.images] == [newer]
+
+        failed = start([GCP_POOL])  # a failed converge: nothing captured, the builder gone
+        failed.finish(state, ok=False)
+        assert gce.instances == {} and images.records(state)[GCP_POOL].image == newer
+
+        assert images.remove_images(cluster, state, builder) == [newer]
+        assert gce.images == {} and GCP_POOL not in images.records(state)

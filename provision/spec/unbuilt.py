@@ -61,9 +61,15 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
             problems.append(
                 (
                     at,
-                    f"not supported yet: elastic {pool.provider} pools (no pool image is built "
-                    f"for {pool.provider} yet: provision image build bakes AWS's and the lab's); "
-                    "leave elastic out and size the pool with count",
+                    f"not supported yet: elastic {pool.provider} pools ("
+                    + (
+                        "the heads, outside GCP, have no credentials for its API yet: the burst "
+                        "programs take tokens only from its metadata server"
+                        if pool.provider == "gcp"
+                        else "no pool image is built for azure yet: provision image build bakes "
+                        "AWS's, GCP's and the lab's"
+                    )
+                    + "); leave elastic out and size the pool with count",
                 )
             )
     return problems

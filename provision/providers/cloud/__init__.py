@@ -562,15 +562,21 @@ class CloudProvider(Defaults):
         if self.kind not in BUILDERS:  # the spec refuses their elastic pools until then
             raise OperationError(f"{self.kind}: pool images are not built yet")
         check_ready(self.kind)  # the SDK, the CLI (the stack runs again after) and credentials
-        from provision.providers.cloud.builders import AwsBuilder
 
         def refresh() -> None:
             self.create(self.chosen(cluster), state)
 
+        return cloud_builds(cluster, state, self._builder(cluster, state), self.log, refresh, pools)
+
+    def _builder(self, cluster: Cluster, state: State) -> Any:
+        """This cloud's image builder (builders.py)."""
+        from provision.providers.cloud.builders import AwsBuilder, GcpBuilder
+
+        if self.kind == "gcp":
+            return GcpBuilder(cluster)
         path = outputs_file(state, self.kind)
         subnets = json.loads(path.read_text()).get("builder_subnets") if path.exists() else None
-        builder = AwsBuilder(cluster, subnets=subnets)
-        return cloud_builds(cluster, state, builder, self.log, refresh, pools)
+        return AwsBuilder(cluster, subnets=subnets)
 
     def destroy(self, nodes: list[Node], state: State) -> list[str]:
         if not (state.dir / "pulumi").exists():
@@ -580,10 +586,10 @@ class CloudProvider(Defaults):
         cluster = Cluster(self.spec)
         stack = self._stack(state, cluster, public_key(self.spec, state))
         stack.destroy(on_output=self.log)
-        if self.kind == "aws":  # the pools' images are not the stack's: removed here
-            from provision.providers.cloud.builders import AwsBuilder
-            from provision.providers.cloud.images import remove_images
+        from provision.providers.cloud.images import BUILDERS, elastic_pools, remove_images
 
-            for image in remove_images(cluster, state, AwsBuilder(cluster)):
+        if self.kind in BUILDERS and elastic_pools(cluster, self.kind):
+            # the pools' images are not the stack's: removed here
+            for image in remove_images(cluster, state, self._builder(cluster, state)):
                 self.log(f"destroy: {self.kind}: image {image} and its snapshots removed")
         return [n.name for n in nodes if not n.elastic]

@@ -243,3 +243,170 @@ class AwsBuilder:
                         self._call("delete_snapshot", SnapshotId=snapshot)
             removed.append(str(image["ImageId"]))
         return removed
+
+
+# Compute Engine's operations: how long a builder waits for one (an image of a 200 GB disk
+# takes minutes; operations/wait answers within about two)
+GCP_OPERATION_S = 1200
+
+
+class GcpBuilder:
+    """Compute Engine's part, through its REST API with the workstation's credentials (the
+    token of `gcloud auth application-default print-access-token`, as the stack's; the project
+    of GOOGLE_PROJECT), as Compute Engine's documentation has a custom image made: the builder
+    made from the pool's instance template (`instances.insert` with `sourceInstanceTemplate`;
+    the body's disks, metadata and labels take the template's place), its boot disk from the
+    OS family's newest image and a user data that runs nothing (the template's `ssh-keys` kept);
+    then stopped (a consistent disk), `images.insert` from its boot disk with the cluster's
+    labels, and deleted. GCP pools' nodes have an external address: the builder is reached
+    there."""
+
+    cloud = "gcp"
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        call: Any = None,
+        project: str | None = None,
+        base: str | None = None,
+    ) -> None:
+        import os
+
+        from provision.providers.cloud import ENV_GCP_ENDPOINT, GCE
+
+        self.cluster = cluster
+        self.project = (
+            project or os.environ.get("GOOGLE_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT")
+        )
+        if not self.project:
+            raise OperationError("gcp: no project for the image builds: set GOOGLE_PROJECT")
+        self.base = base or os.environ.get(ENV_GCP_ENDPOINT) or GCE
+        self._call_fn = call or self._rest
+
+    def _rest(self, method: str, url: str, body: object = None) -> Any:
+        from provision.burst import rest
+        from provision.providers.cloud import _cli_output
+
+        token = _cli_output(["gcloud", "auth", "application-default", "print-access-token"])
+        if token is None:
+            raise OperationError(
+                "gcp: no token from `gcloud auth application-default print-access-token`"
+            )
+        return rest.call(method, url, body, headers={"Authorization": f"Bearer {token}"})
+
+    def _call(self, method: str, path: str, body: object = None) -> Any:
+        from provision.burst.backend import BurstError
+
+        url = path if path.startswith("http") else f"{self.base}/{path}"
+        try:
+            return self._call_fn(method, url, body)
+        except (BurstError, OSError) as exc:
+            raise OperationError(f"gcp: {method} {path.split('?')[0]}: {one_line(exc)}") from None
+
+    def _zone(self, view_or_pool: str) -> str:
+        view = next(v for v in self.cluster.pools if v.name == view_or_pool)
+        if not view.pool.zone:
+            raise OperationError(f"gcp: pool {view.name} has no zone: set pools[].zone")
+        return f"projects/{self.project}/zones/{view.pool.zone}"
+
+    def _wait(self, operation: dict[str, Any], where: str) -> None:
+        import time
+
+        deadline = time.monotonic() + GCP_OPERATION_S
+        while operation.get("status") != "DONE":
+            if time.monotonic() > deadline:
+                raise OperationError(f"gcp: operation {operation.get('name')} still running")
+            operation = self._call("POST", f"{where}/operations/{operation['name']}/wait")
+        errors = (operation.get("error") or {}).get("errors") or []
+        if errors:
+            text = "; ".join(f"{e.get('code')}: {e.get('message', '')}" for e in errors[:2])
+            raise OperationError(f"gcp: {operation.get('operationType', 'operation')}: {text}")
+
+    def stock_image(self) -> str:
+        """The newest image of the OS's family (the stack's), as a path the API takes."""
+        from provision.providers.cloud.layout import IMAGES
+
+        (family_path,) = IMAGES[self.cluster.spec.os]["gcp"]
+        project, _, family = family_path.partition("/")
+        found = self._call("GET", f"projects/{project}/global/images/family/{family}")
+        return f"projects/{project}/global/images/{found['name']}"
+
+    def launch(self, view: PoolView, name: str, tags: dict[str, str]) -> Launched:
+        stock = self.stock_image()
+        zone = self._zone(view.name)
+        template = cloud_template(self.cluster.spec.name, view.name)
+        source = f"projects/{self.project}/global/instanceTemplates/{template}"
+        props = self._call("GET", source).get("properties", {})
+        disks = []
+        for disk in props.get("disks", []):
+            disk = {**disk, "initializeParams": dict(disk.get("initializeParams", {}))}
+            params = disk["initializeParams"]
+            if disk.get("boot"):
+                params["sourceImage"] = stock
+            kind = params.get("diskType")
+            if kind and "/" not in kind:  # a template names the type, an instance its zone's
+                params["diskType"] = f"{zone}/diskTypes/{kind}"
+            disks.append(disk)
+        items = [
+            i for i in (props.get("metadata") or {}).get("items", []) if i.get("key") != "user-data"
+        ]
+        items.append({"key": "user-data", "value": BUILDER_USER_DATA})
+        labels = {**props.get("labels", {}), **{k: v.lower() for k, v in tags.items()}}
+        body = {"name": name, "disks": disks, "metadata": {"items": items}, "labels": labels}
+        self._wait(
+            self._call("POST", f"{zone}/instances?sourceInstanceTemplate={source}", body), zone
+        )
+        launched = Launched(view.name, view.nodes[0].name, name, "", stock)
+        try:
+            instance = self._call("GET", f"{zone}/instances/{name}")
+            configs = (instance.get("networkInterfaces") or [{}])[0].get("accessConfigs") or [{}]
+            launched.address = str(configs[0].get("natIP", ""))
+            if not launched.address:
+                raise OperationError(f"gcp: builder {name} has no external address")
+            boot: dict[str, Any] = next((d for d in instance.get("disks", []) if d.get("boot")), {})
+            launched.extra["disk"] = str(boot.get("source", f"{zone}/disks/{name}"))
+            launched.extra["zone"] = zone
+        except BaseException:
+            self.remove(launched)  # nothing half-made stays
+            raise
+        return launched
+
+    def capture(self, launched: Launched, name: str, tags: dict[str, str]) -> str:
+        zone = launched.extra.get("zone") or self._zone(launched.pool)
+        self._wait(self._call("POST", f"{zone}/instances/{launched.instance}/stop"), zone)
+        where = f"projects/{self.project}/global"
+        body = {
+            "name": name,
+            "sourceDisk": launched.extra.get("disk", f"{zone}/disks/{launched.instance}"),
+            "description": f"pool {launched.pool} of cluster {self.cluster.spec.name}",
+            "labels": {k: v.lower() for k, v in tags.items()},
+        }
+        self._wait(self._call("POST", f"{where}/images", body), where)
+        return f"{where}/images/{name}"
+
+    def remove(self, launched: Launched) -> None:
+        zone = launched.extra.get("zone") or self._zone(launched.pool)
+        self._call("DELETE", f"{zone}/instances/{launched.instance}")  # its disk goes with it
+
+    def prune(self, pool: str, tags: dict[str, str], keep: str) -> list[str]:
+        """The pool's images other than `keep`, deleted."""
+        import urllib.parse
+
+        where = f"projects/{self.project}/global"
+        labels = " AND ".join(f'labels.{k}="{v.lower()}"' for k, v in sorted(tags.items()))
+        removed, token = [], ""
+        found: list[dict[str, Any]] = []
+        while True:
+            query = {"filter": labels, **({"pageToken": token} if token else {})}
+            page = self._call("GET", f"{where}/images?{urllib.parse.urlencode(query)}")
+            found += page.get("items", [])
+            token = page.get("nextPageToken", "")
+            if not token:
+                break
+        for image in found:
+            path = f"{where}/images/{image['name']}"
+            if path == keep:
+                continue
+            self._call("DELETE", path)
+            removed.append(path)
+        return removed

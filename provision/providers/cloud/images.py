@@ -36,7 +36,7 @@ from provision.state import State
 
 RECORDS = "images.json"
 # the clouds whose builder is made (builders.py)
-BUILDERS = frozenset({"aws"})
+BUILDERS = frozenset({"aws", "gcp"})
 IMAGE_INVENTORY = "cloud-image-hosts.yml"
 # the tag (label) an image carries: the digest of the inputs it was made from
 TAG_INPUTS = "provision-inputs"
@@ -214,9 +214,11 @@ class Builder(Protocol):
     def prune(self, pool: str, tags: dict[str, str], keep: str) -> list[str]: ...
 
 
-def image_name(cluster: str, pool: str, digest: str) -> str:
-    """An image's name every cloud takes: lower-case letters, digits and hyphens."""
-    return fit_name(f"{cluster}-{pool}-{digest}".lower())
+def image_name(cluster: str, pool: str, digest: str, built: str) -> str:
+    """An image's name every cloud takes: lower-case letters, digits and hyphens; one name per
+    build (built: its UTC time to the millisecond, digits only), since EC2 and Compute Engine
+    each refuse a second image of a name, and a build asked for again has the same inputs."""
+    return fit_name(f"{cluster}-{pool}-{digest}-{built}".lower())
 
 
 # What the builder's first boot does: nothing of the pool's join (the template's user data is
@@ -271,7 +273,10 @@ class CloudImageBuilds:
                     self.say(f"images: {self.cloud} pool {record.pool}: old image {old} removed")
 
     def _capture(self, state: State, launched: Launched, want: Wanted) -> ImageRecord:
-        name = image_name(self.cluster.spec.name, want.view.name, want.digest)
+        now = datetime.datetime.now(datetime.UTC)
+        name = image_name(
+            self.cluster.spec.name, want.view.name, want.digest, now.strftime("%Y%m%d%H%M%S%f")[:17]
+        )
         tags = {**_tags(self.cluster, want.view.name), TAG_INPUTS: want.digest}
         self.say(f"images: {self.cloud} pool {want.view.name}: capturing {name}")
         image = self.builder.capture(launched, name, tags)
@@ -282,7 +287,7 @@ class CloudImageBuilds:
             image=image,
             digest=want.digest,
             source=launched.source,
-            built=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            built=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
             seconds=round(took, 1),
         )
         save_record(state, record)  # kept at once: a later failure does not lose it
