@@ -8,6 +8,7 @@ descriptions: a-zA-Z0-9, spaces and ._-:/()#,@[]+=&;{}!$*, at most 255 character
 launch templates (a public address cannot be asked for on a template with several network
 interfaces: InvalidParameterCombination); EC2's way out (an Elastic IP in a VPC, a public NAT
 gateway with a subnet and an Elastic IP's allocation ID, each route with exactly one target);
+Compute Engine's Spot VMs (automaticRestart false, onHostMaintenance TERMINATE, preemptible);
 Compute Engine's resource names (RFC 1035: a
 lower-case letter, then lower-case letters, digits and '-', not ending with '-', at most 63;
 Pulumi's auto-naming adds '-' and 7 characters) and zonal instances (a zone is required); Azure's
@@ -212,6 +213,16 @@ def _gcp(typ: str, name: str, inputs: dict[str, Any]) -> list[str]:
         )
     if typ == "gcp:compute/instanceFromTemplate:InstanceFromTemplate" and not inputs.get("zone"):
         problems.append(f"Compute Engine refuses the instance {physical!r} without a zone")
+    scheduling = inputs.get("scheduling", {})
+    if scheduling.get("provisioningModel") == "SPOT" and (
+        scheduling.get("automaticRestart") is not False
+        or scheduling.get("onHostMaintenance") != "TERMINATE"
+        or scheduling.get("preemptible") is not True
+    ):
+        problems.append(
+            f"Compute Engine refuses the Spot VM scheduling of {physical!r}: no automatic "
+            "restart, terminated on host maintenance, preemptible"
+        )
     affinity = inputs.get("reservationAffinity", {})
     if affinity.get("type") == "SPECIFIC_RESERVATION":
         specific = affinity.get("specificReservation", {})

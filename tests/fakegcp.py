@@ -14,7 +14,9 @@ labels must keep Compute Engine's characters.
 
 from __future__ import annotations
 
+import base64
 import itertools
+import json
 import re
 import urllib.parse
 from typing import Any
@@ -44,6 +46,9 @@ class FakeGCE(JsonFake):
         self.template_properties: dict[str, dict[str, Any]] = {}  # what a GET of one answers
         self.images: dict[str, dict[str, Any]] = {}  # the project's own images
         self.inserted: list[dict[str, Any]] = []  # instances.insert bodies
+        self.preempted: list[str] = []  # Spot VMs Compute Engine took back (by name)
+        self.keys: dict[str, Any] = {}  # a service account's email -> its key's public half
+        self.assertions: list[dict[str, Any]] = []  # the claims of each JWT taken
         self.fail: tuple[str, str] | None = None
         self.refuse: tuple[int, str, str] | None = None
         self._ids = itertools.count(1)
@@ -76,6 +81,8 @@ class FakeGCE(JsonFake):
         self, method: str, path: str, headers: dict[str, str], body: Any
     ) -> tuple[int, Any]:
         url = urllib.parse.urlsplit(path)
+        if method == "POST" and url.path == "/token":
+            return self._token(body)
         if url.path.startswith("/computeMetadata/v1/"):
             if headers.get("Metadata-Flavor") != "Google":
                 return 403, {"error": "Missing Metadata-Flavor:Google header"}
@@ -100,6 +107,23 @@ class FakeGCE(JsonFake):
             return (200, self._ops[op.group(1)]) if op.group(1) in self._ops else (404, {})
         if method == "GET" and rest == "instances":
             return self._list(zone, urllib.parse.parse_qs(url.query))
+        if method == "GET" and rest == "operations":  # the zone's, by a filter on their type
+            text = urllib.parse.parse_qs(url.query).get("filter", [""])[0]
+            kind = re.fullmatch(r'operationType="([^"]+)"', text)
+            if not kind:
+                return self._error(400, "invalid", f"filter {text!r}")
+            items = [
+                {
+                    "name": f"systemevent-{i}",
+                    "operationType": kind.group(1),
+                    "targetLink": f"{self.url}/compute/v1/projects/{PROJECT}/zones/{zone}"
+                    f"/instances/{n}",
+                    "status": "DONE",
+                }
+                for i, n in enumerate(self.preempted)
+                if kind.group(1) == "compute.instances.preempted"
+            ]
+            return 200, {"items": items} if items else {}
         if method == "POST" and rest == "instances":
             return self._insert(zone, urllib.parse.parse_qs(url.query), body)
         one = re.fullmatch(r"instances/([^/]+)", rest)
@@ -167,6 +191,13 @@ class FakeGCE(JsonFake):
         return 200, page
 
     # --- what an image build asks (provision/providers/cloud/builders.py: GcpBuilder) ----------
+
+    def _token(self, form: Any) -> tuple[int, Any]:
+        claims = verify_assertion(str(form or ""), self.keys, f"{self.url}/token")
+        if isinstance(claims, str):
+            return 400, {"error": claims.partition(":")[0], "error_description": claims}
+        self.assertions.append(claims)
+        return 200, {"access_token": TOKEN, "expires_in": 3599, "token_type": "Bearer"}
 
     def _insert(self, zone: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
         """instances.insert from a template (sourceInstanceTemplate): the body's fields in the
@@ -274,3 +305,43 @@ def _label_problems(labels: dict[str, str]) -> list[str]:
         for k, v in labels.items()
         if not LABEL.fullmatch(k) or not LABEL_VALUE.fullmatch(v)
     ]
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def verify_assertion(form: str, keys: dict[str, Any], audience: str) -> dict[str, Any] | str:
+    """Google's token endpoint for a JWT bearer grant: the claims when the assertion is an
+    RS256 JWT signed by the key of its issuer, for this audience, asking a scope, at most an
+    hour long; else why not."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    fields = dict(urllib.parse.parse_qsl(form))
+    if fields.get("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer":
+        return "unsupported_grant_type"
+    parts = fields.get("assertion", "").split(".")
+    if len(parts) != 3:
+        return "invalid_grant: not a JWT"
+    header, claims = json.loads(_unb64(parts[0])), json.loads(_unb64(parts[1]))
+    if header.get("alg") != "RS256":
+        return "invalid_grant: not RS256"
+    key = keys.get(claims.get("iss"))
+    if key is None:
+        return "invalid_grant: no such account"
+    try:
+        key.verify(
+            _unb64(parts[2]),
+            f"{parts[0]}.{parts[1]}".encode(),
+            padding.PKCS1v15(),
+            hashes.SHA256(),
+        )
+    except InvalidSignature:
+        return "invalid_grant: Invalid JWT Signature."
+    if claims.get("aud") != audience or not claims.get("scope"):
+        return "invalid_grant: audience or scope"
+    if not 0 < claims["exp"] - claims["iat"] <= 3600:
+        return "invalid_grant: lifetime"
+    return dict(claims)

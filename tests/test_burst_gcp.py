@@ -5,6 +5,7 @@ shapes; a zone out of resources and a quota error as GCE reports them."""
 from __future__ import annotations
 
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -35,6 +36,8 @@ def gce(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGCE]:
     labels = {"provision-cluster": "burst", "provision-pool": POOL}
     with FakeGCE({"burst-gcph100": labels}) as fake:
         monkeypatch.setenv("PROVISION_GCP_ENDPOINT", fake.url)
+        # a head inside GCP: no key file installed, the metadata server's token
+        monkeypatch.setenv("PROVISION_GCP_CREDENTIALS", "/nonexistent/gcp-burst-credentials.json")
         yield fake
 
 
@@ -149,7 +152,9 @@ def test_reconcile_deletes_orphans_and_marks_vanished_nodes_down(
     log: list[str] = []
     nodes = [f"gcp-h100-00{i}" for i in range(1, 6)]  # five: two pages of three
     programs.resume(config, nodes, log.append)
-    del gce.instances[f"{ZONE}/gcp-h100-002"]  # reclaimed (preempted, deleted by hand)
+    del gce.instances[f"{ZONE}/gcp-h100-002"]  # deleted by hand
+    del gce.instances[f"{ZONE}/gcp-h100-003"]  # a Spot VM Compute Engine took back
+    gce.preempted.append("gcp-h100-003")
     (tmp_path / "states").write_text(
         "NodeName=gcp-h100-001 State=IDLE+CLOUD+POWERED_DOWN\n"
         "NodeName=gcp-h100-002 State=ALLOCATED+CLOUD\n"
@@ -162,12 +167,76 @@ def test_reconcile_deletes_orphans_and_marks_vanished_nodes_down(
     assert log == [
         "gcp-h100-001 reconcile: orphan removed (Slurm has it powered down)",
         "gcp-h100-002 reconcile: instance or container gone while Slurm has it up",
+        "gcp-h100-003 reconcile: spot VM preempted by Compute Engine while Slurm has it up",
         "gcp-h100-005 reconcile: orphan removed (Slurm has it powered down)",
         # the pool is remote: the hub drops the peers of the nodes with no instance now
         "gcp-h100-001 reconcile: tunnel peer removed (no instance)",
         "gcp-h100-002 reconcile: tunnel peer removed (no instance)",
+        "gcp-h100-003 reconcile: tunnel peer removed (no instance)",
         "gcp-h100-005 reconcile: tunnel peer removed (no instance)",
     ]
-    assert sorted(gce.instances) == [f"{ZONE}/gcp-h100-003", f"{ZONE}/gcp-h100-004"]
+    assert sorted(gce.instances) == [f"{ZONE}/gcp-h100-004"]
+    # the zone's preempted operations, asked once for the vanished nodes
+    (asked,) = [p for m, p, _ in gce.requests if m == "GET" and "/operations?" in p]
+    assert "compute.instances.preempted" in urllib.parse.unquote_plus(asked)
     assert len([p for m, p, _ in gce.requests if m == "GET" and "pageToken=" in p]) >= 1
-    assert "update NodeName=gcp-h100-002 State=DOWN" in scontrol.read_text()
+    said = scontrol.read_text()
+    assert "update NodeName=gcp-h100-002 State=DOWN" in said
+    assert "burst: node vanished (spot VM preempted by Compute Engine)" in said
+
+
+def test_a_head_outside_gcp_bursts_with_the_stacks_key(
+    config: BurstConfig,
+    gce: FakeGCE,
+    scontrol: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the burst account's key file installed (the burst role's, root's alone), the
+    backend signs a JWT with the key (openssl), takes a token for it at the key's token URI
+    and the project from the key; it never asks a metadata server (there is none outside
+    GCP), and no log line holds the key or the token. A key the endpoint refuses fails the
+    resume with the endpoint's reason."""
+    import json
+    import secrets
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    email = f"burst-burst-heads@{PROJECT}.iam.gserviceaccount.com"
+    path = tmp_path / "gcp-burst-credentials.json"
+    doc = {
+        "type": "service_account",
+        "project_id": PROJECT,
+        "private_key_id": secrets.token_hex(20),
+        "private_key": pem,
+        "client_email": email,
+        "token_uri": f"{gce.url}/token",
+    }
+    path.write_text(json.dumps(doc))
+    path.chmod(0o600)
+    monkeypatch.setenv("PROVISION_GCP_CREDENTIALS", str(path))
+    gce.keys[email] = key.public_key()
+    log: list[str] = []
+    assert programs.resume(config, ["gcp-h100-001"], log.append) == 0, log
+    assert sorted(gce.instances) == [f"{ZONE}/gcp-h100-001"]
+    (claims,) = gce.assertions
+    assert claims["iss"] == email
+    assert claims["scope"] == "https://www.googleapis.com/auth/cloud-platform"
+    assert claims["exp"] - claims["iat"] == 3600
+    assert not [p for _, p, _ in gce.requests if p.startswith("/computeMetadata/")]
+    text = "\n".join(log)
+    assert "PRIVATE KEY" not in text and "ya29" not in text
+    # another account's key (the stack's was replaced): the endpoint says no, the resume fails
+    other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    gce.keys[email] = other.public_key()
+    failed: list[str] = []
+    assert programs.resume(config, ["gcp-h100-002"], failed.append) != 0
+    assert "Invalid JWT Signature" in "\n".join(failed), failed
+    assert f"{ZONE}/gcp-h100-002" not in gce.instances

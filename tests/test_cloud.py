@@ -85,8 +85,12 @@ class Recorder(pulumi.runtime.Mocks):  # type: ignore[misc]
             # asked for as a list of IDs, answered as a map of them (with their principals)
             ids = out["identity"]["userAssignedIdentities"]
             out["identity"] = {**out["identity"], "userAssignedIdentities": dict.fromkeys(ids)}
+        elif args.typ == "gcp:serviceaccount/key:Key":  # the key file's JSON, base64
+            doc = {"type": "service_account", "private_key": "-----BEGIN PRIVATE KEY-----\n"}
+            out["privateKey"] = base64.b64encode(json.dumps(doc).encode()).decode()
         elif args.typ == "gcp:serviceaccount/account:Account":
             out["email"] = f"{args.inputs['accountId']}@lab-project.iam.gserviceaccount.com"
+            out["name"] = f"projects/lab-project/serviceAccounts/{out['email']}"
         elif args.typ == "azure-native:managedidentity:UserAssignedIdentity":
             out |= {"principalId": f"principal-{self.count}", "clientId": f"client-{self.count}"}
         elif args.typ == "azure-native:network:PublicIPAddress":
@@ -104,6 +108,8 @@ class Recorder(pulumi.runtime.Mocks):  # type: ignore[misc]
             owner = args.args["owners"][0]
             root = "/dev/xvda" if owner == "136693071363" else "/dev/sda1"
             return {"id": "ami-0123456789abcdef0", "rootDeviceName": root}
+        if args.token.startswith("gcp:") and args.token.endswith("getClientConfig"):
+            return {"project": "lab-project"}  # the project the stack runs in
         if args.token.endswith("getClientConfig"):  # who runs the stack, in Azure
             return {"tenantId": "tenant-1", "subscriptionId": "sub-1", "clientId": "c"}
         return {}
@@ -245,6 +251,9 @@ def test_every_resource_names_its_cluster(made: Any) -> None:
         "iam/accessKey:AccessKey",  # a key of a tagged user (IAM takes no tags on it)
         "secretVersion:SecretVersion",  # a version of a tagged secret
         "serviceaccount/account:Account",  # GCP service accounts take no labels
+        "serviceaccount/key:Key",  # nor their keys
+        "serviceaccount/iAMMember:IAMMember",  # a binding on an account
+        "projects/iAMMember:IAMMember",  # a binding in the project
         "secretIamMember:SecretIamMember",  # a binding on a labelled secret
         "authorization:RoleAssignment",  # Azure role assignments take no tags
     )
@@ -1281,7 +1290,9 @@ def test_elastic_gcp_and_azure_pools_join_by_their_identity_and_user_data() -> N
         munge,
         keys["gcph100"],
     ]
-    (account,) = rec.of("serviceaccount/account:Account")
+    account, heads = sorted(
+        rec.of("serviceaccount/account:Account"), key=lambda r: "heads" in r.name
+    )
     members = sorted(rec.of("secretIamMember:SecretIamMember"), key=lambda r: "tunnel" in r.name)
     email = f"{account.inputs['accountId']}@lab-project.iam.gserviceaccount.com"
     # the pool's service account reads these two secrets, each by its own binding, and no more
@@ -1295,6 +1306,28 @@ def test_elastic_gcp_and_azure_pools_join_by_their_identity_and_user_data() -> N
     assert template.inputs["serviceAccount"] == {"email": email, "scopes": ["cloud-platform"]}
     gcp_join = joined(template.inputs["metadata"]["user-data"])
     assert (gcp_join.cloud, gcp_join.secret) == ("gcp", "burst-munge-key")
+    # the heads (outside GCP) burst as an account of their own: Compute Engine's instance admin
+    # in the project, user of the pool's node account (to attach it), no secret of the cluster;
+    # its key a Pulumi secret, the key file's JSON
+    assert heads.inputs["accountId"] == "burst-burst-heads"
+    heads_member = f"serviceAccount:{heads.inputs['accountId']}@lab-project.iam.gserviceaccount.com"
+    (project_grant,) = rec.of("projects/iAMMember:IAMMember")
+    assert project_grant.inputs == {
+        "project": "lab-project",
+        "role": "roles/compute.instanceAdmin.v1",
+        "member": heads_member,
+    }
+    (uses,) = rec.of("serviceaccount/iAMMember:IAMMember")
+    assert uses.inputs == {
+        "serviceAccountId": f"projects/lab-project/serviceAccounts/{email}",
+        "role": "roles/iam.serviceAccountUser",
+        "member": heads_member,
+    }
+    assert all(m.inputs["member"] != heads_member for m in members)
+    (heads_key,) = rec.of("serviceaccount/key:Key")
+    assert heads_key.inputs["serviceAccountId"] == heads_member.replace(
+        "serviceAccount:", "projects/lab-project/serviceAccounts/"
+    )
 
     (vault,) = rec.of("keyvault:Vault")
     assert vault.inputs["properties"]["enableRbacAuthorization"] is True
@@ -1421,7 +1454,8 @@ def test_a_running_stacks_subnets_keep_their_ranges(tmp_path: Path) -> None:
     done = provision("plan", str(spec), "--state-dir", str(tmp_path))
     assert done.returncode == 2, done.stdout + done.stderr
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith(f"{spec}:59: pools[3]: the running AWS stack's subnets would change")
+    at = spec.read_text().splitlines().index("  - name: awsh100") + 1
+    assert line.startswith(f"{spec}:{at}: pools[3]: the running AWS stack's subnets would change")
     assert "hybridburst-subnet 10.31.0.0/16 -> 10.31.0.0/17" in line
     assert "Traceback" not in done.stderr
     saved.write_text(

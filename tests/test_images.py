@@ -402,8 +402,8 @@ def test_the_verb_says_what_it_cannot_build(tmp_path: Path) -> None:
 def test_an_elastic_aws_pool_of_one_network_card_is_accepted(tmp_path: Path) -> None:
     """What the spec takes now: an elastic AWS pool whose type has one network card (its nodes
     get a public address, their way out); plan says its image is to be made and how the heads
-    burst; its builder starts where its nodes do (the template's own interface). GCP's and
-    Azure's elastic pools stay refused (tests/data/bad_specs/67-, 132-)."""
+    burst; its builder starts where its nodes do (the template's own interface). Azure's
+    elastic pools stay refused (tests/data/bad_specs/67-)."""
     spec = ROOT / "tests" / "data" / "cloud" / "aws-burst.yaml"
     done = provision("plan", str(spec), "--state-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr
@@ -594,3 +594,47 @@ def test_a_gcp_pools_image_from_its_template_to_the_stack(cluster: Cluster, stat
 
         assert images.remove_images(cluster, state, builder) == [newer]
         assert gce.images == {} and GCP_POOL not in images.records(state)
+
+
+def test_an_elastic_gcp_pool_is_accepted(tmp_path: Path) -> None:
+    """The hybrid example's GCP H100 pool: plan says its image is to be made and which account
+    the heads burst as; its stack carries the heads' account and key (tests/test_cloud.py)."""
+    spec = ROOT / "examples" / "hybrid-burst.yaml"
+    done = provision("plan", str(spec), "--state-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "gcp pool gcph100: image would be built (no image yet; about 40 min" in text
+    assert "gcp: the heads burst as the service account hybridburst-burst-heads" in text
+    assert "gcp pool gcph100: burst nodes join by themselves" in text
+
+
+def test_a_gcp_spot_pool_makes_spot_vms_deleted_when_taken_back(tmp_path: Path) -> None:
+    """capacity: spot on a GCP pool: its instance template makes Spot VMs that Compute Engine
+    deletes when it takes them back (a resume makes anew), under its rules for their
+    scheduling (tests/cloud_rules.py); the reconciler says a preempted node so
+    (tests/test_burst_gcp.py)."""
+    pytest.importorskip("pulumi")
+    from . import cloud_rules
+    from .test_cloud import build
+
+    text = (ROOT / "examples" / "hybrid-burst.yaml").read_text()
+    spec = tmp_path / "gcp-spot.yaml"
+    old = "    zone: us-central1-a\n    count: 8\n    elastic: true\n"
+    assert old in text
+    spec.write_text(text.replace(old, old + "    capacity: spot\n"))
+    rec, _, _ = build(spec)
+    (template,) = rec.of("compute/instanceTemplate:InstanceTemplate")
+    assert template.inputs["scheduling"] == {
+        "provisioningModel": "SPOT",
+        "preemptible": True,
+        "instanceTerminationAction": "DELETE",
+        "automaticRestart": False,
+        "onHostMaintenance": "TERMINATE",
+    }
+    restarting = {**template.inputs["scheduling"], "automaticRestart": True}
+    bad = {**template.inputs, "scheduling": restarting}
+    assert cloud_rules.refusals("gcp:compute/instanceTemplate:InstanceTemplate", "t", bad)
+    done = provision("plan", str(spec), "--state-dir", str(tmp_path / "state"), "--json")
+    assert done.returncode == 0, done.stderr
+    (cost,) = [c for c in json.loads(done.stdout)["cost_usd_per_hour"] if c["pool"] == "gcph100"]
+    assert cost["spot"] is True

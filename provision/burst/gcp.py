@@ -1,8 +1,11 @@
 """Burst nodes as Compute Engine instances made from the pool's instance template (the
 cluster's Pulumi stack made it: machine type, image, gVNICs, placement policy, labels).
 
-The standard library only: the token and the project come from the head's service account
-through the metadata server, and the Compute API is plain JSON over HTTPS. A resume is one
+The standard library only: the token and the project come from the key file of the stack's
+burst account where apply installed one (a head outside GCP: CREDENTIALS; the token from a JWT
+signed with the key by openssl, as Google's OAuth 2.0 for server-to-server applications has it),
+else from the head's own service account through the metadata server; the Compute API is plain
+JSON over HTTPS. A resume is one
 bulkInsert for all the pool's requested nodes, each instance named as its node, all or nothing
 (minCount = count), then waits for the operation (bulkInsert reports a zone out of resources in
 its operation, not in its answer), then one list call for the addresses and one `scontrol
@@ -13,7 +16,10 @@ fake).
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import subprocess
 import time
 import urllib.parse
 from typing import Any
@@ -23,6 +29,14 @@ from provision.burst.backend import CAPACITY, Backend, BurstError, each, one_lin
 from provision.burst.config import Pool
 
 COMPUTE = "https://compute.googleapis.com/compute/v1"
+# the stack's burst account's key, where the burst role installs it (root's alone)
+CREDENTIALS = "/etc/provision/gcp-burst-credentials.json"
+SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+# a Spot VM that Compute Engine took back (its termination action deletes it)
+SPOT_PREEMPTED = "spot VM preempted by Compute Engine"
+# Google's access tokens last an hour: a key's is made again after 50 minutes
+KEY_TOKEN_S = 3000
 METADATA = "http://metadata.google.internal/computeMetadata/v1"
 CAPACITY_CODES = frozenset(
     {
@@ -47,11 +61,17 @@ class GcpBackend(Backend):
         base = os.environ.get("PROVISION_GCP_ENDPOINT")
         self.compute = f"{base}/compute/v1" if base else COMPUTE
         self.metadata = f"{base}/computeMetadata/v1" if base else METADATA
-        self.token = rest.Token(
-            f"{self.metadata}/instance/service-accounts/default/token",
-            {"Metadata-Flavor": "Google"},
-        )
         self._project: str | None = None
+        key = os.environ.get("PROVISION_GCP_CREDENTIALS", CREDENTIALS)
+        self.token: Any
+        if os.path.exists(key):
+            self.token = KeyToken(key)
+            self._project = self.token.project
+        else:
+            self.token = rest.Token(
+                f"{self.metadata}/instance/service-accounts/default/token",
+                {"Metadata-Flavor": "Google"},
+            )
 
     def _zone_url(self) -> str:
         if not self.cloud.zone:
@@ -150,12 +170,96 @@ class GcpBackend(Backend):
 
         return gone, each(nodes, remove)
 
+    def ended(self, nodes: list[str]) -> dict[str, str]:
+        """A Spot VM Compute Engine took back leaves a `compute.instances.preempted` operation
+        in its zone (its Spot VM guide finds them so), also once the VM is deleted."""
+        wanted = set(nodes)
+        out: dict[str, str] = {}
+        token = ""
+        while True:
+            query = {"filter": 'operationType="compute.instances.preempted"', "maxResults": "500"}
+            if token:
+                query["pageToken"] = token
+            page = self._call("GET", "operations?" + urllib.parse.urlencode(query))
+            for op in page.get("items", []):
+                node = str(op.get("targetLink", "")).rpartition("/")[2]
+                if node in wanted:
+                    out[node] = SPOT_PREEMPTED
+            token = page.get("nextPageToken", "")
+            if not token:
+                return out
+
     def states(self) -> dict[str, str]:
         return {
             name: "running" if item.get("status") == "RUNNING" else str(item.get("status"))
             for name, item in self._list().items()
             if name in self.pool.nodes
         }
+
+
+class KeyToken:
+    """A bearer token from a service account's key file: a JWT (RS256) with the account as its
+    issuer, the cloud-platform scope and the key's token URI as its audience, signed with the
+    key by openssl (the standard library has no RSA), exchanged at that URI; made again before
+    it expires. The key never leaves the process but for openssl's pipe."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+            self.email = str(doc["client_email"])
+            self.project = str(doc["project_id"])
+            self._key = str(doc["private_key"])
+            self.uri = str(doc.get("token_uri") or "https://oauth2.googleapis.com/token")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise BurstError(f"{path}: not a service account key file ({exc})") from None
+        self._value, self._until = "", 0.0
+
+    def __call__(self) -> str:
+        if time.monotonic() >= self._until:
+            now = int(time.time())
+            claims = {"iss": self.email, "scope": SCOPE, "aud": self.uri, "iat": now}
+            claims["exp"] = now + 3600
+            head = _b64url(json.dumps({"alg": "RS256", "typ": "JWT"}).encode())
+            body = _b64url(json.dumps(claims).encode())
+            signed = f"{head}.{body}"
+            assertion = f"{signed}.{_b64url(sign_rs256(signed.encode(), self._key))}"
+            form = urllib.parse.urlencode({"grant_type": JWT_BEARER, "assertion": assertion})
+            self._value = rest.form_token(self.uri, form)
+            self._until = time.monotonic() + KEY_TOKEN_S
+        return self._value
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def sign_rs256(data: bytes, pem: str) -> bytes:
+    """RSASSA-PKCS1-v1_5 with SHA-256 of `data` under the PEM key, by openssl, the key handed
+    over a pipe (never a file)."""
+    read, write = os.pipe()
+    try:
+        os.write(write, pem.encode())  # a key is far below a pipe's buffer
+        os.close(write)
+        write = -1
+        done = subprocess.run(
+            ["openssl", "dgst", "-sha256", "-sign", f"/dev/fd/{read}"],
+            input=data,
+            capture_output=True,
+            pass_fds=(read,),
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BurstError(f"openssl could not sign the token request: {exc}") from None
+    finally:
+        os.close(read)
+        if write >= 0:
+            os.close(write)
+    if done.returncode != 0 or not done.stdout:
+        why = (done.stderr.decode(errors="replace").strip().splitlines() or ["no signature"])[0]
+        raise BurstError(f"openssl could not sign the token request: {why[:200]}")
+    return done.stdout
 
 
 def _operation_error(operation: dict[str, Any]) -> str | None:

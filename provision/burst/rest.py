@@ -87,13 +87,16 @@ def call(
 
 
 def _error(raw: bytes) -> tuple[str, list[str]]:
-    """Both clouds answer {"error": {"code": ..., "message": ..., ("errors"|"details"): [...]}}."""
+    """Both clouds answer {"error": {"code": ..., "message": ..., ("errors"|"details"): [...]}};
+    their OAuth 2.0 token endpoints {"error": CODE, "error_description": ...} (RFC 6749 5.2)."""
     try:
-        error = json.loads(raw)["error"]
+        doc = json.loads(raw)
+        error = doc["error"]
     except (ValueError, KeyError, TypeError):
         return " ".join(raw.decode(errors="replace").split())[:200] or "no message", []
     if not isinstance(error, dict):
-        return str(error)[:200], []
+        said = f"{error}: {doc.get('error_description', '')}".rstrip(": ")
+        return " ".join(said.split())[:200], [str(error)]
     reasons = [str(error.get("code", ""))]
     for item in error.get("errors", []) + error.get("details", []):
         if isinstance(item, dict):

@@ -637,16 +637,17 @@ class Pool(Model):
     elastic: bool = Field(
         default=False,
         description=(
-            "nodes are created when jobs wait and removed when idle (lab and aws pools; a type "
-            "of several network cards starts in a private subnet behind a NAT gateway; gcp, "
-            "azure: not supported yet)"
+            "nodes are created when jobs wait and removed when idle (lab, aws and gcp pools; on "
+            "aws a type of several network cards starts in a private subnet behind a NAT "
+            "gateway; azure: not supported yet)"
         ),
     )
     capacity: Literal["on-demand", "spot"] = Field(
         default="on-demand",
-        description="how the cloud sells the pool's instances: on-demand, or spot (AWS Spot: "
-        "cheaper, and taken back when EC2 needs it; a reclaimed node is marked down and its job "
-        "requeued). Elastic aws pools only; gcp and azure: not supported yet",
+        description="how the cloud sells the pool's instances: on-demand, or spot (AWS Spot, "
+        "GCP Spot VMs: cheaper, and taken back when the cloud needs them; a reclaimed node is "
+        "marked down and its job requeued). Elastic aws and gcp pools only; azure: not "
+        "supported yet",
     )
     mig: list[MigProfile] | None = Field(
         default=None,

@@ -2,7 +2,8 @@
 per extra NIC, which GCP requires), firewall rules from the cluster's rule set, a compact
 placement policy for GPU pools (or, where the pool names a reservation, the template consumes
 that reservation and its placement), an instance template per pool (gVNIC, the extra NICs of
-a3, GPUs stop for host maintenance) and the pool's lasting instances."""
+a3, GPUs stop for host maintenance) and the pool's lasting instances; where a pool is elastic,
+the munge key's secret, each pool's node account, and the heads' burst account with its key."""
 
 from __future__ import annotations
 
@@ -98,10 +99,16 @@ class GcpCluster(pulumi.ComponentResource):
         self.nodes: dict[str, dict[str, pulumi.Output[str]]] = {}
         self.templates: dict[str, pulumi.Output[str]] = {}
         self.secret = _munge_secret(layout, munge_key, here) if layout.bursts else None
+        self.node_accounts: dict[str, gcp.serviceaccount.Account] = {}  # elastic pools'
         for pool in layout.pools:
             self._pool(
                 layout, pool, network, subnet, extra, IMAGES[layout.os_name]["gcp"][0], region, here
             )
+        # what the heads' burst programs act as: the heads are never instances of the stack
+        # (head pools stay on premises), so a service account whose key apply puts on them
+        self.burst_credentials: pulumi.Output[str] | None = None
+        if layout.bursts:
+            self.burst_credentials = _burst_account(layout, self.node_accounts, provider, here)
         self.register_outputs({"nodes": self.nodes, "templates": self.templates})
 
     def _pool(
@@ -160,10 +167,7 @@ class GcpCluster(pulumi.ComponentResource):
                 )
             ],
             network_interfaces=_interfaces(pool, subnet, extra),
-            scheduling=gcp.compute.InstanceTemplateSchedulingArgs(
-                on_host_maintenance="TERMINATE" if pool.gpus else "MIGRATE",
-                automatic_restart=True,
-            ),
+            scheduling=_scheduling(pool),
             resource_policies=policy_link,
             reservation_affinity=affinity,
             metadata=metadata,
@@ -206,6 +210,7 @@ class GcpCluster(pulumi.ComponentResource):
             display_name=f"{layout.cluster} pool {pool.name}: burst nodes",
             opts=here,
         )
+        self.node_accounts[pool.name] = account
         member = account.email.apply(lambda email: f"serviceAccount:{email}")
         gcp.secretmanager.SecretIamMember(
             _name(layout, pool.name, "munge"),
@@ -232,6 +237,68 @@ class GcpCluster(pulumi.ComponentResource):
         return gcp.compute.InstanceTemplateServiceAccountArgs(
             email=account.email, scopes=["cloud-platform"]
         )
+
+
+def _scheduling(pool: CloudPool) -> gcp.compute.InstanceTemplateSchedulingArgs:
+    """GPUs stop for host maintenance. A spot pool's instances are Spot VMs that Compute Engine
+    deletes when it takes them back (a resume makes anew), as its Spot VM guide has them: no
+    automatic restart, terminated on host maintenance."""
+    if pool.spot:
+        return gcp.compute.InstanceTemplateSchedulingArgs(
+            provisioning_model="SPOT",
+            preemptible=True,
+            instance_termination_action="DELETE",
+            automatic_restart=False,
+            on_host_maintenance="TERMINATE",
+        )
+    return gcp.compute.InstanceTemplateSchedulingArgs(
+        on_host_maintenance="TERMINATE" if pool.gpus else "MIGRATE",
+        automatic_restart=True,
+    )
+
+
+def _burst_account(
+    layout: CloudLayout,
+    node_accounts: dict[str, gcp.serviceaccount.Account],
+    provider: gcp.Provider,
+    here: pulumi.ResourceOptions,
+) -> pulumi.Output[str]:
+    """The heads' identity in GCP: a service account with Compute Engine's instance admin role
+    in the project (bulkInsert from the pools' templates, list, delete; IAM's conditions cannot
+    name instances by their labels, so the grant is the project's, as slurm-gcp's controller
+    has it) and the right to attach each elastic pool's node account to the instances it
+    makes, and a key of it: the key file's JSON, a Pulumi secret (encrypted in the state;
+    apply keeps it 0600 in the cluster's secrets, and the burst role installs it for root on
+    the heads)."""
+    account = gcp.serviceaccount.Account(
+        _name(layout, "burst-heads"),
+        account_id=account_id(layout, "burst-heads"),
+        display_name=f"{layout.cluster}: the heads' burst programs",
+        opts=here,
+    )
+    member = account.email.apply(lambda email: f"serviceAccount:{email}")
+    project = gcp.organizations.get_client_config_output(
+        opts=pulumi.InvokeOptions(provider=provider)
+    ).project
+    gcp.projects.IAMMember(
+        _name(layout, "burst-heads", "compute"),
+        project=project,
+        role="roles/compute.instanceAdmin.v1",
+        member=member,
+        opts=here,
+    )
+    for pool, node in node_accounts.items():
+        gcp.serviceaccount.IAMMember(
+            _name(layout, pool, "node", "user"),
+            service_account_id=node.name,
+            role="roles/iam.serviceAccountUser",
+            member=member,
+            opts=here,
+        )
+    key = gcp.serviceaccount.Key(
+        _name(layout, "burst-heads"), service_account_id=account.name, opts=here
+    )
+    return pulumi.Output.secret(key.private_key.apply(lambda text: base64.b64decode(text).decode()))
 
 
 def _munge_secret(

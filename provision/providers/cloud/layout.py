@@ -275,6 +275,12 @@ def describe(shape: CloudLayout) -> list[str]:
             "cluster's templates, name and end its own instances, pass the pools' node roles); "
             "its key kept 0600 in the cluster's secrets, root's ~/.aws/credentials on the heads"
         )
+    if shape.bursts and shape.provider == "gcp":
+        lines.append(
+            f"gcp: the heads burst as the service account {shape.name('burst-heads')} (Compute "
+            "Engine's instance admin in the project, user of the pools' node accounts); its key "
+            "kept 0600 in the cluster's secrets, root's alone on the heads"
+        )
     if shape.provider == "gcp":
         extra = max((p.extra_nics for p in shape.pools), default=0)
         if extra:
