@@ -112,6 +112,20 @@ def _start(
     return builds
 
 
+def _builder_host(address: str, cloud: str) -> dict[str, Any]:
+    """A remote pool's builder as the run's host: the pool's first node at the builder's
+    address, made an image: no munge key, slurmd left to the join, no mounts."""
+    return {
+        "ansible_host": address,
+        "burst_image_builder": True,
+        "burst_image_cloud": cloud,
+        "burst_image_remote": True,
+        "munge_key_install": False,
+        "slurm_start_daemons": False,
+        "mounts_filesystems": [],
+    }
+
+
 def _live(ec2: Any) -> list[dict[str, Any]]:
     return [
         i
@@ -212,17 +226,7 @@ def test_an_aws_pools_image_from_its_template_to_the_stack(
     assert tags[images.TAG_BUILDER] == POOL
     assert builds.hosts == ["aws-h100-001"]  # the pool's first node: its groups and variables
     inventory = json.loads(builds.inventory.read_text())["all"]["hosts"]
-    assert inventory == {
-        "aws-h100-001": {
-            "ansible_host": launched.address,
-            "burst_image_builder": True,
-            "burst_image_cloud": "aws",
-            "burst_image_remote": True,
-            "munge_key_install": False,
-            "slurm_start_daemons": False,
-            "mounts_filesystems": [],
-        }
-    }
+    assert inventory == {"aws-h100-001": _builder_host(launched.address, "aws")}
 
     builds.finish(state, ok=True)
     record = images.records(state)[POOL]
@@ -560,15 +564,7 @@ def test_a_gcp_pools_image_from_its_template_to_the_stack(cluster: Cluster, stat
         assert "/zones/us-central1-a/instances?" in insert
         assert launched.address.startswith("198.51.100.")
         assert json.loads(builds.inventory.read_text())["all"]["hosts"] == {
-            "gcp-h100-001": {
-                "ansible_host": launched.address,
-                "burst_image_builder": True,
-                "burst_image_cloud": "gcp",
-                "burst_image_remote": True,
-                "munge_key_install": False,
-                "slurm_start_daemons": False,
-                "mounts_filesystems": [],
-            }
+            "gcp-h100-001": _builder_host(launched.address, "gcp")
         }
 
         builds.finish(state, ok=True)
