@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from provision.burst import programs
+from provision.burst import programs, slurm
 from provision.burst.aws import UNNAMED_GRACE_S, AwsBackend
 from provision.burst.backend import BurstError
 from provision.burst.config import TAG_NODE, BurstConfig, parse_config
@@ -326,3 +326,20 @@ def test_a_reclaimed_spot_node_is_marked_down_saying_so(
     assert log[0] == f"aws-h100-014 reconcile: {SPOT_RECLAIMED} while Slurm has it up"
     last = [line for line in scontrol.read_text().splitlines() if "State=DOWN" in line][-1]
     assert f"Reason=burst: node vanished ({SPOT_RECLAIMED})" in last
+    # its instance is gone for good: after the cooldown the name returns to the pool (idle~),
+    # or a pool would shrink by one with each reclaim
+    reason = f"burst: node vanished ({SPOT_RECLAIMED})"
+    (tmp_path / "states").write_text(
+        f"NodeName=aws-h100-014 State=DOWN+CLOUD Reason={reason} [root@2026-12-04T10:00:00]\n"
+    )
+    since = slurm.parse_reasons((tmp_path / "states").read_text())["aws-h100-014"][1]
+    log.clear()
+    assert programs.reconcile(config, log.append, now=since + config.cooldown - 1) == 0
+    assert log == []
+    assert programs.reconcile(config, log.append, now=since + config.cooldown) == 0
+    assert log == [
+        f"aws-h100-014 reconcile: cooldown of {config.cooldown}s over, powered down to idle~"
+    ]
+    assert scontrol.read_text().splitlines()[-1] == (
+        "update NodeName=aws-h100-014 State=POWER_DOWN_FORCE"
+    )

@@ -119,8 +119,16 @@ def power_down(nodes: list[str]) -> None:
 CAPACITY_REASON = "burst resume failed: capacity:"
 # Nodes not even asked for because their pool is out
 POOL_OUT_REASON = "burst pool out"
+# A node whose spot instance the cloud took back (programs.reconcile: "burst: node vanished
+# (spot ...)"): its instance is gone for good, so the name returns to the pool
+SPOT_REASON = "burst: node vanished (spot "
 # Reasons the burst programs give a node they took out; after the cooldown it is returned.
-COOLDOWN_REASONS = ("burst resume failed", "burst: no slurmd registration", POOL_OUT_REASON)
+COOLDOWN_REASONS = (
+    "burst resume failed",
+    "burst: no slurmd registration",
+    POOL_OUT_REASON,
+    SPOT_REASON,
+)
 
 
 # A node Slurm counts on being there: neither powered down nor on its way up or down.
