@@ -2,7 +2,9 @@
 (render/userdata.py): against moto's Secrets Manager and EC2 in server mode with the real boto3,
 and against HTTP fakes of each cloud's metadata service, GCP's Secret Manager and Azure's Key
 Vault, laid out as each cloud documents them. The node's files are a folder here and systemctl
-and nft are recorded; the live boot path (cloud-init in a lab container) is not built yet."""
+and nft are recorded; the live boot path (cloud-init in a lab container) is
+tests/integration/test_burst.py's. A spot node's watch for its cloud's reclaim notice against the
+same metadata fakes, its scontrol a stand-in."""
 
 from __future__ import annotations
 
@@ -177,7 +179,9 @@ def _joined(node: Node, name: str, config: JoinConfig, lines: list[str]) -> None
         *(["join tunnel"] if tunnel else []),
         "join names",
         "join slurmd",
+        "join spot",
     ]
+    assert "not a spot instance: nothing to watch" in lines[-1]  # on-demand: no watch
     said = "\n".join(lines)
     assert KEY.hex() not in said and base64.b64encode(KEY).decode() not in said
     if tunnel:
@@ -506,3 +510,108 @@ def test_a_refused_identity_is_asked_again_until_its_grant_arrives(answers: Answ
     with pytest.raises(BurstError, match=r"HTTP 404"):
         joining.fetch_key(config, metadata, poll_s=0)
     assert [p for _, p, _ in answers.got].count(secret) == 1
+
+
+# --- a spot node's watch for its cloud's reclaim notice (provision/burst/notice.py) -----------
+
+
+def test_a_spot_node_starts_its_watch_and_marks_itself_down_on_ec2s_notice(
+    answers: Answers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EC2's metadata says the instance is spot: the join starts the watch as a transient unit
+    (the wheel on its path). The watch looks at spot/instance-action every poll: nothing (404)
+    until EC2 posts the notice, then the node marks itself DOWN with EC2's words, a reason the
+    reconciler's cooldown takes back; an expired session token is made anew."""
+    from provision.burst import notice, slurm
+
+    _aws_imds(answers, "aws-h100-003")
+    answers.on("/latest/meta-data/instance-life-cycle", (200, "spot"))
+    node = Node(tmp_path / "root")
+    monkeypatch.setenv("PYTHONPATH", "/opt/provision/gpu-provision.whl")
+    config = _pool_config("aws")
+    metadata = Metadata("aws", answers.url)
+    # the key's and the tunnel's fetch are the other tests'
+    monkeypatch.setattr(joining, "fetch_key", lambda *a: KEY)
+    monkeypatch.setattr(joining, "fetch_secret", lambda *a: _tunnel_keys("aws-h100-003").encode())
+    lines: list[str] = []
+    node.join(config, metadata, lines)
+    assert node.calls[-1] == (
+        "systemd-run",
+        "--unit=provision-spot-notice",
+        "--property=Restart=on-failure",
+        "--property=RestartSec=5",
+        "--setenv=PYTHONPATH=/opt/provision/gpu-provision.whl",
+        "python3",
+        "-m",
+        "provision.burst",
+        "notice",
+    )
+    assert lines[-1].startswith("join spot: ok") and "provision-spot-notice" in lines[-1]
+
+    action = json.dumps({"action": "terminate", "time": "2026-12-04T21:40:00Z"})
+    answers.on(
+        "/latest/meta-data/spot/instance-action", (404, ""), (404, ""), (401, ""), (200, action)
+    )
+    marked: list[tuple[str, str]] = []
+    slept: list[float] = []
+    said: list[str] = []
+    why = notice.watch(
+        metadata,
+        "aws-h100-003",
+        said.append,
+        mark=lambda n, w: marked.append((n, w)),
+        sleep=slept.append,
+    )
+    assert why == "EC2 will terminate the instance at 2026-12-04T21:40:00Z"
+    assert marked == [("aws-h100-003", why)] and slept == [5, 5]
+    tokens = [p for m, p, _ in answers.got if m == "PUT"]
+    assert len(tokens) == 2  # the first session's, and one more after the 401
+    # the reason the node gives itself, through root's scontrol (slurmd's cached configuration)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "scontrol.txt"
+    (bin_dir / "scontrol").write_text(
+        f'#!/bin/sh\necho "$SLURM_CONF $*" >> {record}\n', encoding="utf-8"
+    )
+    (bin_dir / "scontrol").chmod(0o755)
+    cached = tmp_path / "conf-cache" / "slurm.conf"
+    cached.parent.mkdir()
+    cached.write_text("ClusterName=burst\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.setattr(notice, "CONF_CACHES", (tmp_path / "nowhere", cached))
+    notice.mark_self_down("aws-h100-003", why)
+    conf, rest = record.read_text().split(" ", 1)
+    assert conf == str(cached)
+    assert rest.strip() == (
+        "update NodeName=aws-h100-003 State=DOWN Reason=burst: spot notice "
+        "(EC2 will terminate the instance at 2026-12-04T21:40:00Z)"
+    )
+    assert rest.split("Reason=", 1)[1].startswith(slurm.COOLDOWN_REASONS)
+
+
+def test_a_gcp_spot_vm_watches_instance_preempted(answers: Answers) -> None:
+    """Compute Engine's metadata: scheduling/preemptible TRUE; the watch waits on
+    instance/preempted (wait_for_change) until it turns TRUE; a look that fails is said and
+    made again."""
+    from provision.burst import notice
+
+    answers.on("/instance/scheduling/preemptible", (200, "TRUE"))
+    path = f"/instance/preempted?wait_for_change=true&timeout_sec={notice.GCP_WAIT_S}"
+    answers.on(path, (200, "FALSE"), (503, ""), (200, "TRUE"))
+    metadata = Metadata("gcp", answers.url)
+    assert metadata.spot()
+    marked: list[tuple[str, str]] = []
+    said: list[str] = []
+    why = notice.watch(
+        metadata, "gcp-h100-001", said.append, mark=lambda n, w: marked.append((n, w)),
+        sleep=lambda s: None,
+    )  # fmt: skip
+    assert why == "Compute Engine is preempting the VM"
+    assert marked == [("gcp-h100-001", why)]
+    assert any("HTTP 503" in line and "looking again" in line for line in said)
+    assert all(h.get("metadata-flavor") == "Google" for _, p, h in answers.got if "preempt" in p)
+    # an on-demand VM: no watch; Azure's spot is refused by the spec
+    answers.on("/instance/scheduling/preemptible", (200, "FALSE"))
+    assert not metadata.spot()
+    assert not Metadata("azure", answers.url).spot()

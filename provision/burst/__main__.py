@@ -1,5 +1,6 @@
 """python3 -m provision.burst resume|suspend|resume-fail HOSTLIST, reconcile, or
-tunnel-restore; on a burst node, python3 -m provision.burst join [CONFIG].
+tunnel-restore; on a burst node, python3 -m provision.burst join [CONFIG], and on a spot one
+notice (the watch the join starts).
 
 Run by slurmctld through the wrappers the burst role installs (as root, through sudo), and by
 the reconciler's systemd timer; `tunnel-restore` by the hub's WireGuard unit after it starts or
@@ -23,7 +24,7 @@ from provision.burst.tunnel import Hub
 
 USAGE = (
     "usage: python3 -m provision.burst {resume|suspend|resume-fail} HOSTLIST | reconcile"
-    " | tunnel-restore | join [CONFIG]"
+    " | tunnel-restore | join [CONFIG] | notice"
 )
 
 
@@ -50,6 +51,24 @@ def join_main(args: list[str]) -> int:
     return 0
 
 
+def notice_main() -> int:
+    """A spot node's watch (notice.py): until the cloud's notice, then the node is down."""
+    from provision.burst.notice import watch
+
+    def say(line: str) -> None:
+        print(f"provision: {line}", flush=True)
+
+    try:
+        config = parse_join_config(JOIN_CONFIG.read_text(encoding="utf-8"))
+        metadata = Metadata(config.cloud, os.environ.get("PROVISION_METADATA_URL"))
+        node = metadata.name(wait_s=0)
+        watch(metadata, node, say)
+    except (OSError, ValueError, BurstError) as exc:
+        say(f"notice: {one_line(exc)}")
+        return 1
+    return 0
+
+
 def tunnel_restore() -> int:
     """The burst nodes' peers back on the hub's interface; a line for each that failed."""
     try:
@@ -68,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return join_main(args[1:])
     if args == ["tunnel-restore"]:
         return tunnel_restore()
+    if args == ["notice"]:
+        return notice_main()
     config_path = Path(os.environ.get("PROVISION_BURST_CONFIG", str(CONFIG_PATH)))
     if not args or args[0] not in ("resume", "suspend", "resume-fail", "reconcile"):
         print(USAGE, file=sys.stderr)

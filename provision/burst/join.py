@@ -23,7 +23,9 @@ seconds on stdout (cloud-init's log and the serial console):
    on-premises head), the node's name as its host name;
 6. munge, then `slurmd --conf-server ADDRESS:PORT[,ADDRESS:PORT] -N NAME` (the primary first,
    then the backup of an HA pair): slurmd fetches slurm.conf from whichever slurmctld is in
-   control (configless) and registers, and Slurm's resume is done.
+   control (configless) and registers, and Slurm's resume is done;
+7. on a spot instance, the watch for the cloud's reclaim notice (notice.py), as a transient
+   systemd unit.
 
 A step that fails ends the program with exit code 1 and a line naming the step and the cause;
 slurmd is never started without its key, so the node never registers and Slurm's resume fails
@@ -65,6 +67,8 @@ NAME_WAIT_S = 180
 # how long a refusal of the node's identity by the secret store is asked again (a new grant)
 DENIED_WAIT_S = 300
 NFT_TABLE = "provision_metadata"
+# a spot node's watch for its cloud's reclaim notice (notice.py), a transient unit
+SPOT_WATCH_UNIT = "provision-spot-notice"
 
 
 @dataclass(frozen=True)
@@ -163,7 +167,16 @@ class Metadata:
         )
         self._aws_token = ""
 
-    def _aws(self, path: str) -> tuple[int, str]:
+    def aws(self, path: str) -> tuple[int, str]:
+        """(status, text) of an AWS metadata path, with IMDSv2's session token (made anew
+        when it expired: a spot node's watch outlives one)."""
+        status, text = self._aws_once(path)
+        if status == 401:
+            self._aws_token = ""
+            status, text = self._aws_once(path)
+        return status, text
+
+    def _aws_once(self, path: str) -> tuple[int, str]:
         if not self._aws_token:  # IMDSv2: the launch template requires the session token
             status, token = rest.text(
                 f"{self.base}/latest/api/token",
@@ -189,7 +202,7 @@ class Metadata:
         else:
             deadline = time.monotonic() + wait_s
             while True:
-                status, value = self._aws(f"tags/instance/{TAG_NODE}")
+                status, value = self.aws(f"tags/instance/{TAG_NODE}")
                 if (status == 200 and value.strip()) or time.monotonic() >= deadline:
                     break
                 time.sleep(poll_s)
@@ -216,10 +229,23 @@ class Metadata:
                 {"Metadata": "true"},
             )
         else:
-            status, value = self._aws("local-ipv4")
+            status, value = self.aws("local-ipv4")
         if status != 200 or not value.strip():
             raise BurstError(f"the metadata service gives no address (HTTP {status})")
         return value.strip()
+
+    def spot(self) -> bool:
+        """Whether the cloud may take this instance back: AWS's `instance-life-cycle` is
+        `spot`, GCP's `scheduling/preemptible` TRUE (Azure: spot is refused)."""
+        if self.cloud == "aws":
+            status, value = self.aws("instance-life-cycle")
+            return status == 200 and value.strip() == "spot"
+        if self.cloud == "gcp":
+            status, value = rest.text(
+                f"{self.base}/instance/scheduling/preemptible", {"Metadata-Flavor": "Google"}
+            )
+            return status == 200 and value.strip().upper() == "TRUE"
+        return False
 
     def gcp_project(self) -> str:
         status, value = rest.text(f"{self.base}/project/project-id", {"Metadata-Flavor": "Google"})
@@ -469,6 +495,26 @@ def join(
         run("systemctl", "restart", "slurmd")
         return f"slurmd --conf-server {config.conf_server} -N {node}"
 
+    def spot() -> str:
+        try:  # the node is joined already: a look that fails costs the watch, not the node
+            if not metadata.spot():
+                return "not a spot instance: nothing to watch"
+        except BurstError as exc:
+            return f"not watched for a reclaim notice ({one_line(exc)})"
+        path = os.environ.get("PYTHONPATH", "")
+        run(
+            "systemd-run",
+            f"--unit={SPOT_WATCH_UNIT}",
+            "--property=Restart=on-failure",
+            "--property=RestartSec=5",
+            *([f"--setenv=PYTHONPATH={path}"] if path else []),
+            "python3",
+            "-m",
+            "provision.burst",
+            "notice",
+        )
+        return f"{SPOT_WATCH_UNIT} watches for the cloud's reclaim notice"
+
     step("metadata", guard)
     step("name", name)
     step("munge key", key)
@@ -476,6 +522,7 @@ def join(
         step("tunnel", wireguard)
     step("names", names)
     step("slurmd", daemons)
+    step("spot", spot)
     return node
 
 

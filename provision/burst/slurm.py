@@ -128,6 +128,7 @@ COOLDOWN_REASONS = (
     "burst: no slurmd registration",
     POOL_OUT_REASON,
     SPOT_REASON,
+    "burst: spot notice",  # the node's own, on its cloud's notice (notice.py)
 )
 
 

@@ -370,7 +370,7 @@ def test_a_cloud_node_boots_with_cloud_init_and_joins_by_itself(
             consoles = {iid: labcloud.console(c) for iid, c in cloud.containers.items()}
             assert len(consoles) == 2
             for iid, said in consoles.items():
-                for step in ("metadata", "name", "munge key", "names", "slurmd"):
+                for step in ("metadata", "name", "munge key", "names", "slurmd", "spot"):
                     assert f"provision: join {step}: ok" in said, said[-3000:]
                 data = cloud.ec2().describe_instance_attribute(InstanceId=iid, Attribute="userData")
                 sent = base64.b64decode(data["UserData"]["Value"])
