@@ -23,9 +23,8 @@ from pathlib import Path
 from provision.burst import rest
 from provision.burst.backend import BurstError, one_line
 from provision.burst.join import Metadata
+from provision.burst.slurm import NOTICE_REASON
 
-# the reason's start, which the reconciler's cooldown knows
-NOTICE_REASON = "burst: spot notice"
 POLL_S = 5  # EC2's advice: look every 5 seconds
 GCP_WAIT_S = 60  # a GCP wait_for_change answers at the latest then
 # where a configless slurmd keeps the configuration it fetched (client commands read it there)

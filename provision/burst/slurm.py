@@ -122,13 +122,15 @@ POOL_OUT_REASON = "burst pool out"
 # A node whose spot instance the cloud took back (programs.reconcile: "burst: node vanished
 # (spot ...)"): its instance is gone for good, so the name returns to the pool
 SPOT_REASON = "burst: node vanished (spot "
+# ... or its node marked itself down on the cloud's advance notice (notice.py)
+NOTICE_REASON = "burst: spot notice"
 # Reasons the burst programs give a node they took out; after the cooldown it is returned.
 COOLDOWN_REASONS = (
     "burst resume failed",
     "burst: no slurmd registration",
     POOL_OUT_REASON,
     SPOT_REASON,
-    "burst: spot notice",  # the node's own, on its cloud's notice (notice.py)
+    NOTICE_REASON,
 )
 
 
