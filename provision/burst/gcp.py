@@ -16,15 +16,13 @@ fake).
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import subprocess
 import time
 import urllib.parse
 from typing import Any
 
-from provision.burst import rest
+from provision.burst import jwt, rest
 from provision.burst.backend import CAPACITY, Backend, BurstError, each, one_line
 from provision.burst.config import Pool
 
@@ -220,46 +218,11 @@ class KeyToken:
             now = int(time.time())
             claims = {"iss": self.email, "scope": SCOPE, "aud": self.uri, "iat": now}
             claims["exp"] = now + 3600
-            head = _b64url(json.dumps({"alg": "RS256", "typ": "JWT"}).encode())
-            body = _b64url(json.dumps(claims).encode())
-            signed = f"{head}.{body}"
-            assertion = f"{signed}.{_b64url(sign_rs256(signed.encode(), self._key))}"
+            assertion = jwt.signed(claims, self._key)
             form = urllib.parse.urlencode({"grant_type": JWT_BEARER, "assertion": assertion})
             self._value = rest.form_token(self.uri, form)
             self._until = time.monotonic() + KEY_TOKEN_S
         return self._value
-
-
-def _b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def sign_rs256(data: bytes, pem: str) -> bytes:
-    """RSASSA-PKCS1-v1_5 with SHA-256 of `data` under the PEM key, by openssl, the key handed
-    over a pipe (never a file)."""
-    read, write = os.pipe()
-    try:
-        os.write(write, pem.encode())  # a key is far below a pipe's buffer
-        os.close(write)
-        write = -1
-        done = subprocess.run(
-            ["openssl", "dgst", "-sha256", "-sign", f"/dev/fd/{read}"],
-            input=data,
-            capture_output=True,
-            pass_fds=(read,),
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise BurstError(f"openssl could not sign the token request: {exc}") from None
-    finally:
-        os.close(read)
-        if write >= 0:
-            os.close(write)
-    if done.returncode != 0 or not done.stdout:
-        why = (done.stderr.decode(errors="replace").strip().splitlines() or ["no signature"])[0]
-        raise BurstError(f"openssl could not sign the token request: {why[:200]}")
-    return done.stdout
 
 
 def _operation_error(operation: dict[str, Any]) -> str | None:
