@@ -29,7 +29,12 @@ letter, then lower-case letters, digits and hyphens, not ending in a hyphen), Se
 secret IDs (letters, digits, _ and -, at most 255). Azure: Key Vault names (3-24 letters, digits
 and hyphens, starting with a letter, ending with a letter or digit, no two hyphens in a row),
 a vault's tenant, its secrets' names (letters, digits and hyphens, at most 127), and a VM's
-userData (at most 64 KB, base64).
+userData (at most 64 KB, base64). Azure's heads' identity: a storage account's name (3-24
+lower-case letters and digits), a public container only in an account that allows public blob
+access, a federated identity credential (its name 3-120 letters, digits, - and _, starting with a
+letter or digit; an HTTPS issuer; exactly one audience), a custom role (its name a GUID, at least
+one assignable scope, its own scope among them). Azure Spot: a Spot VM names its eviction policy;
+an eviction policy and a billing profile only on Spot.
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ GCP_SECRET_ID = re.compile(r"[A-Za-z0-9_-]{1,255}")
 KEY_VAULT_NAME = re.compile(r"[A-Za-z](?!.*--)[A-Za-z0-9-]{1,22}[A-Za-z0-9]")
 KEY_VAULT_SECRET = re.compile(r"[A-Za-z0-9-]{1,127}")
 AZURE_USER_DATA_MAX = 64 * 1024
+STORAGE_ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
+FEDERATED_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_-]{2,119}")
+GUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def refusals(typ: str, name: str, inputs: dict[str, Any]) -> list[str]:
@@ -74,6 +82,10 @@ def refusals(typ: str, name: str, inputs: dict[str, Any]) -> list[str]:
         return [] if GCP_SECRET_ID.fullmatch(secret) else [f"refused secret ID {secret!r}"]
     if typ.startswith("azure-native:keyvault:"):
         return _azure_vault(typ, inputs)
+    if typ.startswith(("azure-native:storage:", "azure-native:managedidentity:")) or (
+        typ == "azure-native:authorization:RoleDefinition"
+    ):
+        return _azure_heads(typ, inputs)
     if typ.startswith("gcp:") and not typ.startswith("gcp:index"):
         return _gcp(typ, name, inputs)
     if typ in (
@@ -201,6 +213,46 @@ def _azure_vault(typ: str, inputs: dict[str, Any]) -> list[str]:
     return []
 
 
+_PUBLIC_ACCOUNTS: set[str] = set()  # accounts made allowing public blob access, by name
+
+
+def _azure_heads(typ: str, inputs: dict[str, Any]) -> list[str]:
+    if typ == "azure-native:storage:StorageAccount":
+        name = inputs.get("accountName", "")
+        if inputs.get("allowBlobPublicAccess"):
+            _PUBLIC_ACCOUNTS.add(name)
+        return [] if STORAGE_ACCOUNT.fullmatch(name) else [f"refused account name {name!r}"]
+    if (
+        typ == "azure-native:storage:BlobContainer"
+        and inputs.get("publicAccess")
+        not in (
+            None,
+            "None",
+        )
+        and inputs.get("accountName") not in _PUBLIC_ACCOUNTS
+    ):
+        return ["Azure refuses a public container in an account without public blob access"]
+    if typ == "azure-native:managedidentity:FederatedIdentityCredential":
+        problems = []
+        name = inputs.get("federatedIdentityCredentialResourceName", "")
+        if not FEDERATED_NAME.fullmatch(name):
+            problems.append(f"refused federated credential name {name!r}")
+        if not str(inputs.get("issuer", "")).startswith("https://"):
+            problems.append("a federated credential's issuer is an HTTPS URL")
+        if len(inputs.get("audiences") or []) != 1:
+            problems.append("a federated credential takes exactly one audience")
+        return problems
+    if typ == "azure-native:authorization:RoleDefinition":
+        problems = []
+        if not GUID.fullmatch(str(inputs.get("roleDefinitionId", ""))):
+            problems.append("a custom role's name is a GUID")
+        scopes = inputs.get("assignableScopes") or []
+        if not scopes or inputs.get("scope") not in scopes:
+            problems.append("a custom role is made at one of its assignable scopes")
+        return problems
+    return []
+
+
 def _gcp(typ: str, name: str, inputs: dict[str, Any]) -> list[str]:
     problems = []
     given = inputs.get("name")
@@ -262,6 +314,15 @@ def _azure_machine(inputs: dict[str, Any]) -> list[str]:
             )
         if str(size).lower().startswith("standard_nd"):
             problems.append(f"Azure has no capacity reservations for ND-series sizes ({size})")
+    if profile.get("priority") == "Spot" and profile.get("evictionPolicy") not in (
+        "Delete",
+        "Deallocate",
+    ):
+        problems.append("Azure refuses a Spot VM without its eviction policy")
+    if profile.get("priority") != "Spot" and (
+        "evictionPolicy" in profile or "billingProfile" in profile
+    ):
+        problems.append("Azure takes an eviction policy and a billing profile for Spot VMs alone")
     if profile.get("securityProfile", {}).get("encryptionAtHost"):
         problems.append(
             "Azure refuses encryption at host unless the subscription registered "

@@ -1,7 +1,16 @@
 """Azure Resource Manager at the HTTP layer for the Azure bursting tests: the instance metadata
 service's token and subscription, a pool's Flexible scale set as the cluster's stack makes it,
 VMs (create with the body checked against the API's shape, get with the instance view, delete,
-list over pages) and their NICs. Every request is recorded. `refuse` answers the next VM
+list over pages) and their NICs. Every request is recorded.
+
+Microsoft Entra's token endpoint for a federated credential (a head outside Azure): the client
+assertion, a JWT, is checked against the key set of its issuer (`issuers`: issuer URL -> kid ->
+public key) and the federated credentials of the client (`federated`: client ID -> issuer and
+subject), with the exchange audience and at most an hour's life, as Entra checks them.
+
+What a pool image's build asks (AzureBuilder): a builder VM with a public address (its NIC's
+address as a resource of its own), deallocate, generalize (only once deallocated), a managed
+image from the generalized VM (PUT, GET, list over pages, DELETE). `refuse` answers the next VM
 creation with that error at once (SkuNotAvailable, a quota); `fail` lets the creation be
 accepted and the VM end Failed with that code (AllocationFailed), as Azure reports them.
 """
@@ -24,6 +33,7 @@ ARM_RESOURCE = "https://management.azure.com/"
 VM_KEYS = {"location", "tags", "properties", "plan", "identity"}
 VM_PROPERTIES = {
     "virtualMachineScaleSet",
+    "availabilitySet",
     "hardwareProfile",
     "storageProfile",
     "osProfile",
@@ -32,6 +42,9 @@ VM_PROPERTIES = {
     "capacityReservation",
     "proximityPlacementGroup",
     "userData",
+    "priority",
+    "evictionPolicy",
+    "billingProfile",
 }
 
 
@@ -126,6 +139,11 @@ class FakeARM(JsonFake):
         self.page_size = page_size
         self.vms: dict[str, dict[str, Any]] = {}
         self.nics: dict[str, dict[str, Any]] = {}
+        self.images: dict[str, dict[str, Any]] = {}
+        self.addresses: dict[str, dict[str, Any]] = {}
+        self.issuers: dict[str, dict[str, Any]] = {}
+        self.federated: dict[str, tuple[str, str]] = {}
+        self.assertions: list[dict[str, Any]] = []
         self.refuse: tuple[int, str, str] | None = None
         self.fail: tuple[str, str] | None = None
         self._ids = itertools.count(1)
@@ -139,6 +157,8 @@ class FakeARM(JsonFake):
     ) -> tuple[int, Any]:
         url = urllib.parse.urlsplit(path)
         query = urllib.parse.parse_qs(url.query)
+        if url.path.endswith("/oauth2/v2.0/token") and method == "POST":
+            return self._token(str(body or ""))
         if url.path.startswith("/metadata/"):
             if headers.get("Metadata") != "true":
                 return 400, {"error": "Bad request. Required metadata header not specified"}
@@ -172,9 +192,33 @@ class FakeARM(JsonFake):
             return 200, found
         if rest == "Microsoft.Compute/virtualMachines" and method == "GET":
             return self._list(int(query.get("skip", ["0"])[0]))
+        m = re.fullmatch(
+            r"Microsoft\.Compute/virtualMachines/([^/]+)/(deallocate|generalize)", rest
+        )
+        if m and method == "POST":
+            return self._power(m.group(1), m.group(2))
         m = re.fullmatch(r"Microsoft\.Compute/virtualMachines/([^/]+)", rest)
         if m:
             return self._vm(method, m.group(1), body, prefix)
+        if rest == "Microsoft.Compute/images" and method == "GET":
+            names = sorted(self.images)
+            skip = int(query.get("skip", ["0"])[0])
+            page: dict[str, Any] = {
+                "value": [self.images[n] for n in names[skip : skip + self.page_size]]
+            }
+            if skip + self.page_size < len(names):
+                page["nextLink"] = (
+                    f"{self.url}{prefix}Microsoft.Compute/images?api-version=2024-07-01"
+                    f"&skip={skip + self.page_size}"
+                )
+            return 200, page
+        m = re.fullmatch(r"Microsoft\.Compute/images/([^/]+)", rest)
+        if m:
+            return self._image(method, m.group(1), body, prefix)
+        m = re.fullmatch(r"Microsoft\.Network/publicIPAddresses/([^/]+)", rest)
+        if m and method == "GET":
+            found = self.addresses.get(m.group(1))
+            return (200, found) if found else self._error(404, "NotFound", m.group(1))
         m = re.fullmatch(r"Microsoft\.Network/networkInterfaces/([^/]+)", rest)
         if m and method == "GET":
             nic = self.nics.get(m.group(1))
@@ -198,7 +242,12 @@ class FakeARM(JsonFake):
             if vm is None:
                 return 204, None
             for nic in vm["properties"]["networkProfile"].get("networkInterfaces", []):
-                self.nics.pop(nic["id"].rpartition("/")[2], None)
+                gone = self.nics.pop(nic["id"].rpartition("/")[2], None) or {}
+                for config in gone.get("properties", {}).get("ipConfigurations", []):
+                    public = config["properties"].get("publicIPAddress", {}).get("id", "")
+                    name = public.rpartition("/")[2]
+                    if self.addresses.get(name, {}).get("_delete"):  # its deleteOption
+                        self.addresses.pop(name)
             return 202, None
         if method == "GET":
             vm = self.vms.get(name)
@@ -229,17 +278,19 @@ class FakeARM(JsonFake):
                 "statuses": [{"code": f"ProvisioningState/failed/{code}", "message": message}]
             }
         else:
-            self.nics[nic_name] = {
-                "properties": {
-                    "ipConfigurations": [
-                        {
-                            "properties": {
-                                "privateIPAddress": f"10.20.210.{next(self._ids) % 250 + 1}"
-                            }
-                        }
-                    ]
+            config: dict[str, Any] = {"privateIPAddress": f"10.20.210.{next(self._ids) % 250 + 1}"}
+            asked = configs[0]["properties"]["ipConfigurations"][0]["properties"]
+            public = asked.get("publicIPAddressConfiguration")
+            if public:  # made with the VM, a resource of its own
+                self.addresses[public["name"]] = {
+                    "name": public["name"],
+                    "properties": {"ipAddress": f"203.0.113.{next(self._ids) % 250 + 1}"},
+                    "_delete": public.get("properties", {}).get("deleteOption") == "Delete",
                 }
-            }
+                config["publicIPAddress"] = {
+                    "id": f"{prefix}Microsoft.Network/publicIPAddresses/{public['name']}"
+                }
+            self.nics[nic_name] = {"properties": {"ipConfigurations": [{"properties": config}]}}
         self.vms[name] = vm
         return 201, {k: v for k, v in vm.items() if k != "_next"}
 
@@ -251,7 +302,12 @@ class FakeARM(JsonFake):
         if set(props) - VM_PROPERTIES:
             return f"unknown properties {sorted(set(props) - VM_PROPERTIES)}"
         owner = props.get("virtualMachineScaleSet", {}).get("id", "").rpartition("/")[2]
-        if owner not in self.scale_sets:
+        if "availabilitySet" in props:
+            if "virtualMachineScaleSet" in props:
+                return "a VM is in an availability set or a scale set, not both"
+            if not props["availabilitySet"].get("id", "").count("/availabilitySets/"):
+                return "availabilitySet.id names no availability set"
+        elif owner not in self.scale_sets:
             return "virtualMachineScaleSet.id names no scale set"
         if not props.get("hardwareProfile", {}).get("vmSize"):
             return "hardwareProfile.vmSize is required"
@@ -260,9 +316,115 @@ class FakeARM(JsonFake):
             return "osProfile.computerName must be the VM's name (no computerNamePrefix)"
         if "imageReference" not in props.get("storageProfile", {}):
             return "storageProfile.imageReference is required"
+        if props.get("priority") == "Spot" and props.get("evictionPolicy") not in (
+            "Delete",
+            "Deallocate",
+        ):
+            return "a Spot VM names its eviction policy (Delete or Deallocate)"
+        if props.get("priority") != "Spot" and (
+            "evictionPolicy" in props or "billingProfile" in props
+        ):
+            return "an eviction policy and a billing profile are for Spot VMs alone"
         network = props.get("networkProfile", {})
         if not network.get("networkApiVersion") or not network.get(
             "networkInterfaceConfigurations"
         ):
             return "networkProfile needs networkApiVersion and networkInterfaceConfigurations"
         return None
+
+    def _token(self, form: str) -> tuple[int, Any]:
+        fields = dict(urllib.parse.parse_qsl(form))
+        if (
+            fields.get("grant_type") != "client_credentials"
+            or fields.get("client_assertion_type")
+            != "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+        ):
+            return 400, {"error": "invalid_request", "error_description": "AADSTS900144: grant"}
+        if fields.get("scope") != "https://management.azure.com/.default":
+            return 400, {"error": "invalid_scope", "error_description": "AADSTS70011: scope"}
+        claims = _verify(fields.get("client_assertion", ""), self.issuers)
+        if isinstance(claims, str):
+            return 401, {"error": "invalid_client", "error_description": claims}
+        trusted = self.federated.get(fields.get("client_id", ""))
+        if trusted != (claims.get("iss"), claims.get("sub")):
+            return 400, {
+                "error": "invalid_request",
+                "error_description": "AADSTS70021: No matching federated identity record found "
+                "for presented assertion.",
+            }
+        self.assertions.append(claims)
+        return 200, {"access_token": TOKEN, "expires_in": 3599, "token_type": "Bearer"}
+
+    def _power(self, name: str, action: str) -> tuple[int, Any]:
+        vm = self.vms.get(name)
+        if vm is None:
+            return self._error(404, "ResourceNotFound", name)
+        statuses = vm["properties"].setdefault("instanceView", {}).setdefault("statuses", [])
+        if action == "deallocate":
+            statuses[:] = [s for s in statuses if not s["code"].startswith("PowerState/")]
+            statuses.append({"code": "PowerState/deallocated"})
+            return 202, None
+        if not any(s["code"] == "PowerState/deallocated" for s in statuses):
+            return self._error(
+                409, "OperationNotAllowed", "the VM must be deallocated to be generalized"
+            )
+        statuses.append({"code": "OSState/generalized"})
+        return 200, None
+
+    def _image(self, method: str, name: str, body: Any, prefix: str) -> tuple[int, Any]:
+        if method == "DELETE":
+            return (202, None) if self.images.pop(name, None) else (204, None)
+        if method == "GET":
+            found = self.images.get(name)
+            return (200, found) if found else self._error(404, "NotFound", name)
+        source = (body or {}).get("properties", {}).get("sourceVirtualMachine", {}).get("id", "")
+        vm = self.vms.get(source.rpartition("/")[2])
+        statuses = (vm or {}).get("properties", {}).get("instanceView", {}).get("statuses", [])
+        if not any(s["code"] == "OSState/generalized" for s in statuses):
+            return self._error(
+                400, "InvalidParameter", "the source VM must be generalized to make an image"
+            )
+        if "location" not in body:
+            return self._error(400, "LocationRequired", "an image names its location")
+        image = {
+            "id": f"{prefix}Microsoft.Compute/images/{name}",
+            "name": name,
+            "location": body["location"],
+            "tags": body.get("tags", {}),
+            "properties": {**body["properties"], "provisioningState": "Succeeded"},
+        }
+        self.images[name] = image
+        return 201, image
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _verify(assertion: str, issuers: dict[str, dict[str, Any]]) -> dict[str, Any] | str:
+    """Entra's checks of a federated credential's assertion: the claims, or why not."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    parts = assertion.split(".")
+    if len(parts) != 3:
+        return "AADSTS50027: JWT token is invalid or malformed."
+    header, claims = json.loads(_unb64(parts[0])), json.loads(_unb64(parts[1]))
+    keys = issuers.get(claims.get("iss", ""))
+    if keys is None:
+        return "AADSTS700211: No matching federated identity record found for presented issuer."
+    key = keys.get(header.get("kid", ""))
+    if header.get("alg") != "RS256" or key is None:
+        return "AADSTS700027: the key that signed the assertion is not in the issuer's key set"
+    try:
+        key.verify(
+            _unb64(parts[2]), f"{parts[0]}.{parts[1]}".encode(), padding.PKCS1v15(), hashes.SHA256()
+        )
+    except InvalidSignature:
+        return "AADSTS700027: Client assertion failed signature validation."
+    if claims.get("aud") != "api://AzureADTokenExchange":
+        return "AADSTS700212: No matching federated identity record found for presented audience."
+    if not 0 < claims["exp"] - claims["iat"] <= 3600:
+        return "AADSTS700024: Client assertion is not within its valid time range."
+    return dict(claims)

@@ -35,6 +35,8 @@ def arm(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeARM]:
     sets = {"burst-azh100": scale_set(GROUP, "burst-azh100", subnet, "burst-azh100-nsg", "ppg")}
     with FakeARM(GROUP, sets) as fake:
         monkeypatch.setenv("PROVISION_AZURE_ENDPOINT", fake.url)
+        # a head in Azure (its managed identity), unless a test installs the heads' credentials
+        monkeypatch.setenv("PROVISION_AZURE_CREDENTIALS", "/nonexistent/azure-burst-credentials")
         monkeypatch.setattr(azure, "POLL_S", 0.01)
         yield fake
 
@@ -228,3 +230,111 @@ def test_reconcile_deletes_orphans_and_marks_vanished_nodes_down(
     ]
     assert sorted(arm.vms) == ["az-h100-003", "az-h100-004"]
     assert any("skip=3" in p for m, p, _ in arm.requests if m == "GET")
+
+
+def test_a_head_outside_azure_takes_its_token_through_the_federated_credential(
+    config: BurstConfig,
+    arm: FakeARM,
+    scontrol: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the heads' credentials installed (the burst role's, root's alone: the stack's
+    identity and the workstation's issuer key), the backend signs a JWT with the issuer's key
+    (openssl; its kid in the header), exchanges it at the tenant's token endpoint as the client
+    assertion of the identity, and takes the subscription from the file: it never asks a
+    metadata service (there is none outside Azure), and no log line holds the key or the
+    token. A key the issuer's key set no longer has fails the resume with Entra's words."""
+    import json
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from provision.providers.cloud import issuer_jwk
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    jwk = issuer_jwk(pem)
+    issuer = "https://burstoidc0a1b2c.blob.core.windows.net/oidc/"
+    doc = {
+        "tenant": "00000000-aaaa-bbbb-cccc-000000000001",
+        "client_id": "00000000-aaaa-bbbb-cccc-0000000000c1",
+        "subscription": SUBSCRIPTION,
+        "issuer": issuer,
+        "subject": "provision:burst:burst-heads",
+        "kid": jwk["kid"],
+        "private_key": pem.decode(),
+    }
+    path = tmp_path / "azure-burst-credentials.json"
+    path.write_text(json.dumps(doc))
+    path.chmod(0o600)
+    monkeypatch.setenv("PROVISION_AZURE_CREDENTIALS", str(path))
+    arm.issuers[issuer] = {jwk["kid"]: key.public_key()}
+    arm.federated[doc["client_id"]] = (issuer, doc["subject"])
+    log: list[str] = []
+    assert programs.resume(config, ["az-h100-001"], log.append) == 0, log
+    assert sorted(arm.vms) == ["az-h100-001"]
+    (claims,) = arm.assertions
+    assert claims["aud"] == "api://AzureADTokenExchange"
+    assert claims["exp"] - claims["iat"] == 600 and claims["jti"]
+    assert not [p for _, p, _ in arm.requests if p.startswith("/metadata/")]
+    token_posts = [p for m, p, _ in arm.requests if p.endswith("/oauth2/v2.0/token")]
+    assert token_posts == [f"/{doc['tenant']}/oauth2/v2.0/token"]
+    text = "\n".join(log)
+    assert "PRIVATE KEY" not in text and "fake-token" not in text
+    # the issuer's key was made anew (another workstation's state): Entra refuses the assertion
+    other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    arm.issuers[issuer] = {jwk["kid"]: other.public_key()}
+    failed: list[str] = []
+    assert programs.resume(config, ["az-h100-002"], failed.append) != 0
+    assert "failed signature validation" in "\n".join(failed), failed
+    assert "az-h100-002" not in arm.vms
+
+
+def test_a_spot_pool_makes_spot_vms_and_an_evicted_one_returns_to_the_pool(
+    config: BurstConfig, arm: FakeARM, scontrol: Path, tmp_path: Path
+) -> None:
+    """The stack gives a spot pool's scale set Spot priority, deleted on eviction, up to the
+    on-demand price: each burst VM carries them. A VM of it that vanished was evicted: the
+    reconciler marks its node down with a reason the cooldown returns to the pool."""
+    from provision.burst import slurm
+
+    profile = arm.scale_sets["burst-azh100"]["properties"]["virtualMachineProfile"]
+    profile.update(
+        {"priority": "Spot", "evictionPolicy": "Delete", "billingProfile": {"maxPrice": -1}}
+    )
+    assert programs.resume(config, ["az-h100-001", "az-h100-002"], lambda _m: None) == 0
+    props = _puts(arm)["az-h100-001"]["properties"]  # type: ignore[index]
+    assert (props["priority"], props["evictionPolicy"]) == ("Spot", "Delete")
+    assert props["billingProfile"] == {"maxPrice": -1}
+    del arm.vms["az-h100-002"]  # evicted: the eviction policy deleted it
+    (tmp_path / "states").write_text(
+        "NodeName=az-h100-001 State=ALLOCATED+CLOUD\nNodeName=az-h100-002 State=ALLOCATED+CLOUD\n"
+    )
+    assert programs.reconcile(config, lambda _m: None) == 0
+    reason = f"Reason=burst: node vanished ({azure.SPOT_EVICTED})"
+    assert f"update NodeName=az-h100-002 State=DOWN {reason}" in scontrol.read_text()
+    assert reason.partition("=")[2].startswith(slurm.COOLDOWN_REASONS)
+
+
+def test_an_infiniband_pools_vms_go_in_its_availability_set(
+    config: BurstConfig, arm: FakeARM, scontrol: Path
+) -> None:
+    """A Flexible scale set carries no InfiniBand: the stack names an ND pool's availability
+    set (one InfiniBand partition) in its scale set's tags, and each burst VM is made there
+    from the scale set's profile, not in the scale set."""
+    from provision.burst.config import TAG_AVAILABILITY_SET
+
+    avset = (
+        f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{GROUP}/providers/"
+        "Microsoft.Compute/availabilitySets/burst-azh100-avset"
+    )
+    arm.scale_sets["burst-azh100"]["tags"] = {TAG_AVAILABILITY_SET: avset}
+    assert programs.resume(config, ["az-h100-001"], lambda _m: None) == 0
+    props = _puts(arm)["az-h100-001"]["properties"]  # type: ignore[index]
+    assert props["availabilitySet"] == {"id": avset}
+    assert "virtualMachineScaleSet" not in props

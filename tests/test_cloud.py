@@ -93,6 +93,11 @@ class Recorder(pulumi.runtime.Mocks):  # type: ignore[misc]
             out["name"] = f"projects/lab-project/serviceAccounts/{out['email']}"
         elif args.typ == "azure-native:managedidentity:UserAssignedIdentity":
             out |= {"principalId": f"principal-{self.count}", "clientId": f"client-{self.count}"}
+            out.setdefault("name", args.inputs.get("resourceName", args.name))
+        elif args.typ == "azure-native:storage:StorageAccount":
+            out["name"] = args.inputs["accountName"]
+        elif args.typ == "azure-native:storage:BlobContainer":
+            out["name"] = args.inputs["containerName"]
         elif args.typ == "azure-native:network:PublicIPAddress":
             out["ipAddress"] = public
         if args.typ == "aws:iam/role:Role":  # IAM names a role when none is asked for
@@ -128,6 +133,7 @@ def build(
     refusals: bool = False,
     munge_key: bytes | None = None,
     tunnel_keys: dict[str, bytes] | None = None,
+    issuer_key: dict[str, str] | None = None,
 ) -> tuple[Recorder, Cluster, dict[str, Any]]:
     """Run the three clouds' components for a spec under mocks; their outputs, resolved. A
     resource the cloud would refuse fails it, unless `refusals` (the recorder keeps them)."""
@@ -141,9 +147,18 @@ def build(
 
     @pulumi.runtime.test  # type: ignore[misc]
     def program() -> Any:
-        built = {k: component(k, cluster, KEY, munge_key, tunnel_keys) for k in kinds}
+        built = {
+            k: component(k, cluster, KEY, munge_key, tunnel_keys, issuer_key=issuer_key)
+            for k in kinds
+        }
         nodes = {k: pulumi.Output.from_input(b.nodes) for k, b in built.items()}
-        return pulumi.Output.all(**nodes).apply(outputs.update)
+        heads = {
+            f"{k}-burst-credentials": b.burst_credentials
+            for k, b in built.items()
+            # the heads' credentials where a test asks for Azure's (it hands the issuer's key)
+            if issuer_key is not None and getattr(b, "burst_credentials", None) is not None
+        }
+        return pulumi.Output.all(**nodes, **heads).apply(outputs.update)
 
     program()
     assert refusals or recorder.refused == [], "\n".join(recorder.refused)
@@ -451,7 +466,8 @@ def test_plan_says_what_nccl_runs_over_in_each_cloud() -> None:
         "gcp pool gcph100: NCCL between nodes over TCP sockets on the gVNICs: GPUDirect-TCPX "
         "is not installed",
         "azure pool aza100: NCCL between nodes over InfiniBand (the cloud's InfiniBand, 8 "
-        "adapters: the pool's lasting machines share one availability set, so one partition)",
+        "adapters: the pool's machines (lasting and burst) share one availability set, so one "
+        "partition)",
     ]
     assert "azure: resource group, virtual network, subnet, NAT gateway (10.43.0.0/16)" in lines
 
@@ -609,19 +625,21 @@ def test_gpu_pools_use_placement_unless_a_reservation_holds_it(made: Any) -> Non
         assert bool(vm.inputs.get("proximityPlacementGroup")) == (pool not in reserved)
 
 
-def test_lasting_infiniband_vms_share_their_pools_availability_set(made: Any) -> None:
+def test_infiniband_vms_share_their_pools_availability_set(made: Any) -> None:
     """Azure links over InfiniBand only the VMs of one availability set, or of a Uniform scale
     set with a single placement group (one partition key); a Flexible scale set carries none,
     and a standalone ND VM reaches no other. Every lasting VM of an ND pool is in the pool's
-    availability set, which is in the pool's proximity placement group; no other VM is."""
+    availability set, which is in the pool's proximity placement group; no other VM is; an
+    elastic ND pool has one too, for its burst VMs (tests/test_burst_azure.py)."""
     rec, cluster, _ = made
     ib = {v.name for v in _pools(cluster, "azure") if cloud_infiniband(v.profile)}
     lasting = {v.name for v in _pools(cluster, "azure") if any(not n.elastic for n in v.nodes)}
+    elastic = {v.name for v in _pools(cluster, "azure") if v.pool.elastic}
     sets = {
         m.inputs["tags"][TAG_POOL]: m
-        for m in rec.of("compute:AvailabilitySet", none=not ib & lasting)
+        for m in rec.of("compute:AvailabilitySet", none=not ib & (lasting | elastic))
     }
-    assert set(sets) == ib & lasting
+    assert set(sets) == ib & (lasting | elastic)
     for pool, avset in sets.items():
         assert avset.inputs["sku"] == {"name": "Aligned"}  # managed disks
         ppg = next(
@@ -1435,6 +1453,18 @@ def test_the_heads_credentials_are_kept_apart_from_the_outputs(tmp_path: Path) -
     # a stack without the user any more (a head moved into AWS): the file goes
     keep_credentials({"nodes": {}}, state, "aws")
     assert not path.exists()
+    # Azure's: the heads' identity and issuer from the stack, the issuer's key from the secrets
+    from provision.providers.cloud import AZURE_ISSUER_KEY, _issuer_key
+
+    pem = _issuer_key(state).read_text()
+    assert stat.S_IMODE((state.secrets / AZURE_ISSUER_KEY).stat().st_mode) == 0o600
+    identity = {"tenant": "t", "client_id": "c", "issuer": "https://i/oidc/", "kid": "k"}
+    kept = keep_credentials({"nodes": {}, BURST_CREDENTIALS: json.dumps(identity)}, state, "azure")
+    assert kept == {"nodes": {}}
+    azure = state.secrets / "azure-burst-credentials"
+    assert json.loads(azure.read_text()) == {**identity, "private_key": pem}
+    assert stat.S_IMODE(azure.stat().st_mode) == 0o600
+    assert _issuer_key(state).read_text() == pem  # made once
 
 
 def test_a_running_stacks_subnets_keep_their_ranges(tmp_path: Path) -> None:
@@ -1470,3 +1500,96 @@ def test_a_running_stacks_subnets_keep_their_ranges(tmp_path: Path) -> None:
         )
     )
     refuse_recarve(spec, state, cluster)  # as made: nothing to refuse
+
+
+def test_azure_heads_burst_as_an_identity_federated_with_the_clusters_issuer() -> None:
+    """A head outside Azure has no managed identity: the stack makes the heads' user-assigned
+    identity, a federated credential on it that trusts the cluster's own OpenID Connect issuer
+    (the discovery document and the key set, public blobs of a storage account, as Microsoft's
+    guide for self-managed issuers publishes them), and a role of the cluster's own that makes
+    and deletes the pools' VMs in its resource group and reads no secret. The credentials it
+    hands apply name the identity, the issuer and the subject; the issuer's private key is the
+    workstation's alone (never in the stack)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from provision.providers.cloud import issuer_jwk
+    from provision.providers.cloud.azure import HEADS_ACTIONS
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    jwk = issuer_jwk(pem)
+    rec, _, outputs = build(
+        ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml", issuer_key=jwk
+    )
+    (account,) = rec.of("storage:StorageAccount")
+    name = account.inputs["accountName"]
+    assert account.inputs["allowBlobPublicAccess"] is True
+    assert account.inputs["minimumTlsVersion"] == "TLS1_2"
+    (container,) = rec.of("storage:BlobContainer")
+    assert container.inputs["publicAccess"] == "Blob"
+    issuer = f"https://{name}.blob.core.windows.net/{container.inputs['containerName']}/"
+    blobs = {b.inputs["blobName"]: b for b in rec.of("storage:Blob")}
+    assert sorted(blobs) == [".well-known/openid-configuration", "openid/v1/jwks"]
+
+    def text(blob: Any) -> Any:
+        source = blob.inputs["source"]
+        return json.loads(getattr(source, "text", None) or source["text"])
+
+    discovery = text(blobs[".well-known/openid-configuration"])
+    assert discovery["issuer"] == issuer
+    assert discovery["jwks_uri"] == f"{issuer}openid/v1/jwks"
+    assert discovery["id_token_signing_alg_values_supported"] == ["RS256"]
+    assert text(blobs["openid/v1/jwks"]) == {"keys": [jwk]}
+    assert "d" not in jwk and "PRIVATE" not in outputs["azure-burst-credentials"]
+    heads, _node = sorted(
+        rec.of("managedidentity:UserAssignedIdentity"), key=lambda r: "heads" not in r.name
+    )
+    assert heads.inputs["resourceName"] == "burst-burst-heads"
+    (federated,) = rec.of("managedidentity:FederatedIdentityCredential")
+    assert federated.inputs["issuer"] == issuer
+    assert federated.inputs["subject"] == "provision:burst:burst-heads"
+    assert federated.inputs["audiences"] == ["api://AzureADTokenExchange"]
+    assert federated.inputs["resourceName"] == "burst-burst-heads"
+    from . import cloud_rules
+
+    typ = "azure-native:managedidentity:FederatedIdentityCredential"
+    assert cloud_rules.refusals(typ, "f", federated.inputs) == []
+    two = {**federated.inputs, "audiences": ["api://AzureADTokenExchange", "other"]}
+    assert cloud_rules.refusals(typ, "f", two)
+    (role,) = rec.of("authorization:RoleDefinition")
+    typ = "azure-native:authorization:RoleDefinition"
+    assert cloud_rules.refusals(typ, "r", {**role.inputs, "roleDefinitionId": "heads"})
+    (group,) = rec.of("resources:ResourceGroup")
+    assert role.inputs["assignableScopes"] == [f"{group.name}-id"]
+    (permissions,) = role.inputs["permissions"]
+    assert permissions["actions"] == list(HEADS_ACTIONS)
+    assert not permissions.get("dataActions")  # it reads no secret
+    assert not [a for a in HEADS_ACTIONS if "keyvault" in a.lower() or "roleAssignments" in a]
+    (assignment,) = [
+        g
+        for g in rec.of("authorization:RoleAssignment")
+        if g.inputs["roleDefinitionId"] == f"{role.name}-id"
+    ]
+    assert assignment.inputs["scope"] == f"{group.name}-id"
+    assert assignment.inputs["principalId"] == f"principal-{rec.made.index(heads) + 1}"
+    # the ND pool's burst VMs go in its availability set (a Flexible scale set carries no
+    # InfiniBand): the scale set names it
+    from provision.burst.config import TAG_AVAILABILITY_SET
+
+    (avset,) = rec.of("compute:AvailabilitySet")
+    (scale_set,) = rec.of("compute:VirtualMachineScaleSet")
+    assert scale_set.inputs["tags"][TAG_AVAILABILITY_SET] == f"{avset.name}-id"
+    doc = json.loads(outputs["azure-burst-credentials"])
+    assert doc == {
+        "tenant": "tenant-1",
+        "client_id": f"client-{rec.made.index(heads) + 1}",
+        "subscription": "sub-1",
+        "issuer": issuer,
+        "subject": "provision:burst:burst-heads",
+        "kid": jwk["kid"],
+    }

@@ -634,3 +634,116 @@ def test_a_gcp_spot_pool_makes_spot_vms_deleted_when_taken_back(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     (cost,) = [c for c in json.loads(done.stdout)["cost_usd_per_hour"] if c["pool"] == "gcph100"]
     assert cost["spot"] is True
+
+
+# --- Azure: the builder against Resource Manager at the HTTP layer (tests/fakeazure.py) --------
+
+AZ_POOL = "azh100"
+
+
+def test_an_azure_pools_image_from_its_scale_set_to_the_stack(
+    cluster: Cluster, state: State
+) -> None:
+    """The builder is made in the pool's resource group from its scale set's VM profile with
+    the OS's stock image, a user data that runs no join, a public address deleted with it, no
+    node identity and no Spot priority; it is reached at that address; finish deallocates and
+    generalizes it, makes a managed image of it with the cluster's tags and the digest, keeps
+    the record, runs the stack again and deletes the builder with its address. Made again, the
+    old image goes; destroy's removal takes the rest."""
+    from provision.burst import rest
+    from provision.burst.config import cloud_group
+    from provision.providers.cloud.builders import AzureBuilder
+
+    from .fakeazure import SUBSCRIPTION, TOKEN, FakeARM, scale_set
+
+    group = cloud_group("burst")
+    template = cloud_template("burst", AZ_POOL)
+    subnet = (
+        f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{group}/providers/"
+        "Microsoft.Network/virtualNetworks/burst-vnet/subnets/burst-subnet"
+    )
+    made = scale_set(group, template, subnet, f"{template}-nsg", "ppg")
+    made["tags"] = {TAG_CLUSTER: "burst", TAG_POOL: AZ_POOL}
+    profile = made["properties"]["virtualMachineProfile"]
+    profile.update(
+        {"priority": "Spot", "evictionPolicy": "Delete", "billingProfile": {"maxPrice": -1}}
+    )
+    with FakeARM(group, {template: made}) as arm:
+
+        def call(method: str, url: str, body: object = None) -> Any:
+            return rest.call(method, url, body, headers={"Authorization": f"Bearer {TOKEN}"})
+
+        builder = AzureBuilder(
+            cluster, call=call, subscription=SUBSCRIPTION, base=arm.url, poll_s=0.01
+        )
+        refreshed: list[int] = []
+
+        def start(pools: list[str] | None) -> Any:
+            reached: list[tuple[str, str]] = []
+            builds = images.cloud_builds(
+                cluster,
+                state,
+                builder,
+                lambda _: None,
+                lambda: refreshed.append(1),
+                pools,
+                wait_ssh=lambda address, user: reached.append((address, user)),
+            )
+            assert builds is not None
+            assert reached == [(builds.launched[0][0].address, "ubuntu")]
+            return builds
+
+        builds = start(None)  # no image yet: only the Azure pool of this cloud
+        ((launched, want),) = builds.launched
+        assert want.view.name == AZ_POOL
+        (body,) = [b for m, p, b in arm.requests if m == "PUT" and "/virtualMachines/" in p]
+        props = body["properties"]
+        assert props["storageProfile"]["imageReference"] == {
+            "publisher": "Canonical",
+            "offer": "0001-com-ubuntu-server-jammy",
+            "sku": "22_04-lts-gen2",
+            "version": "latest",
+        }
+        assert base64.b64decode(props["userData"]).decode() == images.BUILDER_USER_DATA
+        assert "identity" not in body and "priority" not in props
+        assert body["tags"][images.TAG_BUILDER] == AZ_POOL
+        ip = props["networkProfile"]["networkInterfaceConfigurations"][0]["properties"]
+        public = ip["ipConfigurations"][0]["properties"]["publicIPAddressConfiguration"]
+        assert public["properties"]["deleteOption"] == "Delete"
+        assert launched.address.startswith("203.0.113.")
+        assert json.loads(builds.inventory.read_text())["all"]["hosts"] == {
+            "az-h100-001": _builder_host(launched.address, "azure")
+        }
+
+        builds.finish(state, ok=True)
+        record = images.records(state)[AZ_POOL]
+        (name,) = arm.images
+        assert name.startswith(f"burst-{AZ_POOL}-{want.digest}-20")
+        assert record.image == (
+            f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{group}/providers/"
+            f"Microsoft.Compute/images/{name}"
+        )
+        assert arm.images[name]["tags"] == {
+            TAG_CLUSTER: "burst",
+            TAG_POOL: AZ_POOL,
+            images.TAG_INPUTS: want.digest,
+        }
+        source = arm.images[name]["properties"]["sourceVirtualMachine"]["id"]
+        assert source.endswith(f"/virtualMachines/{launched.instance}")
+        posts = [p.split("?")[0].rpartition("/")[2] for m, p, _ in arm.requests if m == "POST"]
+        assert posts == ["deallocate", "generalize"]
+        # the builder deleted with its NIC and address, the stack again
+        assert arm.vms == {} and arm.nics == {} and arm.addresses == {} and refreshed == [1]
+        assert images.wanted(cluster, "azure", images.read_render(state.build), state) == []
+
+        again = start([AZ_POOL])
+        again.finish(state, ok=True)
+        newer = images.records(state)[AZ_POOL].image
+        assert [i["id"] for i in arm.images.values()] == [newer]
+
+        failed = start([AZ_POOL])  # a failed converge: nothing captured, the builder gone
+        failed.finish(state, ok=False)
+        assert arm.vms == {} and images.records(state)[AZ_POOL].image == newer
+
+        assert images.remove_images(cluster, state, builder) == [newer]
+        assert arm.images == {} and AZ_POOL not in images.records(state)

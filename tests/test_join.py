@@ -430,11 +430,14 @@ def test_an_azure_node_reads_its_name_and_its_identitys_key_vault_secret(
         "/secrets/burst-azh100-tunnel-keys?api-version=7.4",
         (200, json.dumps({"value": base64.b64encode(_tunnel_keys("az-1").encode()).decode()})),
     )
+    answers.on(  # a regular VM: no spot notice watch
+        "/metadata/instance/compute/priority?api-version=2021-02-01&format=text", (200, "Regular")
+    )
     node, lines = Node(tmp_path), []
     assert node.join(config, Metadata("azure", answers.url), lines) == "az-1"
     _joined(node, "az-1", config, lines)
     imds = [h for _, p, h in answers.got if p.startswith("/metadata/")]
-    assert len(imds) == 4 and all(h.get("metadata") == "true" for h in imds)
+    assert len(imds) == 5 and all(h.get("metadata") == "true" for h in imds)
     reads = [h for _, p, h in answers.got if p.startswith("/secrets/")]
     assert len(reads) == 2 and all(h["authorization"] == "Bearer eyJ0" for h in reads)
 
@@ -611,7 +614,48 @@ def test_a_gcp_spot_vm_watches_instance_preempted(answers: Answers) -> None:
     assert marked == [("gcp-h100-001", why)]
     assert any("HTTP 503" in line and "looking again" in line for line in said)
     assert all(h.get("metadata-flavor") == "Google" for _, p, h in answers.got if "preempt" in p)
-    # an on-demand VM: no watch; Azure's spot is refused by the spec
+    # an on-demand VM: no watch
     answers.on("/instance/scheduling/preemptible", (200, "FALSE"))
     assert not metadata.spot()
-    assert not Metadata("azure", answers.url).spot()
+
+
+def test_an_azure_spot_vm_watches_its_scheduled_events(answers: Answers) -> None:
+    """Azure's metadata: compute/priority Spot; the watch reads Scheduled Events (Metadata:
+    true) until a Preempt event names this VM (another VM's, or another kind of event, is not
+    this one's notice); a look that fails is said and made again."""
+    from provision.burst import notice
+
+    priority = "/metadata/instance/compute/priority?api-version=2021-02-01&format=text"
+    answers.on(priority, (200, "Spot"))
+    events = "/metadata/scheduledevents?api-version=2020-07-01"
+
+    def doc(*found: dict[str, object]) -> tuple[int, str]:
+        return 200, json.dumps({"DocumentIncarnation": len(found), "Events": list(found)})
+
+    freeze = {"EventType": "Freeze", "Resources": ["az-h100-001"], "NotBefore": ""}
+    other = {"EventType": "Preempt", "Resources": ["az-h100-002"], "NotBefore": ""}
+    mine = {
+        "EventId": "A123",
+        "EventType": "Preempt",
+        "ResourceType": "VirtualMachine",
+        "Resources": ["az-h100-001"],
+        "EventStatus": "Scheduled",
+        "NotBefore": "Fri, 04 Dec 2026 23:50:00 GMT",
+    }
+    answers.on(events, doc(), (500, ""), doc(freeze, other), doc(freeze, mine))
+    metadata = Metadata("azure", answers.url)
+    assert metadata.spot()
+    marked: list[tuple[str, str]] = []
+    said: list[str] = []
+    slept: list[float] = []
+    why = notice.watch(
+        metadata, "az-h100-001", said.append, mark=lambda n, w: marked.append((n, w)),
+        sleep=slept.append,
+    )  # fmt: skip
+    assert why == "Azure evicts the spot VM at Fri, 04 Dec 2026 23:50:00 GMT"
+    assert marked == [("az-h100-001", why)]
+    assert any("HTTP 500" in line and "looking again" in line for line in said)
+    assert len(slept) == 3  # it polls (Scheduled Events answers at once)
+    assert all(h.get("metadata") == "true" for _, p, h in answers.got if "scheduled" in p)
+    answers.on(priority, (200, "Regular"))
+    assert not metadata.spot()

@@ -33,6 +33,9 @@ LAB_LABEL = "provision.cluster"
 TAG_CLUSTER = "provision-cluster"
 TAG_POOL = "provision-pool"
 TAG_NODE = "provision-node"
+# on an Azure InfiniBand pool's scale set: the availability set its burst VMs are made in (a
+# Flexible scale set carries no InfiniBand; one availability set is one InfiniBand partition)
+TAG_AVAILABILITY_SET = "provision-availability-set"
 
 
 # the shortest limit on those names: a Compute Engine name (63), an Azure scale set's (64)

@@ -236,7 +236,7 @@ class Metadata:
 
     def spot(self) -> bool:
         """Whether the cloud may take this instance back: AWS's `instance-life-cycle` is
-        `spot`, GCP's `scheduling/preemptible` TRUE (Azure: spot is refused)."""
+        `spot`, GCP's `scheduling/preemptible` TRUE, Azure's `compute/priority` Spot."""
         if self.cloud == "aws":
             status, value = self.aws("instance-life-cycle")
             return status == 200 and value.strip() == "spot"
@@ -245,7 +245,11 @@ class Metadata:
                 f"{self.base}/instance/scheduling/preemptible", {"Metadata-Flavor": "Google"}
             )
             return status == 200 and value.strip().upper() == "TRUE"
-        return False
+        status, value = rest.text(
+            f"{self.base}/metadata/instance/compute/priority?api-version=2021-02-01&format=text",
+            {"Metadata": "true"},
+        )
+        return status == 200 and value.strip().lower() == "spot"
 
     def gcp_project(self) -> str:
         status, value = rest.text(f"{self.base}/project/project-id", {"Metadata-Flavor": "Google"})

@@ -1,7 +1,8 @@
 """A spot node's watch for its cloud's advance notice that it takes the instance back: EC2 posts
 `spot/instance-action` in the instance's metadata two minutes before, Compute Engine sets
-`instance/preempted` to TRUE about 30 seconds before (each cloud's spot guide has its node poll
-for it, EC2's every 5 seconds). On the notice the node marks itself DOWN with the reason, so
+`instance/preempted` to TRUE about 30 seconds before, Azure schedules a `Preempt` event in its
+Scheduled Events at least 30 seconds before (each cloud's spot guide has its node poll for it,
+EC2's every 5 seconds). On the notice the node marks itself DOWN with the reason, so
 Slurm requeues its jobs then, not when the instance is already gone; the reconciler's cooldown
 returns the name to the pool (slurm.COOLDOWN_REASONS).
 
@@ -31,9 +32,11 @@ GCP_WAIT_S = 60  # a GCP wait_for_change answers at the latest then
 CONF_CACHES = (Path("/run/slurm/conf/slurm.conf"), Path("/var/spool/slurmd/conf-cache/slurm.conf"))
 
 
-def notice(metadata: Metadata) -> str | None:
+def notice(metadata: Metadata, node: str = "") -> str | None:
     """The cloud's notice, if it gave one: what it will do, as a reason's words; else None.
     GCP's look waits (wait_for_change) until the value changes or a minute passes."""
+    if metadata.cloud == "azure":
+        return _azure_notice(metadata, node)
     if metadata.cloud == "aws":
         status, value = metadata.aws("spot/instance-action")
         if status == 404:
@@ -53,6 +56,31 @@ def notice(metadata: Metadata) -> str | None:
     if status != 200:
         raise BurstError(f"instance/preempted: HTTP {status}")
     return "Compute Engine is preempting the VM" if value.strip().upper() == "TRUE" else None
+
+
+def _azure_notice(metadata: Metadata, node: str) -> str | None:
+    """A `Preempt` event of this VM in Azure's Scheduled Events (the first look turns the
+    service on for the VM; an event names the VMs it concerns)."""
+    status, value = rest.text(
+        f"{metadata.base}/metadata/scheduledevents?api-version=2020-07-01",
+        {"Metadata": "true"},
+        timeout=30,
+    )
+    if status != 200:
+        raise BurstError(f"scheduledevents: HTTP {status}")
+    try:
+        events = json.loads(value).get("Events") or []
+    except (ValueError, AttributeError):
+        raise BurstError("scheduledevents: not JSON") from None
+    for event in events:
+        if not isinstance(event, dict) or event.get("EventType") != "Preempt":
+            continue
+        resources = event.get("Resources") or []
+        if node and resources and node not in resources:
+            continue
+        when = event.get("NotBefore")
+        return f"Azure evicts the spot VM{f' at {when}' if when else ''}"
+    return None
 
 
 def mark_self_down(node: str, why: str) -> None:
@@ -86,7 +114,7 @@ def watch(
     fails is said and tried again at the next poll (the metadata service hiccups)."""
     while True:
         try:
-            why = notice(metadata)
+            why = notice(metadata, node)
         except (BurstError, OSError) as exc:
             say(f"notice: {one_line(exc)}; looking again")
             sleep(poll_s)
@@ -95,5 +123,5 @@ def watch(
             say(f"notice: {why}: {node} marked down, its jobs requeued")
             mark(node, why)
             return why
-        if metadata.cloud == "aws":  # GCP's look waited already
+        if metadata.cloud != "gcp":  # GCP's look waited already
             sleep(poll_s)

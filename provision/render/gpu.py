@@ -39,7 +39,8 @@ def nccl_settings(cluster: Cluster, view: PoolView) -> list[tuple[str, str, str]
                 "NCCL_IB_DISABLE",
                 "0",
                 f"the cloud's InfiniBand, {cloud_infiniband(view.profile)} adapters: the "
-                "pool's lasting machines share one availability set, so one partition",
+                "pool's machines (lasting and burst) share one availability set, so one "
+                "partition",
             )
         )
     elif pool_rails:

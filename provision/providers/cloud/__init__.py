@@ -41,6 +41,8 @@ PASSPHRASE = "pulumi.passphrase"
 # is an instance of the cloud (AWS: an IAM user's access key), kept in the cluster's secrets as
 # <cloud>-burst-credentials, from where the burst role puts it on the heads
 BURST_CREDENTIALS = "burst-credentials"
+# the private key of the Azure heads' issuer (its public half is in the stack's key set)
+AZURE_ISSUER_KEY = "azure-issuer-key.pem"
 # Options: a remote backend (s3://, gs://, azblob://, https://api.pulumi.com) and a KMS secrets
 # provider (awskms://..., gcpkms://..., azurekeyvault://...) instead of the local defaults
 ENV_BACKEND = "PROVISION_PULUMI_BACKEND"
@@ -290,6 +292,7 @@ def component(
     munge_key: bytes | None = None,
     tunnel_keys: dict[str, bytes] | None = None,
     images: dict[str, str] | None = None,
+    issuer_key: dict[str, str] | None = None,
 ) -> Any:
     """Build the cloud's component in the current Pulumi program (or under test mocks). The
     munge key goes into the cloud's secret store where a pool is elastic, and a remote elastic
@@ -310,7 +313,7 @@ def component(
         return GcpCluster(shape, munge_key, tunnel_keys=keys)
     from provision.providers.cloud.azure import AzureCluster
 
-    return AzureCluster(shape, munge_key, tunnel_keys=keys)
+    return AzureCluster(shape, munge_key, tunnel_keys=keys, issuer_key=issuer_key)
 
 
 def program(
@@ -320,11 +323,12 @@ def program(
     munge_key: bytes | None = None,
     tunnel_keys: dict[str, bytes] | None = None,
     images: dict[str, str] | None = None,
+    issuer_key: dict[str, str] | None = None,
 ) -> Callable[[], None]:
     def run() -> None:
         import pulumi
 
-        built = component(kind, cluster, ssh_public_key, munge_key, tunnel_keys, images)
+        built = component(kind, cluster, ssh_public_key, munge_key, tunnel_keys, images, issuer_key)
         pulumi.export("nodes", built.nodes)
         pulumi.export("templates", built.templates)
         if kind == "aws":  # a running stack's subnets keep their ranges (refused_recarve)
@@ -420,11 +424,63 @@ def _tunnel_keys(state: State, cluster: Cluster, kind: str) -> dict[str, bytes]:
     return out
 
 
+def _issuer_key(state: State) -> Path:
+    """The Azure heads' issuer's private key (RSA 2048, PEM, 0600), made once."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    def make() -> bytes:
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        return key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    state.ensure()
+    return create_once(state.secrets / AZURE_ISSUER_KEY, make, (64, 16 * 1024))
+
+
+def issuer_jwk(pem: bytes) -> dict[str, str]:
+    """The public JWK (RFC 7517) of the issuer's key, its kid the key's RFC 7638 thumbprint."""
+    import base64
+    import hashlib
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = serialization.load_pem_private_key(pem, password=None)
+    if not isinstance(key, rsa.RSAPrivateKey):
+        raise OperationError("the Azure issuer's key is not an RSA key")
+    numbers = key.public_key().public_numbers()
+
+    def b64(value: int) -> str:
+        data = value.to_bytes((value.bit_length() + 7) // 8, "big")
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    e, n = b64(numbers.e), b64(numbers.n)
+    canonical = json.dumps({"e": e, "kty": "RSA", "n": n}, separators=(",", ":"))
+    kid = base64.urlsafe_b64encode(hashlib.sha256(canonical.encode()).digest())
+    return {
+        "kty": "RSA",
+        "alg": "RS256",
+        "use": "sig",
+        "kid": kid.rstrip(b"=").decode(),
+        "n": n,
+        "e": e,
+    }
+
+
 def keep_credentials(outputs: dict[str, Any], state: State, kind: str) -> dict[str, Any]:
     """The stack's outputs without the heads' burst credentials, which go to the cluster's
-    secrets (0600) for the burst role; removed there when the stack has none any more."""
+    secrets (0600) for the burst role; removed there when the stack has none any more. Azure's
+    are the heads' identity and its issuer: the issuer's key joins them there."""
     path = state.secrets / f"{kind}-{BURST_CREDENTIALS}"
     credentials = outputs.pop(BURST_CREDENTIALS, None)
+    if credentials and kind == "azure":
+        doc = json.loads(str(credentials))
+        doc["private_key"] = (state.secrets / AZURE_ISSUER_KEY).read_text()
+        credentials = json.dumps(doc, sort_keys=True)
     if credentials:
         write_private(path, str(credentials).encode())
     else:
@@ -521,6 +577,7 @@ class CloudProvider(Defaults):
                 _munge_key(state),
                 _tunnel_keys(state, cluster, self.kind),
                 _images(state, self.kind),
+                self._issuer(state, cluster),
             ),
             opts=auto.LocalWorkspaceOptions(
                 project_settings=settings,
@@ -528,6 +585,14 @@ class CloudProvider(Defaults):
                 env_vars={"PULUMI_CONFIG_PASSPHRASE": passphrase.read_text().strip()},
             ),
         )
+
+    def _issuer(self, state: State, cluster: Cluster) -> dict[str, str] | None:
+        """The public key of the Azure heads' issuer, where Azure pools burst."""
+        if self.kind != "azure" or not any(
+            v.pool.elastic and v.pool.provider == "azure" for v in cluster.pools
+        ):
+            return None
+        return issuer_jwk(_issuer_key(state).read_bytes())
 
     def create(self, nodes: list[Node], state: State) -> dict[str, ipaddress.IPv4Address]:
         check_ready(self.kind)
@@ -570,10 +635,12 @@ class CloudProvider(Defaults):
 
     def _builder(self, cluster: Cluster, state: State) -> Any:
         """This cloud's image builder (builders.py)."""
-        from provision.providers.cloud.builders import AwsBuilder, GcpBuilder
+        from provision.providers.cloud.builders import AwsBuilder, AzureBuilder, GcpBuilder
 
         if self.kind == "gcp":
             return GcpBuilder(cluster)
+        if self.kind == "azure":
+            return AzureBuilder(cluster)
         path = outputs_file(state, self.kind)
         subnets = json.loads(path.read_text()).get("builder_subnets") if path.exists() else None
         return AwsBuilder(cluster, subnets=subnets)

@@ -6,7 +6,16 @@ group: Azure takes no proximity placement group beside a reservation), virtual m
 lasting nodes (accelerated networking; an InfiniBand (ND) pool's in one availability set, as
 Azure links over InfiniBand only the VMs of one availability set or of a Uniform scale set with a
 single placement group, one partition key, and a Flexible scale set carries no InfiniBand) and,
-for burst pools, a Flexible scale set of capacity 0 that bursting makes VMs in.
+for burst pools, a Flexible scale set of capacity 0 that bursting makes VMs in (its pool's own
+image once made; Spot priority, deleted on eviction, for a spot pool).
+
+What the heads act as in Azure (they are on premises): a user-assigned identity
+`<cluster>-burst-heads` with a role of the cluster's own (what the burst programs do, in the
+cluster's resource group alone), reached through workload identity federation: a federated
+credential on the identity trusts the cluster's own OpenID Connect issuer, two public JSON
+documents in a storage account of the stack (the discovery document and the key set, as
+Microsoft's workload identity guide for self-managed issuers publishes them), whose key the
+workstation made and apply installs on the heads. No client secret exists.
 
 Azure's rules the program keeps (tests/cloud_rules.py holds them for the mocks): a Marketplace
 image sold under a plan (Rocky Linux) is named with its plan; encryption at host is not asked
@@ -17,12 +26,17 @@ server-side encryption, platform keys)."""
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
+import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_azure_native as az
 
 from provision.burst.config import (
+    TAG_AVAILABILITY_SET,
     cloud_group,
     cloud_template,
     key_vault,
@@ -40,6 +54,64 @@ from provision.providers.cloud.layout import (
 
 # Azure's built-in role that reads a Key Vault's secrets (and nothing else in it)
 SECRETS_USER_ROLE = "4633458b-17de-408a-b874-0445c86b69e6"
+# the public container of the heads' issuer, and the audience Entra asks of its tokens
+ISSUER_CONTAINER = "oidc"
+EXCHANGE_AUDIENCE = "api://AzureADTokenExchange"
+# what the burst programs do (provision/burst/azure.py), in the cluster's resource group: read
+# the pools' scale sets, make and delete VMs in them with their NICs and disks, attach the
+# pools' node identities, place them in the pools' subnet, security groups, proximity placement
+# groups or capacity reservations, and boot the pools' images
+HEADS_ACTIONS = (
+    "Microsoft.Compute/virtualMachineScaleSets/read",
+    "Microsoft.Compute/virtualMachines/read",
+    "Microsoft.Compute/virtualMachines/write",
+    "Microsoft.Compute/virtualMachines/delete",
+    "Microsoft.Compute/disks/read",
+    "Microsoft.Compute/disks/write",
+    "Microsoft.Compute/disks/delete",
+    "Microsoft.Compute/images/read",
+    "Microsoft.Compute/proximityPlacementGroups/read",
+    "Microsoft.Compute/capacityReservationGroups/read",
+    "Microsoft.Compute/capacityReservationGroups/deploy/action",
+    "Microsoft.Network/networkInterfaces/read",
+    "Microsoft.Network/networkInterfaces/write",
+    "Microsoft.Network/networkInterfaces/delete",
+    "Microsoft.Network/networkInterfaces/join/action",
+    "Microsoft.Network/virtualNetworks/subnets/read",
+    "Microsoft.Network/virtualNetworks/subnets/join/action",
+    "Microsoft.Network/networkSecurityGroups/read",
+    "Microsoft.Network/networkSecurityGroups/join/action",
+    "Microsoft.ManagedIdentity/userAssignedIdentities/read",
+    "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action",
+)
+
+
+def heads_subject(cluster: str) -> str:
+    """The subject the heads' tokens carry and the federated credential trusts."""
+    return f"provision:{cluster}:burst-heads"
+
+
+def issuer_account(cluster: str, subscription: str) -> str:
+    """The issuer's storage account: 3-24 lower-case letters and digits, unique in Azure (the
+    cluster's name and a digest of it with the subscription)."""
+    stem = "".join(c for c in cluster.lower() if c.isalnum())[:14] or "cluster"
+    digest = hashlib.sha256(f"{subscription}/{cluster}".encode()).hexdigest()[:6]
+    return f"{stem}oidc{digest}"
+
+
+def issuer_documents(issuer: str, jwk: dict[str, str]) -> dict[str, str]:
+    """The blob name -> text of the issuer's discovery document and key set."""
+    discovery = {
+        "issuer": issuer,
+        "jwks_uri": f"{issuer}openid/v1/jwks",
+        "response_types_supported": ["id_token"],
+        "subject_types_supported": ["public"],
+        "id_token_signing_alg_values_supported": ["RS256"],
+    }
+    return {
+        ".well-known/openid-configuration": json.dumps(discovery, sort_keys=True),
+        "openid/v1/jwks": json.dumps({"keys": [jwk]}, sort_keys=True),
+    }
 
 
 class AzureCluster(pulumi.ComponentResource):
@@ -48,8 +120,11 @@ class AzureCluster(pulumi.ComponentResource):
         layout: CloudLayout,
         munge_key: bytes | None = None,
         tunnel_keys: dict[str, bytes] | None = None,
+        issuer_key: dict[str, str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        """issuer_key: the public JWK of the heads' issuer (the workstation keeps its private
+        half); the heads' identity is made where pools burst."""
         self.tunnel_keys = tunnel_keys or {}
         super().__init__("provision:azure:Cluster", layout.cluster, None, opts)
         here = pulumi.ResourceOptions(parent=self)
@@ -122,6 +197,9 @@ class AzureCluster(pulumi.ComponentResource):
         )
         for pool in layout.pools:
             self._pool(layout, pool, group, subnet, here)
+        self.burst_credentials: pulumi.Output[str] | None = None
+        if layout.bursts and issuer_key is not None:
+            self.burst_credentials = self._heads(layout, group, issuer_key, here)
         self.register_outputs({"nodes": self.nodes, "templates": self.templates})
 
     def _linux(self, layout: CloudLayout) -> az.compute.LinuxConfigurationArgs:
@@ -159,10 +237,10 @@ class AzureCluster(pulumi.ComponentResource):
             )
         where = _Where(group, subnet, nsg, ppg, pool.reservation, tags, here)
         # InfiniBand links only the VMs of one availability set (or of a Uniform scale set with
-        # a single placement group; a Flexible one carries none): an ND pool's lasting VMs
-        # share the pool's availability set, in its proximity placement group
+        # a single placement group; a Flexible one carries none): an ND pool's VMs, lasting and
+        # burst, share the pool's availability set, in its proximity placement group
         avset = None
-        if pool.infiniband and pool.nodes:
+        if pool.infiniband and (pool.nodes or pool.elastic):
             avset = az.compute.AvailabilitySet(
                 layout.name(pool.name, "avset"),
                 availability_set_name=layout.name(pool.name, "avset"),
@@ -176,7 +254,7 @@ class AzureCluster(pulumi.ComponentResource):
         for node in pool.nodes:
             self._vm(layout, pool, node, where, avset)
         if pool.elastic:
-            self.templates[pool.name] = self._scale_set(layout, pool, where).id
+            self.templates[pool.name] = self._scale_set(layout, pool, where, avset).id
 
     @staticmethod
     def _security_group(
@@ -284,10 +362,15 @@ class AzureCluster(pulumi.ComponentResource):
         }
 
     def _scale_set(
-        self, layout: CloudLayout, pool: CloudPool, where: _Where
+        self,
+        layout: CloudLayout,
+        pool: CloudPool,
+        where: _Where,
+        avset: az.compute.AvailabilitySet | None = None,
     ) -> az.compute.VirtualMachineScaleSet:
         """A burst pool's template: a Flexible scale set of capacity 0 whose VM profile is a
-        lasting node's VM (image, disk, security, NIC settings) without a public address."""
+        lasting node's VM (image, disk, security, NIC settings) without a public address. An
+        InfiniBand pool's names its availability set in a tag: its burst VMs are made there."""
         vmss = az.compute
         identity, user_data = None, None
         if pool.join is not None:
@@ -300,6 +383,14 @@ class AzureCluster(pulumi.ComponentResource):
             user_data = pool_user_data(layout, pool, self.nodes, reader.client_id).apply(
                 lambda text: base64.b64encode(text.encode()).decode()
             )
+        image = vmss.ImageReferenceArgs(id=pool.image) if pool.image else self.image
+        spot: dict[str, Any] = {}
+        if pool.spot:  # Azure Spot: evicted VMs are deleted; up to the on-demand price
+            spot = {
+                "priority": vmss.VirtualMachinePriorityTypes.SPOT,
+                "eviction_policy": vmss.VirtualMachineEvictionPolicyTypes.DELETE,
+                "billing_profile": vmss.BillingProfileArgs(max_price=-1),
+            }
         return vmss.VirtualMachineScaleSet(
             layout.name(pool.name, "vmss"),
             vm_scale_set_name=cloud_template(layout.cluster, pool.name),
@@ -315,6 +406,7 @@ class AzureCluster(pulumi.ComponentResource):
             proximity_placement_group=where.placement(),
             identity=identity,
             virtual_machine_profile=vmss.VirtualMachineScaleSetVMProfileArgs(
+                **spot,
                 user_data=user_data,
                 capacity_reservation=where.reservation_profile(),
                 os_profile=vmss.VirtualMachineScaleSetOSProfileArgs(
@@ -323,7 +415,8 @@ class AzureCluster(pulumi.ComponentResource):
                     linux_configuration=self._linux(layout),
                 ),
                 storage_profile=vmss.VirtualMachineScaleSetStorageProfileArgs(
-                    image_reference=self.image,
+                    # the pool's own image once made (provision image build)
+                    image_reference=image,
                     os_disk=vmss.VirtualMachineScaleSetOSDiskArgs(
                         create_option="FromImage",
                         disk_size_gb=ROOT_GB,
@@ -351,7 +444,11 @@ class AzureCluster(pulumi.ComponentResource):
                     ],
                 ),
             ),
-            tags=where.tags,
+            tags=(
+                avset.id.apply(lambda i: {**where.tags, TAG_AVAILABILITY_SET: i})
+                if avset is not None
+                else where.tags
+            ),
             opts=where.opts,
         )
 
@@ -398,6 +495,111 @@ class AzureCluster(pulumi.ComponentResource):
                 opts=where.opts,
             )
         return reader
+
+    def _heads(
+        self,
+        layout: CloudLayout,
+        group: az.resources.ResourceGroup,
+        jwk: dict[str, str],
+        here: pulumi.ResourceOptions,
+    ) -> pulumi.Output[str]:
+        """The heads' identity, its federated credential, the issuer it trusts and its role; the
+        heads' credentials file without its key (apply adds it): JSON."""
+        tags = layout.tags()
+        subscription = self.client.subscription_id
+        account = az.storage.StorageAccount(
+            layout.name("issuer"),
+            account_name=subscription.apply(lambda sub: issuer_account(layout.cluster, sub)),
+            resource_group_name=group.name,
+            location=group.location,
+            kind="StorageV2",
+            sku=az.storage.SkuArgs(name="Standard_LRS"),
+            # the issuer's two documents are public (Entra reads them without a login); the
+            # container holds nothing else
+            allow_blob_public_access=True,
+            enable_https_traffic_only=True,
+            minimum_tls_version="TLS1_2",
+            tags=tags,
+            opts=here,
+        )
+        container = az.storage.BlobContainer(
+            layout.name("issuer"),
+            account_name=account.name,
+            resource_group_name=group.name,
+            container_name=ISSUER_CONTAINER,
+            public_access=az.storage.PublicAccess.BLOB,
+            opts=here,
+        )
+        issuer = account.name.apply(
+            lambda name: f"https://{name}.blob.core.windows.net/{ISSUER_CONTAINER}/"
+        )
+        for n, blob in enumerate(issuer_documents("", jwk)):
+            az.storage.Blob(
+                layout.name("issuer", str(n)),
+                account_name=account.name,
+                container_name=container.name,
+                resource_group_name=group.name,
+                blob_name=blob,
+                content_type="application/json",
+                source=issuer.apply(
+                    lambda url, blob=blob: pulumi.StringAsset(issuer_documents(url, jwk)[blob])
+                ),
+                opts=here,
+            )
+        identity = az.managedidentity.UserAssignedIdentity(
+            layout.name("burst-heads"),
+            resource_name_=f"{layout.cluster}-burst-heads",
+            resource_group_name=group.name,
+            location=group.location,
+            tags=tags,
+            opts=here,
+        )
+        az.managedidentity.FederatedIdentityCredential(
+            layout.name("burst-heads"),
+            federated_identity_credential_resource_name="heads",
+            resource_name_=identity.name,
+            resource_group_name=group.name,
+            issuer=issuer,
+            subject=heads_subject(layout.cluster),
+            audiences=[EXCHANGE_AUDIENCE],
+            opts=here,
+        )
+        role = az.authorization.RoleDefinition(
+            layout.name("burst-heads"),
+            # a role definition's name is a GUID, one per cluster and subscription
+            role_definition_id=subscription.apply(
+                lambda sub: str(uuid.uuid5(uuid.NAMESPACE_URL, f"provision:{sub}:{layout.cluster}"))
+            ),
+            role_name=f"{layout.cluster} burst heads",
+            description=f"What the burst programs of cluster {layout.cluster} do",
+            scope=group.id,
+            assignable_scopes=[group.id],
+            permissions=[az.authorization.PermissionArgs(actions=list(HEADS_ACTIONS))],
+            opts=here,
+        )
+        az.authorization.RoleAssignment(
+            layout.name("burst-heads"),
+            principal_id=identity.principal_id,
+            principal_type="ServicePrincipal",
+            role_definition_id=role.id,
+            scope=group.id,
+            opts=here,
+        )
+        return pulumi.Output.all(
+            self.client.tenant_id, identity.client_id, subscription, issuer
+        ).apply(
+            lambda parts: json.dumps(
+                {
+                    "tenant": parts[0],
+                    "client_id": parts[1],
+                    "subscription": parts[2],
+                    "issuer": parts[3],
+                    "subject": heads_subject(layout.cluster),
+                    "kid": jwk["kid"],
+                },
+                sort_keys=True,
+            )
+        )
 
 
 def _vault(

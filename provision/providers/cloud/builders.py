@@ -410,3 +410,264 @@ class GcpBuilder:
             self._call("DELETE", path)
             removed.append(path)
         return removed
+
+
+# Resource Manager's long operations: how long a builder waits for one (a VM's provisioning, its
+# deallocation, an image of a 200 GB disk), and how often it looks
+AZURE_WAIT_S = 1800
+AZURE_POLL_S = 10.0
+AZURE_COMPUTE_API = "2024-07-01"
+AZURE_NETWORK_API = "2024-05-01"
+
+
+class AzureBuilder:
+    """Azure's part, through Resource Manager's REST API with the workstation's credentials (a
+    service principal's ARM_* variables, else the Azure CLI's token, as the stack's; the
+    subscription of ARM_SUBSCRIPTION_ID or the CLI's), as Azure's guide to a managed image of a
+    generalized Linux VM has it: the builder made in the pool's resource group from the pool's
+    scale set's VM profile (provision/burst/azure.py vm_body: size, disk, NIC settings, security
+    group, placement) with the OS's stock image, a user data that runs nothing, a public address
+    (burst VMs have none; the workstation reaches the builder there), no node identity and no
+    Spot priority; the seal deprovisions Azure's agent; then deallocated, generalized, and
+    captured as a managed image with the cluster's tags, and deleted with its NIC, disk and
+    address."""
+
+    cloud = "azure"
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        call: Any = None,
+        subscription: str | None = None,
+        base: str | None = None,
+        poll_s: float = AZURE_POLL_S,
+    ) -> None:
+        import os
+
+        from provision.providers.cloud import ARM, ENV_AZURE_ENDPOINT
+
+        self.cluster = cluster
+        self.base = base or os.environ.get(ENV_AZURE_ENDPOINT) or ARM
+        self._call_fn = call or self._rest
+        self._token: str | None = None
+        self.subscription = subscription or os.environ.get("ARM_SUBSCRIPTION_ID") or ""
+        self.poll_s = poll_s
+
+    def _credentials(self) -> str:
+        import os
+
+        from provision.providers.cloud import _azure_token
+
+        if self._token is None:
+            found = _azure_token(dict(os.environ))
+            if found is None:
+                raise OperationError(
+                    "azure: no token for the image builds (ARM_CLIENT_ID, ARM_CLIENT_SECRET and "
+                    "ARM_TENANT_ID, or `az login`)"
+                )
+            self._token, subscription = found
+            self.subscription = self.subscription or subscription
+        return self._token
+
+    def _rest(self, method: str, url: str, body: object = None) -> Any:
+        from provision.burst import rest
+
+        token = self._credentials()
+        return rest.call(method, url, body, headers={"Authorization": f"Bearer {token}"})
+
+    def _call(self, method: str, path: str, body: object = None) -> Any:
+        from provision.burst.backend import BurstError
+
+        url = path if path.startswith("http") else f"{self.base}{path}"
+        try:
+            return self._call_fn(method, url, body)
+        except (BurstError, OSError) as exc:
+            raise OperationError(
+                f"azure: {method} {path.split('?')[0].rpartition('/providers/')[2]}: "
+                f"{one_line(exc)}"
+            ) from None
+
+    def _group(self) -> str:
+        from provision.burst.config import cloud_group
+
+        if not self.subscription:
+            self._credentials()
+        if not self.subscription:
+            raise OperationError(
+                "azure: no subscription for the image builds: set ARM_SUBSCRIPTION_ID"
+            )
+        return (
+            f"/subscriptions/{self.subscription}/resourceGroups/"
+            f"{cloud_group(self.cluster.spec.name)}/providers"
+        )
+
+    def _vm(self, name: str, query: str = "") -> str:
+        return (
+            f"{self._group()}/Microsoft.Compute/virtualMachines/{name}"
+            f"?api-version={AZURE_COMPUTE_API}{query}"
+        )
+
+    def _until(self, what: str, done: Any) -> Any:
+        """Look every poll_s until done(answer) says so (True, or an error's text)."""
+        import time
+
+        deadline = time.monotonic() + AZURE_WAIT_S
+        while True:
+            answer = done()
+            if answer is True:
+                return
+            if isinstance(answer, str):
+                raise OperationError(f"azure: {what}: {answer}")
+            if time.monotonic() > deadline:
+                raise OperationError(f"azure: {what}: still not done after {AZURE_WAIT_S}s")
+            time.sleep(self.poll_s)
+
+    def stock_image(self) -> dict[str, str]:
+        """The OS's Marketplace image (the stack's), its newest version."""
+        from provision.providers.cloud.layout import IMAGES
+
+        publisher, offer, sku = IMAGES[self.cluster.spec.os]["azure"]
+        return {"publisher": publisher, "offer": offer, "sku": sku, "version": "latest"}
+
+    def launch(self, view: PoolView, name: str, tags: dict[str, str]) -> Launched:
+        import base64
+
+        from provision.burst.azure import vm_body
+
+        stock = self.stock_image()
+        template = cloud_template(self.cluster.spec.name, view.name)
+        scale_set = self._call(
+            "GET",
+            f"{self._group()}/Microsoft.Compute/virtualMachineScaleSets/{template}"
+            f"?api-version={AZURE_COMPUTE_API}",
+        )
+        try:
+            body = vm_body(name, scale_set, {**scale_set.get("tags", {}), **tags})
+        except (KeyError, TypeError) as exc:
+            raise OperationError(f"azure: scale set {template}: no VM profile ({exc})") from None
+        props = body["properties"]
+        props["storageProfile"]["imageReference"] = stock
+        props["userData"] = base64.b64encode(BUILDER_USER_DATA.encode()).decode()
+        for key in ("priority", "evictionPolicy", "billingProfile"):
+            props.pop(key, None)  # a builder is not evicted mid-build
+        body.pop("identity", None)  # it reads no secret
+        primary = props["networkProfile"]["networkInterfaceConfigurations"][0]["properties"]
+        primary["ipConfigurations"] = [
+            {
+                **primary["ipConfigurations"][0],
+                "properties": {
+                    **primary["ipConfigurations"][0]["properties"],
+                    "publicIPAddressConfiguration": {
+                        "name": f"{name}-ip",
+                        "sku": {"name": "Standard"},
+                        "properties": {
+                            "publicIPAllocationMethod": "Static",
+                            "deleteOption": "Delete",
+                        },
+                    },
+                },
+            }
+        ]
+        self._call("PUT", self._vm(name), body)
+        source = "/".join(stock[k] for k in ("publisher", "offer", "sku"))
+        launched = Launched(view.name, view.nodes[0].name, name, "", source)
+        try:
+            self._until(f"builder {name}", lambda: self._provisioned(name))
+            launched.address = self._public_address(name)
+            launched.extra["location"] = str(body["location"])
+        except BaseException:
+            self.remove(launched)  # nothing half-made stays
+            raise
+        return launched
+
+    def _provisioned(self, name: str) -> bool | str | None:
+        vm = self._call("GET", self._vm(name, "&$expand=instanceView"))
+        state = vm.get("properties", {}).get("provisioningState")
+        if state == "Succeeded":
+            return True
+        if state == "Failed":
+            statuses = vm["properties"].get("instanceView", {}).get("statuses", [])
+            failed: dict[str, Any] = next(
+                (s for s in statuses if "/failed" in s.get("code", "")), {}
+            )
+            return f"{failed.get('code', 'Failed')}: {failed.get('message', '')}"[:200]
+        return None
+
+    def _public_address(self, name: str) -> str:
+        vm = self._call("GET", self._vm(name))
+        nics = vm.get("properties", {}).get("networkProfile", {}).get("networkInterfaces", [])
+        if not nics:
+            raise OperationError(f"azure: builder {name} has no NIC")
+        nic = self._call("GET", f"{nics[0]['id']}?api-version={AZURE_NETWORK_API}")
+        configs = nic.get("properties", {}).get("ipConfigurations", [])
+        public = configs[0].get("properties", {}).get("publicIPAddress", {}) if configs else {}
+        if not public.get("id"):
+            raise OperationError(f"azure: builder {name} has no public address")
+        address = self._call("GET", f"{public['id']}?api-version={AZURE_NETWORK_API}")
+        found = address.get("properties", {}).get("ipAddress", "")
+        if not found:
+            raise OperationError(f"azure: builder {name}'s public address has no IP yet")
+        return str(found)
+
+    def _deallocated(self, name: str) -> bool:
+        vm = self._call("GET", self._vm(name, "&$expand=instanceView"))
+        statuses = vm.get("properties", {}).get("instanceView", {}).get("statuses", [])
+        return any(s.get("code") == "PowerState/deallocated" for s in statuses)
+
+    def capture(self, launched: Launched, name: str, tags: dict[str, str]) -> str:
+        vm = launched.instance
+        self._call("POST", self._vm(vm).replace("?", "/deallocate?", 1))
+        self._until(f"deallocating builder {vm}", lambda: self._deallocated(vm) or None)
+        self._call("POST", self._vm(vm).replace("?", "/generalize?", 1))
+        image = f"{self._group()}/Microsoft.Compute/images/{name}"
+        body = {
+            "location": launched.extra.get("location")
+            or self._call("GET", self._vm(vm))["location"],
+            "tags": tags,
+            "properties": {
+                "sourceVirtualMachine": {
+                    "id": f"{self._group()}/Microsoft.Compute/virtualMachines/{vm}"
+                },
+                "hyperVGeneration": "V2",  # the stock images are Generation 2
+            },
+        }
+        self._call("PUT", f"{image}?api-version={AZURE_COMPUTE_API}", body)
+
+        def made() -> bool | str | None:
+            state = (
+                self._call("GET", f"{image}?api-version={AZURE_COMPUTE_API}")
+                .get("properties", {})
+                .get("provisioningState")
+            )
+            return (
+                True
+                if state == "Succeeded"
+                else (f"image {name}: {state}" if state == "Failed" else None)
+            )
+
+        self._until(f"image {name}", made)
+        return image
+
+    def remove(self, launched: Launched) -> None:
+        # its NIC, disk and public address go with it (deleteOption)
+        self._call("DELETE", self._vm(launched.instance))
+
+    def prune(self, pool: str, tags: dict[str, str], keep: str) -> list[str]:
+        """The pool's images other than `keep`, deleted."""
+        url: str | None = (
+            f"{self._group()}/Microsoft.Compute/images?api-version={AZURE_COMPUTE_API}"
+        )
+        removed = []
+        while url:
+            page = self._call("GET", url)
+            for image in page.get("value", []):
+                mine = image.get("tags") or {}
+                path = str(image.get("id", ""))
+                if path.lower() == keep.lower() or not all(
+                    mine.get(k) == v for k, v in tags.items()
+                ):
+                    continue
+                self._call("DELETE", f"{path}?api-version={AZURE_COMPUTE_API}")
+                removed.append(path)
+            url = page.get("nextLink")
+        return removed

@@ -36,7 +36,7 @@ from provision.state import State
 
 RECORDS = "images.json"
 # the clouds whose builder is made (builders.py)
-BUILDERS = frozenset({"aws", "gcp"})
+BUILDERS = frozenset({"aws", "gcp", "azure"})
 IMAGE_INVENTORY = "cloud-image-hosts.yml"
 # the tag (label) an image carries: the digest of the inputs it was made from
 TAG_INPUTS = "provision-inputs"

@@ -281,6 +281,13 @@ def describe(shape: CloudLayout) -> list[str]:
             "Engine's instance admin in the project, user of the pools' node accounts); its key "
             "kept 0600 in the cluster's secrets, root's alone on the heads"
         )
+    if shape.bursts and shape.provider == "azure":
+        lines.append(
+            f"azure: the heads burst as the identity {shape.cluster}-burst-heads (a role of the "
+            "cluster's own in its resource group: make and delete the pools' VMs), federated "
+            "with the cluster's issuer (its key set public in a storage account of the stack); "
+            "the issuer's key kept 0600 in the cluster's secrets, root's alone on the heads"
+        )
     if shape.provider == "gcp":
         extra = max((p.extra_nics for p in shape.pools), default=0)
         if extra:

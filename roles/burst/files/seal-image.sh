@@ -8,6 +8,9 @@ rm -f /etc/munge/munge.key /etc/default/slurmd /etc/sysconfig/slurmd
 rm -f /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/cgroup.conf
 # cloud-init runs every module again on the first boot of each instance
 cloud-init clean --logs
+# Azure's agent: its instance state out, as Azure's guide to generalizing a Linux VM has it
+# (the user stays: each VM's cloud-init gives it the key again)
+if command -v waagent >/dev/null; then waagent -force -deprovision >/dev/null; fi
 # a machine ID of its own for every instance (systemd makes one at boot)
 : > /etc/machine-id
 rm -f /var/lib/dbus/machine-id
