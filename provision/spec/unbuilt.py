@@ -45,27 +45,6 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                 "Ubuntu's packages; Rocky has none); leave monitoring out",
             )
         )
-    for i, pool in enumerate(spec.pools):
-        if not pool.elastic or pool.provider == "lab":
-            continue
-        at = ("pools", i, "elastic")
-        if pool.capacity == "spot" and pool.provider == "azure":
-            problems.append(
-                (
-                    ("pools", i, "capacity"),
-                    "not supported yet: spot on azure (its scale sets carry no spot priority "
-                    "yet: AWS's and GCP's templates do); leave capacity out",
-                )
-            )
-        if pool.provider == "azure":
-            problems.append(
-                (
-                    at,
-                    "not supported yet: elastic azure pools (no pool image is built for azure "
-                    "yet: provision image build bakes AWS's, GCP's and the lab's); leave elastic "
-                    "out and size the pool with count",
-                )
-            )
     return problems
 
 
