@@ -338,3 +338,32 @@ def test_an_infiniband_pools_vms_go_in_its_availability_set(
     props = _puts(arm)["az-h100-001"]["properties"]  # type: ignore[index]
     assert props["availabilitySet"] == {"id": avset}
     assert "virtualMachineScaleSet" not in props
+
+
+def test_the_standby_heads_end_of_the_tunnel_follows_slurms_addresses(
+    config: BurstConfig, hub: object, scontrol: Path, tmp_path: Path
+) -> None:
+    """With two heads the one not in control is a hub too: its timer gives its end the peers
+    of the remote burst nodes Slurm has up, at the NodeAddr resume set, and drops a peer whose
+    node is powered down again; nothing changes: nothing is said."""
+    from provision.burst.tunnel import Hub
+
+    assert isinstance(hub, Hub)
+    hub.add({"az-h100-003": "10.20.210.9"})  # suspended since: its peer goes
+    (tmp_path / "states").write_text(
+        "NodeName=az-h100-001 NodeAddr=10.20.210.5 State=ALLOCATED+CLOUD\n"
+        "NodeName=az-h100-002 NodeAddr=az-h100-002 State=IDLE+CLOUD+POWERED_DOWN\n"
+        "NodeName=az-h100-003 NodeAddr=az-h100-003 State=IDLE+CLOUD+POWERED_DOWN\n"
+        "NodeName=az-h100-004 NodeAddr=10.20.210.7 State=IDLE+CLOUD+POWERING_UP\n"
+    )
+    log: list[str] = []
+    assert programs.standby_tunnel(config, log.append) == 0
+    assert hub.up() == {"az-h100-001": "10.20.210.5", "az-h100-004": "10.20.210.7"}
+    assert log == [
+        "az-h100-001 standby tunnel: peer at 10.20.210.5",
+        "az-h100-004 standby tunnel: peer at 10.20.210.7",
+        "az-h100-003 standby tunnel: peer removed",
+    ]
+    log.clear()
+    assert programs.standby_tunnel(config, log.append) == 0
+    assert log == []

@@ -469,6 +469,51 @@ def test_a_node_of_an_ha_pair_knows_both_controllers_primary_first(
     )
 
 
+def test_a_remote_node_of_an_ha_pair_dials_both_heads(answers: Answers, tmp_path: Path) -> None:
+    """Two heads and a remote pool: the tunnel secret holds both heads' public keys, the join
+    configuration each one's endpoint; the node's wg-quick file has a peer for each, the first
+    carrying the cluster's ranges and the second its own address alone. A secret that names
+    fewer heads than the configuration stops the join before munge and slurmd."""
+    pair = (("head01", "10.20.0.10"), ("head02", "10.20.0.11"))
+    given = json.loads(_pool_config("gcp").to_json())
+    doc = {**given, "controllers": pair, "tunnel_backups": ["vpn2.example.org:51820"]}
+    config = parse_join_config(json.dumps(doc))
+    assert parse_join_config(config.to_json()) == config
+    with pytest.raises(ValueError, match="one per controller after the first"):
+        parse_join_config(json.dumps({**doc, "tunnel_backups": ["a:1", "b:2"]}))
+    second = base64.b64encode(secrets.token_bytes(32)).decode()
+    answers.on("/instance/name", (200, "gcp-h100-001"))
+    answers.on("/project/project-id", (200, "lab-project"))
+    answers.on("/instance/service-accounts/default/token", (200, '{"access_token": "t"}'))
+    path = "/v1/projects/lab-project/secrets/burst-munge-key/versions/latest:access"
+    answers.on(path, (200, json.dumps({"payload": {"data": base64.b64encode(KEY).decode()}})))
+    answers.on("/instance/network-interfaces/0/ip", (200, NODE_ADDRESS))
+    tunnel = "/v1/projects/lab-project/secrets/burst-gcph100-tunnel-keys/versions/latest:access"
+    secret = json.loads(_tunnel_keys("gcp-h100-001"))
+    for backups in ([second], []):
+        text = json.dumps({**secret, "backups": backups}).encode()
+        answers.on(
+            tunnel, (200, json.dumps({"payload": {"data": base64.b64encode(text).decode()}}))
+        )
+        node, lines = Node(tmp_path / str(len(backups))), []
+        api = f"{answers.url}/v1"
+        if not backups:
+            with pytest.raises(BurstError, match="names 0 other heads, the join 1"):
+                node.join(config, Metadata("gcp", answers.url), lines, gcp_api=api)
+            assert not (node.root / "etc" / "default" / "slurmd").exists()
+            continue
+        node.join(config, Metadata("gcp", answers.url), lines, gcp_api=api)
+        conf = (node.root / "etc" / "wireguard" / "wg-provision.conf").read_text()
+        peers = conf.split("[Peer]")[1:]
+        assert len(peers) == 2
+        assert f"PublicKey = {HUB_KEY}" in peers[0] and "10.20.0.11/32" not in peers[0]
+        assert f"Endpoint = {config.tunnel_endpoint}" in peers[0]
+        assert f"PublicKey = {second}" in peers[1]
+        assert "Endpoint = vpn2.example.org:51820" in peers[1]
+        assert "AllowedIPs = 10.20.0.11/32" in peers[1]
+        assert any(line.endswith("and vpn2.example.org:51820") for line in lines), lines
+
+
 def test_a_refusing_secret_store_is_named_with_its_status(answers: Answers) -> None:
     config = _pool_config("gcp")
     answers.on("/project/project-id", (200, "lab-project"))

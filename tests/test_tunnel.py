@@ -65,8 +65,13 @@ def test_the_first_head_is_the_hub_and_each_remote_host_a_spoke(tmp_path: Path) 
     assert found["far02"] == {
         "tunnel_role": "spoke",
         "tunnel_address": "10.41.0.6",
-        "tunnel_hub": "head01",
-        "tunnel_endpoint": "10.40.0.10:51820",
+        "tunnel_hubs": [
+            {
+                "name": "head01",
+                "endpoint": "10.40.0.10:51820",
+                "allowed_ips": ["10.40.0.0/24", "10.42.0.0/16"],
+            }
+        ],
         "tunnel_routes": ["10.40.0.0/24", "10.42.0.0/16"],
     }
     # the nodes of the management network reach the remote ranges through the hub
@@ -101,7 +106,7 @@ def test_the_endpoint_and_port_come_from_the_spec(tmp_path: Path) -> None:
     aws = "    - {name: aws, cidr: 10.42.0.0/16}\n"
     text = SPEC.replace(aws, aws + "  tunnel: {endpoint: vpn.example.org, port: 4500}\n")
     found = tunnel_host_vars(_cluster(tmp_path, text))
-    assert found["far01"]["tunnel_endpoint"] == "vpn.example.org:4500"
+    assert found["far01"]["tunnel_hubs"][0]["endpoint"] == "vpn.example.org:4500"
     assert found["head01"]["tunnel_port"] == 4500
 
 
@@ -219,31 +224,47 @@ def _template(name: str, **values: object) -> str:
 
 def test_a_burst_nodes_spoke_is_the_one_the_role_writes_on_a_lasting_node() -> None:
     """join writes a burst node's wg-quick file itself (no Ansible runs there): the same lines
-    as wg.conf.j2 makes for a lasting spoke, comments aside."""
-    from provision.burst.tunnel import SPOKE_TABLE, spoke_config
+    as wg.conf.j2 makes for a lasting spoke, comments aside; with two heads, a peer each."""
+    from provision.burst.tunnel import SPOKE_TABLE, Backup, spoke_config
 
     private = base64.b64encode(bytes(range(32))).decode()
     hub = base64.b64encode(bytes(range(1, 33))).decode()
+    second = base64.b64encode(bytes(range(2, 34))).decode()
     routes = ["10.20.0.0/16", "10.22.0.0/16"]
     role = _template(
         "wg.conf.j2",
         tunnel_role="spoke",
         tunnel_keys_dir="/keys",
         inventory_hostname="aws-h100-001",
-        tunnel_hub="head01",
-        tunnel_endpoint="vpn.example.org:51820",
+        tunnel_hubs=[
+            {"name": "head01", "endpoint": "vpn.example.org:51820", "allowed_ips": routes},
+            {
+                "name": "head02",
+                "endpoint": "vpn2.example.org:51820",
+                "allowed_ips": ["10.20.0.11/32"],
+            },
+        ],
         tunnel_routes=routes,
         tunnel_address="10.21.0.7",
         _tunnel_table=SPOKE_TABLE,
-        keys={"aws-h100-001.key": private, "head01.pub": hub},
+        keys={"aws-h100-001.key": private, "head01.pub": hub, "head02.pub": second},
     )
-    ours = spoke_config(private, hub, "10.21.0.7", "vpn.example.org:51820", routes)
+    ours = spoke_config(
+        private,
+        hub,
+        "10.21.0.7",
+        "vpn.example.org:51820",
+        routes,
+        [Backup(second, "vpn2.example.org:51820", "10.20.0.11")],
+    )
 
     def lines(text: str) -> list[str]:
         return [line for line in text.splitlines() if line and not line.startswith("#")]
 
     assert lines(ours) == lines(role)
     assert f"PrivateKey = {private}" in lines(ours)
+    assert "AllowedIPs = 10.20.0.11/32" in lines(ours)
+    assert lines(ours).count("[Peer]") == 2
 
 
 def test_the_hub_gets_each_burst_nodes_public_key_as_json() -> None:
@@ -292,11 +313,14 @@ def test_a_tunnel_secret_without_this_nodes_key_is_refused() -> None:
 
     key = base64.b64encode(bytes(32)).decode()
     text = tunnel_secret_text(key, {"b1": key})
-    assert parse_tunnel_secret(text, "b1") == (key, key)
+    assert parse_tunnel_secret(text, "b1") == (key, key, [])
+    two = tunnel_secret_text(key, {"b1": key}, [key])
+    assert parse_tunnel_secret(two, "b1") == (key, key, [key])
     for data, node, says in (
         (text, "b2", "holds no key for b2"),
         (b"not json", "b1", "holds no key for b1"),
         (tunnel_secret_text("short", {"b1": key}), "b1", "not WireGuard keys"),
+        (tunnel_secret_text(key, {"b1": key}, ["short"]), "b1", "not WireGuard keys"),
     ):
         try:
             parse_tunnel_secret(data, node)
@@ -320,9 +344,119 @@ def test_a_pools_tunnel_secret_holds_its_nodes_keys_from_apply(tmp_path: Path) -
     value = tunnel_keys_value(cluster, view, keys)
     assert value is not None
     for node in view.nodes:
-        private, hub = parse_tunnel_secret(value, node.name)
+        private, hub, backups = parse_tunnel_secret(value, node.name)
+        assert backups == []
         assert private == (keys / f"{node.name}.key").read_text().strip()
         assert hub == (keys / "head01.pub").read_text().strip()
     assert b"head01.key" not in value and (keys / "head01.key").read_text().strip() not in (
         value.decode()
     )
+
+
+TWO_HEADS = SPEC.replace(
+    "hosts: [{name: head01, address: 10.40.0.10}]}",
+    "hosts: [{name: head01, address: 10.40.0.10}, {name: head02, address: 10.40.0.11}]}",
+).replace(
+    "security:\n",
+    "slurm:\n  config: {StateSaveLocation: /shared/slurm/state}\n"
+    "storage:\n  mounts:\n"
+    "    - {source: 'filer.example.org:/export/slurm', path: /shared/slurm, pools: [head]}\n"
+    "security:\n",
+)
+
+
+def test_with_two_heads_each_is_a_hub_and_a_spoke_dials_both(tmp_path: Path) -> None:
+    """Both heads take every spoke as a peer and route the remote ranges into their own tunnel
+    (the second head's slurmctld reaches the remote nodes whether the first is up or not); a
+    spoke sends the cluster's ranges to the first and the second head's own address to the
+    second (the most specific allowed range wins); the management network's other nodes keep
+    going through the first, which alone forwards."""
+    text = TWO_HEADS.replace(
+        "    - {name: aws, cidr: 10.42.0.0/16}\n",
+        "    - {name: aws, cidr: 10.42.0.0/16}\n"
+        "  tunnel: {endpoints: [vpn1.example.org, vpn2.example.org]}\n",
+    )
+    cluster = _cluster(tmp_path, text)
+    found = tunnel_host_vars(cluster)
+    first, second = found["head01"], found["head02"]
+    assert first["tunnel_role"] == second["tunnel_role"] == "hub"
+    assert first["tunnel_peers"] == second["tunnel_peers"]
+    assert first["tunnel_routes"] == second["tunnel_routes"] == ["10.41.0.0/24", "10.42.0.0/16"]
+    assert (first["tunnel_forward"], second["tunnel_forward"]) == (True, False)
+    assert second["tunnel_address"] == "10.40.0.11"
+    assert found["far01"]["tunnel_hubs"] == [
+        {
+            "name": "head01",
+            "endpoint": "vpn1.example.org:51820",
+            "allowed_ips": ["10.40.0.0/24", "10.42.0.0/16"],
+        },
+        {"name": "head02", "endpoint": "vpn2.example.org:51820", "allowed_ips": ["10.40.0.11/32"]},
+    ]
+    assert found["cpu001"]["tunnel_via"] == "10.40.0.10"
+    assert "head02" not in [n for n, v in found.items() if v["tunnel_role"] == "routed"]
+    assert members(cluster)[:2] == ["head01", "head02"]
+    # both heads listen (their firewall), and the rendered wg.conf of each spoke names both
+    files = render(cluster)
+    assert 'comment "wireguard tunnel from remote nodes"' in files["files/nftables/head.nft"]
+    # without endpoints: each head's management address
+    plain = tunnel_host_vars(_cluster(tmp_path, TWO_HEADS))["far01"]["tunnel_hubs"]
+    assert [h["endpoint"] for h in plain] == ["10.40.0.10:51820", "10.40.0.11:51820"]
+
+
+def test_two_heads_need_an_endpoint_each(tmp_path: Path) -> None:
+    import pytest
+
+    from provision.errors import SpecError
+
+    aws = "    - {name: aws, cidr: 10.42.0.0/16}\n"
+    for tunnel, says in (
+        ("{endpoint: vpn.example.org}", "network.tunnel.endpoint: 2 heads: each is a hub"),
+        ("{endpoints: [vpn1.example.org]}", "1 endpoints for 2 head(s): one per head"),
+    ):
+        with pytest.raises(SpecError) as caught:
+            _cluster(tmp_path, TWO_HEADS.replace(aws, aws + f"  tunnel: {tunnel}\n"))
+        assert says in str(caught.value), caught.value
+    with pytest.raises(SpecError) as caught:
+        _cluster(
+            tmp_path, SPEC.replace(aws, aws + "  tunnel: {endpoints: [a.example, b.example]}\n")
+        )
+    assert "(one head: network.tunnel.endpoint)" in str(caught.value)
+
+
+def test_verify_asks_each_head_for_its_handshakes(tmp_path: Path) -> None:
+    """Two heads: each one's `wg show` is read, its findings named by the spoke (and, for the
+    second, by the head): a spoke that reached the first head but never the second is found."""
+    from provision.state import State
+    from provision.verify.base import VerifyContext
+    from provision.verify.remote import Output
+    from provision.verify.tunnel import check_tunnel
+
+    cluster = _cluster(tmp_path, TWO_HEADS)
+    state = State(tmp_path / "state", "t")
+    state.ensure()
+    tunnel_keys(state.secrets, members(cluster))
+    key = {
+        n: (state.secrets / TUNNEL_DIR / f"{n}.pub").read_text().strip() for n in ("far01", "far02")
+    }
+
+    class Head:
+        def __init__(self, seen: dict[str, int]) -> None:
+            self.seen = seen
+
+        def run(self, command: str, sudo: bool = False) -> Output:
+            assert sudo and "wg show wg-provision latest-handshakes" in command
+            lines = [f"{key[n]}\t{at}" for n, at in self.seen.items()]
+            return Output(0, "\n".join(["1000", *lines]) + "\n", "")
+
+    remotes = {
+        "head01": Head({"far01": 990, "far02": 995}),
+        "head02": Head({"far01": 990, "far02": 0}),
+    }
+    ctx = VerifyContext(cluster, state, "")
+    found = {(r.target, r.passed) for r in check_tunnel(ctx, remotes)}  # type: ignore[arg-type]
+    assert found == {
+        ("far01", True),
+        ("far02", True),
+        ("far01 via head02", True),
+        ("far02 via head02", False),
+    }

@@ -31,6 +31,10 @@ from .conftest import EXAMPLES, ROOT, load_rendered
 EVERY_FIELD = ROOT / "tests" / "data" / "untrusted" / "every-field.yaml"
 # the Kubernetes settings, which a Slurm cluster's spec cannot hold
 EVERY_FIELD_K8S = ROOT / "tests" / "data" / "untrusted" / "every-field-k8s.yaml"
+# each head's tunnel endpoint, which a spec of one head cannot hold
+EVERY_FIELD_HA = ROOT / "tests" / "data" / "untrusted" / "every-field-ha.yaml"
+# what each of the other files is for: the fields under these (every-field.yaml has the rest)
+ONLY = {EVERY_FIELD_K8S: ("kubernetes",), EVERY_FIELD_HA: ("network", "tunnel", "endpoints")}
 ANY_ITEM = "[*]"
 ANY_KEY = "{key}"
 ANY_VALUE = "{*}"
@@ -120,7 +124,8 @@ def _every_place(source: Path = EVERY_FIELD) -> list[tuple[Path_, tuple[object, 
     doc = _yaml().load(source.read_text())
     out = []
     for field in text_fields(Spec):
-        if source == EVERY_FIELD_K8S and field[0] != "kubernetes":
+        prefix = ONLY.get(source)
+        if prefix is not None and field[: len(prefix)] != prefix:
             continue  # every-field.yaml has the rest
         found = places(doc, field)
         out.extend((field, p) for p in found[:1])
@@ -128,7 +133,7 @@ def _every_place(source: Path = EVERY_FIELD) -> list[tuple[Path_, tuple[object, 
 
 
 def _all_places() -> list[tuple[Path, Path_, tuple[object, ...]]]:
-    return [(s, f, p) for s in (EVERY_FIELD, EVERY_FIELD_K8S) for f, p in _every_place(s)]
+    return [(s, f, p) for s in (EVERY_FIELD, *ONLY) for f, p in _every_place(s)]
 
 
 def test_the_model_has_text_fields_and_every_field_spec_sets_each() -> None:
@@ -137,8 +142,12 @@ def test_the_model_has_text_fields_and_every_field_spec_sets_each() -> None:
     assert ("network", "management", "domain") in fields
     assert ("security", "admins", ANY_ITEM, "ssh_keys", ANY_ITEM) in fields
     assert ("slurm", "config", ANY_KEY) in fields
-    k8s = _yaml().load(EVERY_FIELD_K8S.read_text())
-    missing = [".".join(f) for f in fields if not places(doc, f) and not places(k8s, f)]
+    others = [_yaml().load(path.read_text()) for path in ONLY]
+    missing = [
+        ".".join(f)
+        for f in fields
+        if not places(doc, f) and not any(places(other, f) for other in others)
+    ]
     assert not missing, f"give these fields a value in {EVERY_FIELD.name}: {missing}"
 
 
@@ -202,13 +211,16 @@ def test_templates_in_any_text_field_are_refused_or_stay_data(tmp_path: Path) ->
             break
     # free text (key comments, models, descriptions, local paths) is accepted: as data
     assert "security.admins.[*].ssh_keys.[*]" in accepted
-    # the Kubernetes settings' text (an exact release) takes no template at all
-    k8s = _yaml().load(EVERY_FIELD_K8S.read_text())
-    for n, (_field, place) in enumerate(_every_place(EVERY_FIELD_K8S)):
-        payload = "{{ lookup('pipe', 'touch " + str(tmp_path / f"k8s-{n}") + "') }}"
-        for value in (payload, f"{get(k8s, place)} {payload}"):
-            with pytest.raises(SpecError):
-                load_spec(_write(changed(k8s, place, value), tmp_path / "one.yaml"), unbuilt=True)
+    # the Kubernetes settings' text (an exact release) and the heads' endpoints (host names)
+    # take no template at all
+    for source in ONLY:
+        other = _yaml().load(source.read_text())
+        for n, (_field, place) in enumerate(_every_place(source)):
+            payload = "{{ lookup('pipe', 'touch " + str(tmp_path / f"k8s-{n}") + "') }}"
+            for value in (payload, f"{get(other, place)} {payload}"):
+                with pytest.raises(SpecError):
+                    path = _write(changed(other, place, value), tmp_path / "one.yaml")
+                    load_spec(path, unbuilt=True)
     spec = load_spec(_write(combined, tmp_path / "combined.yaml"), unbuilt=True)
     out = tmp_path / "build"
     files = render(Cluster(spec))
@@ -251,9 +263,9 @@ def _value_scalars(node: object, in_value: bool = True) -> Iterator[ScalarNode]:
             yield from _value_scalars(item, True)
 
 
-@pytest.mark.parametrize("example", [*EXAMPLES, EVERY_FIELD, EVERY_FIELD_K8S], ids=lambda p: p.stem)
+@pytest.mark.parametrize("example", [*EXAMPLES, EVERY_FIELD, *ONLY], ids=lambda p: p.stem)
 def test_every_rendered_string_is_unsafe_but_the_renderers_own_templates(example: Path) -> None:
-    every = example in (EVERY_FIELD, EVERY_FIELD_K8S)
+    every = example in (EVERY_FIELD, *ONLY)
     files = render(Cluster(load_spec(example, unbuilt=every)))
     for rel in ("inventory/hosts.yml", "inventory/group_vars/all.yml"):
         root = YAML(typ="rt").compose(files[rel])

@@ -49,7 +49,7 @@ from typing import Any
 from provision.burst import rest
 from provision.burst.backend import BurstError, one_line
 from provision.burst.config import MUNGE_KEY, TAG_NODE, TUNNEL_INTERFACE
-from provision.burst.tunnel import parse_tunnel_secret, spoke_config
+from provision.burst.tunnel import Backup, parse_tunnel_secret, spoke_config
 
 JOIN_CONFIG = Path("/etc/provision/join.json")
 # where slurmd's unit reads its options (Debian's and Ubuntu's slurmd.service, Rocky's too)
@@ -91,6 +91,9 @@ class JoinConfig:
     tunnel_endpoint: str = ""
     tunnel_routes: tuple[str, ...] = ()
     tunnel_secret: str = ""
+    # with two heads: the other heads' host:port, in the controllers' order after the first (the
+    # node dials each; through it it reaches that head alone)
+    tunnel_backups: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
@@ -120,13 +123,23 @@ def parse_join_config(text: str) -> JoinConfig:
     routes = doc.get("tunnel_routes", [])
     if not isinstance(routes, list) or not all(isinstance(r, str) for r in routes):
         raise ValueError("tunnel_routes: not a list of ranges")
+    backups = doc.get("tunnel_backups", [])
+    if not isinstance(backups, list) or not all(isinstance(b, str) and b for b in backups):
+        raise ValueError("tunnel_backups: not a list of host:port")
     config = JoinConfig(
-        **{**doc, "controllers": tuple((n, a) for n, a in pairs), "tunnel_routes": tuple(routes)}
+        **{
+            **doc,
+            "controllers": tuple((n, a) for n, a in pairs),
+            "tunnel_routes": tuple(routes),
+            "tunnel_backups": tuple(backups),
+        }
     )
     if bool(config.tunnel_endpoint) != bool(config.tunnel_secret) or (
         config.tunnel_endpoint and not config.tunnel_routes
     ):
         raise ValueError("tunnel: an endpoint, its routes and a secret, or none of them")
+    if config.tunnel_backups and len(config.tunnel_backups) != len(config.controllers) - 1:
+        raise ValueError("tunnel_backups: one per controller after the first")
     if config.cloud not in ("aws", "gcp", "azure"):
         raise ValueError(f"cloud {config.cloud!r}: not aws, gcp or azure")
     return config
@@ -463,17 +476,29 @@ def join(
 
     def wireguard() -> str:
         secret = fetch_secret(config, config.tunnel_secret, metadata, gcp_api)
-        private, hub = parse_tunnel_secret(secret, node)
+        private, hub, keys = parse_tunnel_secret(secret, node)
+        if len(keys) != len(config.tunnel_backups):
+            raise BurstError(
+                f"the tunnel secret names {len(keys)} other heads, the join "
+                f"{len(config.tunnel_backups)}"
+            )
         address = metadata.address()
+        backups = [
+            Backup(key, endpoint, head_address)
+            for key, endpoint, (_, head_address) in zip(
+                keys, config.tunnel_backups, config.controllers[1:], strict=True
+            )
+        ]
         text = spoke_config(
-            private, hub, address, config.tunnel_endpoint, list(config.tunnel_routes)
+            private, hub, address, config.tunnel_endpoint, list(config.tunnel_routes), backups
         )
         conf = root / "etc" / "wireguard" / f"{TUNNEL_INTERFACE}.conf"
         conf.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_key(text.encode(), conf, "root", 0o600)
         run("systemctl", "enable", f"wg-quick@{TUNNEL_INTERFACE}")
         run("systemctl", "restart", f"wg-quick@{TUNNEL_INTERFACE}")
-        return f"{address} to the hub at {config.tunnel_endpoint}"
+        more = "".join(f" and {b.endpoint}" for b in backups)
+        return f"{address} to the hub at {config.tunnel_endpoint}{more}"
 
     def names() -> str:
         hosts = root / "etc" / "hosts"

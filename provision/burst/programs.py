@@ -210,8 +210,8 @@ def reconcile(
     their pool had no capacity, return to idle~ once the cooldown is over.
 
     With two heads the timer runs on both, and only the head whose slurmctld is in control
-    acts (slurmctld runs resume and suspend there too): the other returns at once, quietly.
-    host is this head's name (tests)."""
+    acts (slurmctld runs resume and suspend there too): the other only keeps its own end of the
+    tunnel in step (standby_tunnel). host is this head's name (tests)."""
     now = time.time() if now is None else now
     if len(config.controllers) > 1:
         me = host or socket.gethostname().split(".", 1)[0]
@@ -220,7 +220,7 @@ def reconcile(
         except (OSError, subprocess.SubprocessError):
             charge = None
         if charge != me:
-            return 0
+            return standby_tunnel(config, log)
     code = 0
     for pool in config.pools.values():
         try:
@@ -281,6 +281,44 @@ def reconcile(
 
 # a vanished node's reason where the cloud says nothing more
 GONE = "container or instance gone"
+
+
+def standby_tunnel(config: BurstConfig, log: Log) -> int:
+    """The head not in control is a hub of the tunnel too (its slurmctld takes over when the
+    other's stops): each timer it gives its end the peers of the remote burst nodes Slurm has
+    up, at the address resume gave Slurm (NodeAddr), and drops the others. Quiet when nothing
+    changes."""
+    code = 0
+    for pool in config.pools.values():
+        if not pool.tunnel:
+            continue
+        try:
+            shown = slurm.show_nodes(sorted(pool.nodes))
+        except OSError as exc:  # no scontrol yet: Slurm is not installed
+            log(f"{pool.name} standby tunnel skipped: {exc}")
+            continue
+        flags_of, addresses = slurm.parse_node_states(shown), slurm.parse_addresses(shown)
+        wanted = {}
+        for node, flags in flags_of.items():
+            address = addresses.get(node, node)
+            if node in pool.nodes and address != node and not slurm.powered_down(flags):
+                wanted[node] = address
+        try:
+            up = {n: a for n, a in hub().up().items() if n in pool.nodes}
+            added = {n: a for n, a in wanted.items() if up.get(n) != a}
+            gone = sorted(set(up) - set(wanted))
+            errors = {**hub().add(added), **hub().remove(gone)}
+        except BurstError as exc:
+            log(f"{pool.name} standby tunnel: {one_line(exc)}")
+            code = 1
+            continue
+        for node in sorted(added):
+            log(f"{node} standby tunnel: {errors.get(node, f'peer at {added[node]}')}")
+        for node in gone:
+            log(f"{node} standby tunnel: {errors.get(node, 'peer removed')}")
+        if errors:
+            code = 1
+    return code
 
 
 def _ended(backend: Backend, nodes: list[str], log: Log) -> dict[str, str]:

@@ -36,6 +36,18 @@ def parse_node_states(text: str) -> dict[str, set[str]]:
     return states
 
 
+def parse_addresses(text: str) -> dict[str, str]:
+    """`scontrol show node -o` -> node name -> its NodeAddr (the node's name until resume set
+    the address its cloud gave it)."""
+    found = {}
+    for line in text.splitlines():
+        fields = dict(token.split("=", 1) for token in line.split() if token.find("=") > 0)
+        name, address = fields.get("NodeName"), fields.get("NodeAddr")
+        if name and address:
+            found[name] = address
+    return found
+
+
 # "Reason=burst resume failed: ... [root@2026-11-30T17:16:44]": the text, who, and when (the
 # head's local time)
 _REASON = re.compile(r"\bReason=(.*?) \[([^@\]]*)@([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8})\]")

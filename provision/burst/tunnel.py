@@ -21,6 +21,7 @@ import json
 import re
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from provision.burst.backend import BurstError, one_line
@@ -122,36 +123,58 @@ class Hub:
         return self.add(self.up())
 
 
-def tunnel_secret_text(hub: str, keys: dict[str, str]) -> bytes:
-    """A pool's tunnel secret (what the node's end parses): the hub's public key and each
-    node's private key, base64 as `wg` writes them."""
-    return json.dumps({"hub": hub, "keys": keys}, sort_keys=True).encode()
+def tunnel_secret_text(hub: str, keys: dict[str, str], backups: list[str] | None = None) -> bytes:
+    """A pool's tunnel secret (what the node's end parses): the first head's public key (the
+    hub), the other heads' in their order (the backups), and each node's private key, base64 as
+    `wg` writes them."""
+    doc: dict[str, object] = {"hub": hub, "keys": keys}
+    if backups:
+        doc["backups"] = backups
+    return json.dumps(doc, sort_keys=True).encode()
 
 
-def secret_size(cloud: str, nodes: list[str]) -> int:
+def secret_size(cloud: str, nodes: list[str], heads: int = 1) -> int:
     """The bytes a pool's tunnel secret takes in the cloud's store (Key Vault's: base64)."""
     key = "A" * 43 + "="
-    raw = len(tunnel_secret_text(key, dict.fromkeys(nodes, key)))
+    raw = len(tunnel_secret_text(key, dict.fromkeys(nodes, key), [key] * (heads - 1)))
     return 4 * ((raw + 2) // 3) if cloud == "azure" else raw
 
 
 # --- the node's end -----------------------------------------------------------------------
 
 
-def parse_tunnel_secret(data: bytes, node: str) -> tuple[str, str]:
-    """(this node's private key, the hub's public key) from the pool's tunnel secret."""
+def parse_tunnel_secret(data: bytes, node: str) -> tuple[str, str, list[str]]:
+    """(this node's private key, the hub's public key, the other heads' public keys) from the
+    pool's tunnel secret."""
     try:
         doc = json.loads(data)
         private, hub = doc["keys"][node], doc["hub"]
-    except (ValueError, KeyError, TypeError):
+        backups = doc.get("backups", [])
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise BurstError(f"the tunnel secret holds no key for {node}") from None
-    if not (isinstance(private, str) and is_key(private) and isinstance(hub, str) and is_key(hub)):
+    keys = [private, hub, *backups] if isinstance(backups, list) else [None]
+    if not all(isinstance(k, str) and is_key(k) for k in keys):
         raise BurstError("the tunnel secret's keys are not WireGuard keys")
-    return private, hub
+    return private, hub, list(backups)
+
+
+@dataclass(frozen=True)
+class Backup:
+    """Another head of the tunnel: its public key, where it listens, its address (all this
+    spoke sends it through the tunnel: the first head carries the rest)."""
+
+    key: str
+    endpoint: str
+    address: str
 
 
 def spoke_config(
-    private_key: str, hub_key: str, address: str, endpoint: str, routes: list[str]
+    private_key: str,
+    hub_key: str,
+    address: str,
+    endpoint: str,
+    routes: list[str],
+    backups: list[Backup] | None = None,
 ) -> str:
     """A spoke's wg-quick configuration, as the tunnel role writes it (wg.conf.j2)."""
     lines = [
@@ -176,4 +199,14 @@ def spoke_config(
         f"AllowedIPs = {', '.join(routes)}",
         "PersistentKeepalive = 25",
     ]
+    for n, backup in enumerate(backups or [], start=2):
+        lines += [
+            "",
+            "[Peer]",
+            f"# head {n}: its own address alone (the hub carries the rest)",
+            f"PublicKey = {backup.key}",
+            f"Endpoint = {backup.endpoint}",
+            f"AllowedIPs = {backup.address}/32",
+            "PersistentKeepalive = 25",
+        ]
     return "\n".join(lines) + "\n"

@@ -55,8 +55,10 @@ _TABLE = (
         "tunnel_burst_peers", "host", ("tunnel",),
         "the hub's burst nodes: their public keys go to the burst programs, which add each peer",
     ),
-    Variable("tunnel_hub", "host", ("tunnel",), "a spoke's hub, whose public key it trusts"),
-    Variable("tunnel_endpoint", "host", ("tunnel",), "host:port a spoke dials the hub at"),
+    Variable(
+        "tunnel_hubs", "host", ("tunnel",),
+        "a spoke's hubs: each head's key name, host:port and the ranges sent to it",
+    ),
     Variable("tunnel_via", "host", ("tunnel",), "the hub's address, a routed node's gateway"),
     # the cluster
     Variable("provision_cluster", "all", ("common",), "name, in the marker of managed blocks"),

@@ -37,10 +37,12 @@ def join_config(cluster: Cluster, view: PoolView, identity: str = "") -> JoinCon
     spec = cluster.spec
     endpoint, keys = "", ""
     routes: tuple[str, ...] = ()
+    backups: tuple[str, ...] = ()
     shape = tunnel_layout(cluster)
     if view.pool.network is not None and shape is not None:
-        # a remote pool: its nodes dial the hub, which takes each one's peer at resume
-        endpoint = shape.endpoint
+        # a remote pool: its nodes dial the hubs, which take each one's peer at resume
+        endpoint, *more = shape.endpoints
+        backups = tuple(more)
         routes = tuple(far_ranges(cluster, view.pool.network))
         keys = secret_ref(cloud, spec.name, tunnel_secret(spec.name, view.name))
     return JoinConfig(
@@ -56,6 +58,7 @@ def join_config(cluster: Cluster, view: PoolView, identity: str = "") -> JoinCon
         tunnel_endpoint=endpoint,
         tunnel_routes=routes,
         tunnel_secret=keys,
+        tunnel_backups=backups,
     )
 
 

@@ -552,12 +552,20 @@ class RemoteNetwork(Model):
 
 
 class Tunnel(Model):
-    """WireGuard between the first head (the hub) and every node on a remote network."""
+    """WireGuard between the heads (the hubs) and every node on a remote network."""
 
     endpoint: TimeServer | None = Field(
         default=None,
         description="the head's address or DNS name as remote nodes reach it (its public "
-        "address, or a NAT that forwards the port to it); unset: its management address",
+        "address, or a NAT that forwards the port to it); unset: its management address. "
+        "With two heads: endpoints",
+    )
+    endpoints: list[TimeServer] = Field(
+        default=[],
+        description="with two heads: each head's address or DNS name as remote nodes reach it, "
+        "in the heads' order (a remote node dials both; the first carries its traffic to the "
+        "cluster, the second reaches the second head's slurmctld when the first is down); "
+        "unset: their management addresses",
     )
     port: int = Field(default=51820, ge=1, le=65535, description="the head's WireGuard UDP port")
     sources: list[ipaddress.IPv4Network] = Field(

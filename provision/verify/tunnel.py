@@ -6,6 +6,7 @@ node no longer reaches the head."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from provision.pki import TUNNEL_DIR
@@ -54,18 +55,26 @@ def public_keys(secrets: Path, members: list[str]) -> dict[str, str]:
 
 
 def check_tunnel(ctx: VerifyContext, remotes: dict[str, Remote]) -> list[CheckResult]:
+    """Each remote node's last handshake with each head (with two heads, the second's results
+    name it: "far01 via head02")."""
     shape = tunnel_layout(ctx.cluster)
     if shape is None or not shape.spokes:
         return []
     spokes = [node.name for node in shape.spokes]
-    hub = remotes.get(shape.hub.name)
-    if hub is None:
-        return []  # the head's ssh check failed already
-    out = hub.run(f"date +%s; wg show {INTERFACE} latest-handshakes", sudo=True)
-    lines = out.stdout.splitlines()
-    if out.rc != 0 or not lines or not lines[0].strip().isdigit():
-        said = " ".join((out.stdout + out.stderr).split())[:200]
-        return [CheckResult("tunnel", shape.hub.name, False, f"wg show failed: {said}")]
-    names = public_keys(ctx.state.secrets, [shape.hub.name, *spokes])
-    rest = "\n".join(lines[1:])
-    return handshake_findings(rest, int(lines[0]), names, spokes, shape.endpoint)
+    names = public_keys(ctx.state.secrets, [*(h.name for h in shape.hubs), *spokes])
+    results: list[CheckResult] = []
+    for n, (head, endpoint) in enumerate(zip(shape.hubs, shape.endpoints, strict=True)):
+        hub = remotes.get(head.name)
+        if hub is None:
+            continue  # the head's ssh check failed already
+        out = hub.run(f"date +%s; wg show {INTERFACE} latest-handshakes", sudo=True)
+        lines = out.stdout.splitlines()
+        if out.rc != 0 or not lines or not lines[0].strip().isdigit():
+            said = " ".join((out.stdout + out.stderr).split())[:200]
+            results.append(CheckResult("tunnel", head.name, False, f"wg show failed: {said}"))
+            continue
+        found = handshake_findings("\n".join(lines[1:]), int(lines[0]), names, spokes, endpoint)
+        if n:
+            found = [replace(r, target=f"{r.target} via {head.name}") for r in found]
+        results += found
+    return results

@@ -18,15 +18,16 @@ from provision.render.userdata import user_data
 
 
 def tunnel_keys_value(cluster: Cluster, view: PoolView, keys: Path) -> bytes | None:
-    """A remote elastic pool's tunnel secret: the hub's public key and each node's private key
-    (JSON, the keys as `wg` writes them; burst/tunnel.py reads it on the node). None while a
-    key is not made yet (a preview before the first apply)."""
-    hub = keys / f"{cluster.head_nodes[0].name}.pub"
+    """A remote elastic pool's tunnel secret: the heads' public keys (the hub's first) and each
+    node's private key (JSON, the keys as `wg` writes them; burst/tunnel.py reads it on the
+    node). None while a key is not made yet (a preview before the first apply)."""
+    heads = [keys / f"{head.name}.pub" for head in cluster.head_nodes]
     private = {node.name: keys / f"{node.name}.key" for node in view.nodes}
-    if not hub.exists() or not all(path.exists() for path in private.values()):
+    if not all(path.exists() for path in [*heads, *private.values()]):
         return None
     nodes = {name: path.read_text().strip() for name, path in private.items()}
-    return tunnel_secret_text(hub.read_text().strip(), nodes)
+    hub, *backups = (path.read_text().strip() for path in heads)
+    return tunnel_secret_text(hub, nodes, backups)
 
 
 def pool_user_data(

@@ -266,7 +266,7 @@ def describe(shape: CloudLayout) -> list[str]:
     if shape.bursts:
         lines[0] += f"; the munge key in {SECRET_STORE[shape.provider]}"
     lines.append(
-        f"{shape.provider}: its nodes dial the head's WireGuard tunnel once they exist; Ansible "
+        f"{shape.provider}: its nodes dial the heads' WireGuard tunnel once they exist; Ansible "
         "reaches them at their public addresses"
     )
     if shape.bursts and shape.provider == "aws":

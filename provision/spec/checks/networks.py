@@ -55,6 +55,7 @@ def _check_remote(spec: Spec) -> list[Problem]:
     """Remote networks: each named once and used; pools name one that exists; a cloud's pools
     share one, which no other provider uses; what the tunnel cannot carry yet is refused."""
     problems: list[Problem] = []
+    heads = sum(p.size for p in spec.pools if p.role == "head")
     names: dict[str, int] = {}
     for i, remote in enumerate(spec.network.remote):
         if remote.name in names:
@@ -105,7 +106,8 @@ def _check_remote(spec: Spec) -> list[Problem]:
         if pool.elastic and pool.provider in SECRET_LIMIT and pool.count:
             prefix = pool.hostname_prefix or pool.name
             burst = [f"{prefix}{n + 1:0{pool.index_width}d}" for n in range(pool.count)]
-            size, limit = secret_size(pool.provider, burst), SECRET_LIMIT[pool.provider]
+            size = secret_size(pool.provider, burst, max(1, heads))
+            limit = SECRET_LIMIT[pool.provider]
             if size > limit:
                 problems.append(
                     (
@@ -120,14 +122,23 @@ def _check_remote(spec: Spec) -> list[Problem]:
             problems.append(
                 (("network", "remote", i), f"no pool is on '{remote.name}': remove it or use it")
             )
+    tunnel = spec.network.tunnel
     if on_remote:
-        heads = sum(p.size for p in spec.pools if p.role == "head")
-        if heads > 1:
+        if heads > 1 and tunnel.endpoint is not None:
             problems.append(
                 (
-                    ("network", "remote"),
-                    "remote networks with more than one head: not supported yet (the tunnel's "
-                    "hub is the first head)",
+                    ("network", "tunnel", "endpoint"),
+                    f"{heads} heads: each is a hub of the tunnel: name each one's in "
+                    "network.tunnel.endpoints, in the heads' order",
+                )
+            )
+        if tunnel.endpoints and len(tunnel.endpoints) != heads:
+            problems.append(
+                (
+                    ("network", "tunnel", "endpoints"),
+                    f"{len(tunnel.endpoints)} endpoints for {heads} head(s): one per head, in "
+                    "the heads' order"
+                    + (" (one head: network.tunnel.endpoint)" if heads == 1 else ""),
                 )
             )
         if spec.scheduler == "kubernetes":
