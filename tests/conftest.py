@@ -172,3 +172,18 @@ def with_burst_pool(example: str) -> str:
     while at < len(lines) and lines[at].startswith("    "):
         at += 1
     return "".join([*lines[:at], BURST_POOL, *lines[at:]])
+
+
+def rsa_key() -> tuple[Any, bytes]:
+    """A new RSA 2048 key and its private half as unencrypted PKCS#8 PEM (a service account's
+    key, an OIDC issuer's key)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return key, pem

@@ -18,7 +18,7 @@ from provision.cluster import Cluster
 from provision.render import render
 from provision.spec import load_spec
 
-from .conftest import ROOT
+from .conftest import ROOT, rsa_key
 from .fakeazure import SUBSCRIPTION, USER_DATA, FakeARM, scale_set
 
 SPEC = ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml"
@@ -247,17 +247,11 @@ def test_a_head_outside_azure_takes_its_token_through_the_federated_credential(
     token. A key the issuer's key set no longer has fails the resume with Entra's words."""
     import json
 
-    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
     from provision.providers.cloud import issuer_jwk
 
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
+    key, pem = rsa_key()
     jwk = issuer_jwk(pem)
     issuer = "https://burstoidc0a1b2c.blob.core.windows.net/oidc/"
     doc = {

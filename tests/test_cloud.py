@@ -28,7 +28,7 @@ from provision.render.tunnel import tunnel_host_vars
 from provision.spec.fabric import cloud_infiniband
 
 from . import cloud_rules
-from .conftest import ROOT, load_any, load_rendered
+from .conftest import ROOT, load_any, load_rendered, rsa_key
 from .conftest import run_provision as provision
 from .fakehttp import JsonFake
 
@@ -1510,18 +1510,11 @@ def test_azure_heads_burst_as_an_identity_federated_with_the_clusters_issuer() -
     and deletes the pools' VMs in its resource group and reads no secret. The credentials it
     hands apply name the identity, the issuer and the subject; the issuer's private key is the
     workstation's alone (never in the stack)."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
 
     from provision.providers.cloud import issuer_jwk
     from provision.providers.cloud.azure import HEADS_ACTIONS
 
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
+    _key, pem = rsa_key()
     jwk = issuer_jwk(pem)
     rec, _, outputs = build(
         ROOT / "tests" / "data" / "unbuilt" / "cloud-burst.yaml", issuer_key=jwk

@@ -472,6 +472,28 @@ def test_a_spot_pool_launches_one_time_spot_instances(tmp_path: Path) -> None:
     assert "spot: the market's price, at most" in " ".join(shown.stdout.split())
 
 
+def _starter(cluster: Cluster, state: State, builder: Any, refreshed: list[int]) -> Any:
+    """builds(pools): the cloud's builds started (the stack's refresh counted in refreshed),
+    each builder waited for at its address as the spec's login user."""
+
+    def start(pools: list[str] | None) -> Any:
+        reached: list[tuple[str, str]] = []
+        builds = images.cloud_builds(
+            cluster,
+            state,
+            builder,
+            lambda _: None,
+            lambda: refreshed.append(1),
+            pools,
+            wait_ssh=lambda address, user: reached.append((address, user)),
+        )
+        assert builds is not None
+        assert reached == [(builds.launched[0][0].address, "ubuntu")]
+        return builds
+
+    return start
+
+
 # --- GCP: the builder against Compute Engine at the HTTP layer (tests/fakegcp.py) ---------------
 
 GCP_POOL = "gcph100"
@@ -521,20 +543,7 @@ def test_a_gcp_pools_image_from_its_template_to_the_stack(cluster: Cluster, stat
         builder = GcpBuilder(cluster, call=call, project=PROJECT, base=f"{gce.url}/compute/v1")
         refreshed: list[int] = []
 
-        def start(pools: list[str] | None) -> Any:
-            reached: list[tuple[str, str]] = []
-            builds = images.cloud_builds(
-                cluster,
-                state,
-                builder,
-                lambda _: None,
-                lambda: refreshed.append(1),
-                pools,
-                wait_ssh=lambda address, user: reached.append((address, user)),
-            )
-            assert builds is not None
-            assert reached == [(builds.launched[0][0].address, "ubuntu")]
-            return builds
+        start = _starter(cluster, state, builder, refreshed)
 
         builds = start(None)  # no image yet: only the GCP pool of this cloud
         ((launched, want),) = builds.launched
@@ -678,20 +687,7 @@ def test_an_azure_pools_image_from_its_scale_set_to_the_stack(
         )
         refreshed: list[int] = []
 
-        def start(pools: list[str] | None) -> Any:
-            reached: list[tuple[str, str]] = []
-            builds = images.cloud_builds(
-                cluster,
-                state,
-                builder,
-                lambda _: None,
-                lambda: refreshed.append(1),
-                pools,
-                wait_ssh=lambda address, user: reached.append((address, user)),
-            )
-            assert builds is not None
-            assert reached == [(builds.launched[0][0].address, "ubuntu")]
-            return builds
+        start = _starter(cluster, state, builder, refreshed)
 
         builds = start(None)  # no image yet: only the Azure pool of this cloud
         ((launched, want),) = builds.launched
