@@ -303,11 +303,12 @@ def standby_tunnel(config: BurstConfig, log: Log) -> int:
             address = addresses.get(node, node)
             if node in pool.nodes and address != node and not slurm.powered_down(flags):
                 wanted[node] = address
+        end = hub()
         try:
-            up = {n: a for n, a in hub().up().items() if n in pool.nodes}
+            up = {n: a for n, a in end.up().items() if n in pool.nodes}
             added = {n: a for n, a in wanted.items() if up.get(n) != a}
             gone = sorted(set(up) - set(wanted))
-            errors = {**hub().add(added), **hub().remove(gone)}
+            errors = {**end.add(added), **end.remove(gone)}
         except BurstError as exc:
             log(f"{pool.name} standby tunnel: {one_line(exc)}")
             code = 1
