@@ -71,6 +71,14 @@ def _capacity(codes: list[str], message: str) -> bool:
     )
 
 
+def vm_failure(vm: dict[str, Any]) -> tuple[str, str]:
+    """A Failed VM's cause from its instance view: (code, "code: message", one line)."""
+    statuses = vm.get("properties", {}).get("instanceView", {}).get("statuses", [])
+    failed: dict[str, Any] = next((s for s in statuses if "/failed" in s.get("code", "")), {})
+    code = str(failed.get("code", "")).rpartition("/")[2]
+    return code, f"{code}: {' '.join(str(failed.get('message', '')).split())}"[:200]
+
+
 def vm_body(node: str, scale_set: dict[str, Any], tags: dict[str, str]) -> dict[str, Any]:
     """The scale set's VM profile as one named VM of it (a spot pool's: Spot priority, deleted
     on eviction)."""
@@ -250,12 +258,7 @@ class AzureBackend(Backend):
             vm = self._provisioned(node)
             state = vm.get("properties", {}).get("provisioningState")
             if state == "Failed":
-                statuses = vm["properties"].get("instanceView", {}).get("statuses", [])
-                failed: dict[str, Any] = next(
-                    (s for s in statuses if "/failed" in s.get("code", "")), {}
-                )
-                code = str(failed.get("code", "")).rpartition("/")[2]
-                text = f"{code}: {' '.join(str(failed.get('message', '')).split())}"[:200]
+                code, text = vm_failure(vm)
                 raise BurstError(f"{CAPACITY}{text}" if _capacity([code], text) else text)
             if state == "Succeeded":
                 address = self._address(vm)

@@ -586,11 +586,9 @@ class AzureBuilder:
         if state == "Succeeded":
             return True
         if state == "Failed":
-            statuses = vm["properties"].get("instanceView", {}).get("statuses", [])
-            failed: dict[str, Any] = next(
-                (s for s in statuses if "/failed" in s.get("code", "")), {}
-            )
-            return f"{failed.get('code', 'Failed')}: {failed.get('message', '')}"[:200]
+            from provision.burst.azure import vm_failure
+
+            return vm_failure(vm)[1]
         return None
 
     def _public_address(self, name: str) -> str:
