@@ -14,6 +14,7 @@ from provision.render.kubernetes import API_PORT, ETCD_CLIENT_PORT, ETCD_PEER_PO
 from provision.render.tunnel import INTERFACE, far_ranges
 from provision.spec.exposure import public_addresses
 from provision.spec.fabric import rails
+from provision.spec.models import CLOUD_PROVIDERS
 from provision.spec.ports import service_ports
 
 # Address sets every rule refers to by name, in their own file. An elastic cloud pool's nodes
@@ -68,15 +69,17 @@ def address_sets(cluster: Cluster) -> dict[str, list[str]]:
 
 def elastic_ranges(cluster: Cluster) -> list[str]:
     """The networks of the elastic pools whose nodes have no address before they are made
-    (cloud pools: the cloud picks it in the pool's range)."""
+    (cloud pools: the cloud picks it in the pool's range: its remote network's, or the
+    management network where the heads are in the same cloud)."""
     remote = {r.name: str(r.cidr) for r in cluster.spec.network.remote}
-    found = {
-        remote[view.pool.network]
-        for view in cluster.pools
-        if view.pool.elastic
-        and view.pool.network in remote
-        and any(n.address is None for n in view.nodes)
-    }
+    found = set()
+    for view in cluster.pools:
+        if not view.pool.elastic or all(n.address is not None for n in view.nodes):
+            continue
+        if view.pool.network in remote:
+            found.add(remote[view.pool.network])
+        elif view.pool.network is None and view.pool.provider in CLOUD_PROVIDERS:
+            found.add(str(cluster.spec.network.management.cidr))
     return sorted(found, key=_addr_key)
 
 

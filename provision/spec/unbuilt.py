@@ -8,7 +8,7 @@ line never does.
 
 from __future__ import annotations
 
-from provision.spec.models import Spec
+from provision.spec.models import CLOUD_PROVIDERS, Spec
 from provision.spec.nodes import Loc
 
 Problem = tuple[Loc, str]
@@ -35,6 +35,7 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                     "a relay that takes the cluster's mail without a login, or a webhook",
                 )
             )
+    problems.extend(_cloud_heads(spec))
     if spec.scheduler == "kubernetes":
         problems.extend(_kubernetes(spec))
     if spec.monitoring is not None and spec.os == "rocky9":
@@ -70,4 +71,26 @@ def _kubernetes(spec: Spec) -> list[Problem]:
                         "set kubernetes.ha: false",
                     )
                 )
+    return problems
+
+
+def _cloud_heads(spec: Spec) -> list[Problem]:
+    """Heads in a cloud: the whole cluster in that cloud, its network the management network.
+    Pools elsewhere would reach the heads through the tunnel, whose hub is a head: a cloud
+    head's public address exists only once its instance does, and nothing names it yet."""
+    home = next((p.provider for p in spec.pools if p.role == "head"), None)
+    if home not in CLOUD_PROVIDERS:
+        return []
+    why = (
+        f"not supported yet: with the heads on {home}, " + "{what} (the tunnel's hub is a head, "
+        "and a cloud head's public address is not known before its instance exists); "
+        f"put every pool on {home}, or the heads on premises"
+    )
+    problems: list[Problem] = [
+        (("pools", i, "provider"), why.format(what=f"a pool on {p.provider}"))
+        for i, p in enumerate(spec.pools)
+        if p.provider != home
+    ]
+    if spec.network.remote:
+        problems.append((("network", "remote"), why.format(what="remote networks")))
     return problems

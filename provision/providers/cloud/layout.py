@@ -98,6 +98,7 @@ class CloudLayout:
     ssh_public_key: str
     pools: tuple[CloudPool, ...]
     os_name: str  # the spec's os: which image each cloud starts
+    home: bool = False  # the heads are in this cloud: its network is the management network
 
     @property
     def bursts(self) -> bool:
@@ -226,6 +227,8 @@ def layout(
             )
         )
     user = login_user(spec, provider)  # AWS: the image's; the key pair goes to it
+    heads = next(v.pool for v in cluster.pools if v.pool.role == "head")
+    home = heads.provider == provider
     return CloudLayout(
         spec.name,
         provider,
@@ -234,6 +237,7 @@ def layout(
         ssh_public_key,
         tuple(pools),
         spec.os,
+        home=home,
     )
 
 
@@ -265,10 +269,16 @@ def describe(shape: CloudLayout) -> list[str]:
             lines[0] += " going out through a NAT gateway (an Elastic IP; it costs by the hour)"
     if shape.bursts:
         lines[0] += f"; the munge key in {SECRET_STORE[shape.provider]}"
-    lines.append(
-        f"{shape.provider}: its nodes dial the heads' WireGuard tunnel once they exist; Ansible "
-        "reaches them at their public addresses"
-    )
+    if shape.home:
+        lines.append(
+            f"{shape.provider}: the heads are here: its network is the cluster's management "
+            "network; Ansible reaches the nodes at their public addresses"
+        )
+    else:
+        lines.append(
+            f"{shape.provider}: its nodes dial the heads' WireGuard tunnel once they exist; "
+            "Ansible reaches them at their public addresses"
+        )
     if shape.bursts and shape.provider == "aws":
         lines.append(
             f"aws: the heads burst as the IAM user {shape.name('burst')} (launch from the "

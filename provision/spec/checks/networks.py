@@ -65,16 +65,19 @@ def _check_remote(spec: Spec) -> list[Problem]:
         names.setdefault(remote.name, i)
     used_by: dict[str, str] = {}  # remote network -> the cloud on it
     cloud_net: dict[str, str] = {}  # cloud -> its remote network
+    # heads in a cloud: that cloud's network is the management network (unbuilt.py refuses
+    # the pools elsewhere, which the tunnel would have to carry)
+    home = next((p.provider for p in spec.pools if p.role == "head"), None)
     for i, pool in enumerate(spec.pools):
         at: Loc = ("pools", i, "network")
         if pool.network is None:
-            if pool.provider in CLOUD_PROVIDERS:
+            if pool.provider in CLOUD_PROVIDERS and pool.provider != home:
                 problems.append(
                     (
                         at,
                         f"pools on {pool.provider} need a remote network: the cloud's own "
                         "address range (network.remote), which its nodes reach the head "
-                        "from through the tunnel",
+                        f"from through the tunnel (or the heads on {pool.provider} too)",
                     )
                 )
             continue
