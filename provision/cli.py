@@ -149,8 +149,10 @@ def _root(
 def validate(spec: SpecArg = DEFAULT_SPEC) -> None:
     """Check a spec; print one line saying what the cluster is."""
     from provision.cluster import Cluster
+    from provision.providers.cloud import refuse_api_address
 
     cluster = Cluster(_load_warning(spec))
+    refuse_api_address(spec, cluster)
     out.print(f"{spec}: valid: {cluster.describe()}", markup=False)
 
 
@@ -210,7 +212,7 @@ def plan(
     from provision.drain import running_jobs
     from provision.head import Handle
     from provision.plan import ask_leaving_jobs, make_plan, plan_json
-    from provision.providers.cloud import refuse_recarve
+    from provision.providers.cloud import refuse_api_address, refuse_recarve
     from provision.render import read_render
     from provision.state import State
     from provision.views import print_plan
@@ -220,6 +222,7 @@ def plan(
     root = _state_root(state_dir, spec)
     state = State(root, loaded.name)
     refuse_unsupported_changes(spec, read_render(state.applied), cluster)
+    refuse_api_address(spec, cluster)
     refuse_recarve(spec, state, cluster)
     p = make_plan(cluster, state)
     head = Handle(spec, loaded, cluster, state)  # asked only when nodes with jobs would leave

@@ -27,7 +27,7 @@ from provision.pki import cluster_certificates, tunnel_keys
 from provision.preflight import DRIFT, preflight
 from provision.providers import get_provider
 from provision.providers.base import ImageBuilds
-from provision.providers.cloud import refuse_recarve
+from provision.providers.cloud import refuse_api_address, refuse_recarve
 from provision.render import read_render, render, write_render
 from provision.render.tunnel import members
 from provision.rolling import batch_size, roll
@@ -168,6 +168,7 @@ def apply(
             # the render of the last successful apply: what leaves, what the daemons must do
             applied = read_render(state.applied)
             refuse_unsupported_changes(spec_path, applied, cluster)
+            refuse_api_address(spec_path, cluster)
             refuse_recarve(spec_path, state, cluster)
             run = _Run(head, say, report, leaving, scope, hosts)
             gone = _drain_leaving(run, applied)

@@ -35,6 +35,20 @@ access, a federated identity credential (its name 3-120 letters, digits, - and _
 letter or digit; an HTTPS issuer; exactly one audience), a custom role (its name a GUID, at least
 one assignable scope, its own scope among them). Azure Spot: a Spot VM names its eviction policy;
 an eviction policy and a billing profile only on Spot.
+
+The API's load balancers on heads in a cloud. Elastic Load Balancing (CreateLoadBalancer,
+CreateTargetGroup, CreateListener): a load balancer's and a target group's name at most 32
+letters, digits and hyphens, no hyphen at either end, not starting "internal-"; a subnet
+mapping's private IPv4 address only on an internal Network Load Balancer; a Network Load
+Balancer's target groups and listeners TCP, TLS, UDP or TCP_UDP; health check thresholds 2-10,
+its interval 5-300 seconds, a path only for HTTP and HTTPS checks; client IP preservation
+"true" or "false"; a forward action names its target group. Compute Engine's internal
+passthrough Network Load Balancer: an internal address names its subnetwork; an INTERNAL
+backend service is TCP, UDP or UNSPECIFIED, with exactly one health check and its backends
+balanced by CONNECTION; an INTERNAL forwarding rule names a backend service and a subnetwork
+and at most five ports (or all). Azure Load Balancer: the Basic SKU is retired (30 September
+2025); a static frontend names its private address; an HTTPS or HTTP probe names its path,
+probes at least every 5 seconds; a rule's idle timeout is 4-100 minutes.
 """
 
 from __future__ import annotations
@@ -86,8 +100,12 @@ def refusals(typ: str, name: str, inputs: dict[str, Any]) -> list[str]:
         typ == "azure-native:authorization:RoleDefinition"
     ):
         return _azure_heads(typ, inputs)
+    if typ.startswith("aws:lb/"):
+        return _aws_balancer(typ, inputs)
+    if typ == "azure-native:network:LoadBalancer":
+        return _azure_balancer(inputs)
     if typ.startswith("gcp:") and not typ.startswith("gcp:index"):
-        return _gcp(typ, name, inputs)
+        return _gcp(typ, name, inputs) + _gcp_balancer(typ, inputs)
     if typ in (
         "azure-native:compute:VirtualMachine",
         "azure-native:compute:VirtualMachineScaleSet",
@@ -328,4 +346,85 @@ def _azure_machine(inputs: dict[str, Any]) -> list[str]:
             "Azure refuses encryption at host unless the subscription registered "
             "Microsoft.Compute/EncryptionAtHost (InvalidParameter)"
         )
+    return problems
+
+
+ELB_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,30}[A-Za-z0-9])?")
+NLB_PROTOCOLS = {"TCP", "TLS", "UDP", "TCP_UDP"}
+
+
+def _aws_balancer(typ: str, inputs: dict[str, Any]) -> list[str]:
+    problems = []
+    name = inputs.get("name")
+    if name is not None and (not ELB_NAME.fullmatch(name) or name.startswith("internal-")):
+        problems.append(f"Elastic Load Balancing refuses the name {name!r}")
+    if typ == "aws:lb/loadBalancer:LoadBalancer":
+        private = [m for m in inputs.get("subnetMappings", []) if m.get("privateIpv4Address")]
+        if private and (
+            inputs.get("internal") is not True or inputs.get("loadBalancerType") != "network"
+        ):
+            problems.append("a private IPv4 address is for an internal Network Load Balancer")
+    if typ == "aws:lb/targetGroup:TargetGroup":
+        if inputs.get("protocol") not in NLB_PROTOCOLS:
+            problems.append(
+                f"a Network Load Balancer's target group is not {inputs.get('protocol')}"
+            )
+        if inputs.get("preserveClientIp") not in (None, "true", "false"):
+            problems.append("client IP preservation is 'true' or 'false'")
+        check = inputs.get("healthCheck", {})
+        for key in ("healthyThreshold", "unhealthyThreshold"):
+            if key in check and not 2 <= check[key] <= 10:
+                problems.append(f"a health check's {key} is 2-10")
+        if "interval" in check and not 5 <= check["interval"] <= 300:
+            problems.append("a health check's interval is 5-300 seconds")
+        if check.get("path") and check.get("protocol") not in ("HTTP", "HTTPS"):
+            problems.append("a health check's path is for HTTP and HTTPS checks")
+    if typ == "aws:lb/listener:Listener":
+        if inputs.get("protocol") not in NLB_PROTOCOLS:
+            problems.append(f"a Network Load Balancer listens on TCP, not {inputs.get('protocol')}")
+        for action in inputs.get("defaultActions", []):
+            if action.get("type") == "forward" and not action.get("targetGroupArn"):
+                problems.append("a forward action names its target group")
+    return problems
+
+
+def _gcp_balancer(typ: str, inputs: dict[str, Any]) -> list[str]:
+    problems = []
+    internal_address = inputs.get("addressType") == "INTERNAL"
+    if typ == "gcp:compute/address:Address" and internal_address and not inputs.get("subnetwork"):
+        problems.append("Compute Engine refuses an internal address without its subnetwork")
+    internal = inputs.get("loadBalancingScheme") == "INTERNAL"
+    if typ == "gcp:compute/regionBackendService:RegionBackendService" and internal:
+        if inputs.get("protocol") not in ("TCP", "UDP", "UNSPECIFIED"):
+            problems.append("an internal backend service is TCP, UDP or UNSPECIFIED")
+        checks = inputs.get("healthChecks")
+        if not checks or (isinstance(checks, list) and len(checks) != 1):
+            problems.append("an internal backend service has exactly one health check")
+        if any(b.get("balancingMode") != "CONNECTION" for b in inputs.get("backends", [])):
+            problems.append("an internal backend service balances its backends by CONNECTION")
+    if typ == "gcp:compute/forwardingRule:ForwardingRule" and internal:
+        if not inputs.get("backendService") or not inputs.get("subnetwork"):
+            problems.append("an internal forwarding rule names its backend service and subnetwork")
+        if len(inputs.get("ports", [])) > 5 or (inputs.get("ports") and inputs.get("allPorts")):
+            problems.append("an internal forwarding rule has at most five ports, or all")
+    return problems
+
+
+def _azure_balancer(inputs: dict[str, Any]) -> list[str]:
+    problems = []
+    if inputs.get("sku", {}).get("name") != "Standard":
+        problems.append("Azure retired the Basic Load Balancer (30 September 2025): Standard")
+    for frontend in inputs.get("frontendIPConfigurations", []):
+        if frontend.get("privateIPAllocationMethod") == "Static" and not frontend.get(
+            "privateIPAddress"
+        ):
+            problems.append("a static frontend names its private address")
+    for probe in inputs.get("probes", []):
+        if probe.get("protocol") in ("Http", "Https") and not probe.get("requestPath"):
+            problems.append("an HTTP or HTTPS probe names its path")
+        if probe.get("intervalInSeconds", 5) < 5:
+            problems.append("a probe runs at most every 5 seconds")
+    for rule in inputs.get("loadBalancingRules", []):
+        if not 4 <= rule.get("idleTimeoutInMinutes", 4) <= 100:
+            problems.append("a rule's idle timeout is 4-100 minutes")
     return problems

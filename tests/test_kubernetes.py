@@ -161,13 +161,15 @@ def test_bad_kubernetes_settings(tmp_path: Path, kube: str, heads: int, message:
     assert message in _errors(tmp_path, _text(kube, heads))
 
 
-def test_kubernetes_on_rocky_and_ha_on_cloud_heads_are_not_supported_yet(tmp_path: Path) -> None:
+def test_kubernetes_on_rocky_and_workers_beyond_the_heads_cloud_are_not_supported_yet(
+    tmp_path: Path,
+) -> None:
     assert "Kubernetes on rocky9" in _errors(tmp_path, _text().replace("debian12", "rocky9"))
     cloud = _text("{ha: true, api_address: 10.5.0.5}", 3).replace(
         "profile: cpu-node, count: 3, first_address: 10.5.0.11",
-        "profile: cpu-node, count: 3, provider: aws, region: us-east-1",
+        "profile: aws-m7i.4xlarge, count: 3, provider: aws, region: us-east-1",
     )
-    assert "an HA control plane on aws heads" in _errors(tmp_path, cloud)
+    assert "with the heads on aws, a pool on static" in _errors(tmp_path, cloud)
 
 
 def test_lab_nodes_never_get_the_api_address(tmp_path: Path) -> None:

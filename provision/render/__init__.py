@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from provision.cluster import Cluster
 from provision.render.burst import burst_config
-from provision.render.firewall import address_sets, guard_lines, pool_rules, rule_lines
+from provision.render.firewall import (
+    address_sets,
+    guard_lines,
+    output_lines,
+    pool_rules,
+    rule_lines,
+)
 from provision.render.gpu import nccl_conf
 from provision.render.health import health_files
 from provision.render.inventory import NFT_SETS_PATH, render_group_vars, render_inventory
@@ -49,6 +55,7 @@ def render(cluster: Cluster) -> dict[str, str]:
             sets_path=NFT_SETS_PATH,
             rule_lines=lines,
             guard_lines=guard_lines(cluster, pool),
+            output_lines=output_lines(cluster, pool),
         )
     for view in cluster.pools:
         if view.profile.gpu is not None:

@@ -135,6 +135,10 @@ _TABLE = (
         "api_endpoint_router_id", "all", ("api_endpoint",),
         "the VRRP router id, from the cluster's name",
     ),
+    Variable(
+        "api_endpoint_vrrp", "all", ("api_endpoint",),
+        "false on heads in a cloud: its internal load balancer holds the address, no keepalived",
+    ),
     Variable("common_time_servers", "all", ("common",), "network.time_servers"),
     Variable("common_time_allow", "all", ("common",), "the management network, chrony's clients"),
     Variable("common_admin_users", "all", ("common", "nfs_server"), "security.admins"),

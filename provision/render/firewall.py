@@ -10,7 +10,14 @@ import ipaddress
 from dataclasses import dataclass
 
 from provision.cluster import Cluster, compress
-from provision.render.kubernetes import API_PORT, ETCD_CLIENT_PORT, ETCD_PEER_PORT, HA_PORT
+from provision.render.kubernetes import (
+    API_PORT,
+    ETCD_CLIENT_PORT,
+    ETCD_PEER_PORT,
+    HA_PORT,
+    api_cloud,
+    balancer_sources,
+)
 from provision.render.tunnel import INTERFACE, far_ranges
 from provision.spec.exposure import public_addresses
 from provision.spec.fabric import rails
@@ -180,6 +187,30 @@ def guard_lines(cluster: Cluster, pool: str) -> list[str]:
     ]
 
 
+# who the heads' rule for the API's load balancer admits, in each cloud
+BALANCER_NAMES = {
+    "aws": "the load balancer",
+    "gcp": "Google's health checkers",
+    "azure": "the load balancer's probes",
+}
+
+
+def output_lines(cluster: Cluster, pool: str) -> list[str]:
+    """nftables lines of a head pool's nat output chain where an HA control plane's heads are
+    in a cloud: a head's own connections to the API's address go to its haproxy, which sends
+    them to a ready API server. Through the cloud's balancer they could come back to the head
+    itself, whose API server may not be up (one joining); GCP's and Azure's internal balancers
+    answer a backend's own traffic with itself, and Azure's drops the flow."""
+    view = next(v for v in cluster.pools if v.name == pool)
+    if view.pool.role != "head" or api_cloud(cluster) is None:
+        return []
+    address = cluster.spec.kubernetes.api_address
+    return [
+        f"ip daddr {address} tcp dport {API_PORT} redirect to :{HA_PORT} "
+        'comment "the heads reach the API through their haproxy, not the balancer"'
+    ]
+
+
 @dataclass(frozen=True)
 class OpenRule:
     """A rule that admits public addresses, and where it is enforced."""
@@ -219,7 +250,11 @@ def _kubernetes_rules(cluster: Cluster, role: str) -> list[Rule]:
         # pods on a head reach the API through its service address unmasqueraded: their source
         # is the pod network (Calico masquerades only what leaves the node)
         rules.append(Rule("kube-apiserver", "tcp", str(API_PORT), (ADMIN, CLUSTER, pods)))
-        if kube.ha:
+        balancer = balancer_sources(cluster)
+        if balancer:  # heads in a cloud: its load balancer, and its health checks
+            who = BALANCER_NAMES[api_cloud(cluster) or ""]
+            rules.append(Rule(f"kube-apiserver ({who})", "tcp", str(API_PORT), balancer))
+        elif kube.ha:  # on premises: keepalived's address, haproxy behind it
             rules.append(Rule("kube-apiserver (haproxy)", "tcp", str(HA_PORT), (ADMIN, CLUSTER)))
             rules.append(Rule("keepalived (VRRP)", "vrrp", "", (HEADS,)))
         # stacked or external, etcd serves the API servers and its peers, all on the heads

@@ -9,7 +9,7 @@ from typing import Any
 from provision.cluster import Cluster
 from provision.render.contract import FABRIC, GRAFANA, MONITORING, NVIDIA, ROCE, SOFTWARE, emitted
 from provision.render.jinja import template
-from provision.render.kubernetes import api_endpoint, node_labels, vrrp_router_id
+from provision.render.kubernetes import api_cloud, api_endpoint, node_labels, vrrp_router_id
 from provision.render.monitoring import smtp_logins
 from provision.render.tunnel import tunnel_host_vars
 from provision.render.yamldata import Template, yaml_mapping, yaml_value
@@ -234,6 +234,8 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
             out["api_endpoint_address"] = str(kube.api_address)
             out["api_endpoint_prefix"] = spec.network.management.cidr.prefixlen
             out["api_endpoint_router_id"] = vrrp_router_id(spec.name)
+            if api_cloud(cluster) is not None:  # the cloud's load balancer holds the address
+                out["api_endpoint_vrrp"] = False
     if spec.scheduler == "slurm" and any(p.elastic for p in spec.pools):
         out["provision_burst"] = True
     if spec.scheduler == "slurm" and "accounting" in spec.slurm.model_fields_set:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 import yaml
 
 from provision.cluster import Cluster, PoolView
+from provision.spec.models import CLOUD_PROVIDERS
 from provision.spec.nodes import Node
 
 API_PORT = 6443  # each API server
@@ -64,11 +65,42 @@ def node_labels(view: PoolView) -> list[str]:
     return [f"{GPU_LABEL}=true"] if view.profile.gpu is not None else []
 
 
+# Where a cloud's internal load balancer sends a head's API traffic from, which the heads'
+# firewall admits to the API servers: AWS's Network Load Balancer from its own address (client
+# IP preservation off), Compute Engine's health checkers from Google's documented ranges, and
+# Azure's probes from the platform's one address (the clients' own traffic keeps their
+# addresses behind GCP's and Azure's balancers, which the cluster's sets already admit)
+BALANCER_SOURCES = {
+    "gcp": ("35.191.0.0/16", "130.211.0.0/22"),
+    "azure": ("168.63.129.16/32",),
+}
+
+
+def api_cloud(cluster: Cluster) -> str | None:
+    """The cloud whose internal load balancer fronts an HA control plane (its heads are
+    there), or None: no HA control plane, or keepalived's virtual address on premises."""
+    kube = cluster.spec.kubernetes
+    if cluster.spec.scheduler != "kubernetes" or not kube.ha or kube.api_address is None:
+        return None
+    provider = next(v.pool.provider for v in cluster.pools if v.pool.role == "head")
+    return provider if provider in CLOUD_PROVIDERS else None
+
+
+def balancer_sources(cluster: Cluster) -> tuple[str, ...]:
+    """What the heads admit to their API servers from the cloud's load balancer."""
+    cloud = api_cloud(cluster)
+    if cloud == "aws":
+        return (f"{cluster.spec.kubernetes.api_address}/32",)
+    return BALANCER_SOURCES.get(cloud or "", ())
+
+
 def api_endpoint(cluster: Cluster) -> str:
-    """host:port every node and kubectl reach the API at."""
+    """host:port every node and kubectl reach the API at: keepalived's virtual address on
+    haproxy's port, the cloud's load balancer on the API's own, or the first head."""
     kube = cluster.spec.kubernetes
     if kube.ha and kube.api_address is not None:
-        return f"{kube.api_address}:{HA_PORT}"
+        port = API_PORT if api_cloud(cluster) else HA_PORT
+        return f"{kube.api_address}:{port}"
     return f"{cluster.head_nodes[0].reach}:{API_PORT}"
 
 

@@ -760,12 +760,14 @@ class KubernetesSettings(Model):
     ha: bool = Field(
         default=False,
         description="highly available control plane: 3+ head nodes behind a virtual address "
-        "(keepalived and haproxy on the heads)",
+        "(keepalived and haproxy on the heads; on heads in a cloud, its internal load "
+        "balancer)",
     )
     api_address: ipaddress.IPv4Address | None = Field(
         default=None,
         description="the API's virtual address on the management network (ha: required); "
-        "no node may have it",
+        "no node may have it; on heads in a cloud, a free address in their subnet, which the "
+        "cloud's load balancer takes",
     )
     etcd: Literal["stacked", "external"] = Field(
         default="stacked",

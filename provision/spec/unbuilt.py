@@ -59,18 +59,6 @@ def _kubernetes(spec: Spec) -> list[Problem]:
                 "Ubuntu's packages; Rocky has none); use debian12, ubuntu22.04 or ubuntu24.04",
             )
         )
-    if spec.kubernetes.ha:
-        for i, pool in enumerate(spec.pools):
-            if pool.role == "head" and pool.provider not in ("static", "lab"):
-                problems.append(
-                    (
-                        ("pools", i, "provider"),
-                        f"not supported yet: an HA control plane on {pool.provider} heads (the "
-                        "API address moves between heads by VRRP, which clouds do not carry; "
-                        "their load balancer is not built yet); put the heads on premises or "
-                        "set kubernetes.ha: false",
-                    )
-                )
     return problems
 
 

@@ -366,6 +366,25 @@ def addresses_from(
     return out
 
 
+def refuse_api_address(spec_path: Path, cluster: Cluster) -> None:
+    """SpecError (exit 2, at kubernetes.api_address) where an HA control plane's heads are in a
+    cloud whose load balancer cannot take the address: outside the heads' subnet, or one the
+    cloud keeps for itself (validate, plan and apply say it before anything is made)."""
+    from provision.providers.cloud.layout import api_address_problem, layout
+    from provision.render.kubernetes import api_cloud
+    from provision.spec.validation import issue_at
+    from provision.spec.yamlfile import read_yaml
+
+    cloud = api_cloud(cluster)
+    if cloud is None:
+        return
+    problem = api_address_problem(layout(cluster, cloud, ""))
+    if problem is not None:
+        raise SpecError(
+            [issue_at(read_yaml(spec_path), str(spec_path), ["kubernetes", "api_address"], problem)]
+        )
+
+
 def refuse_recarve(spec_path: Path, state: State, cluster: Cluster) -> None:
     """SpecError (exit 2, at the pool) where the spec would change the range of a subnet the
     running AWS stack has (a zone added, or the first pool of a private zone): plan and apply

@@ -10,7 +10,13 @@ in EC2's character set; no public address asked of a template with several netwo
 (InvalidParameterCombination): a lasting node of such a type gets an Elastic IP on its primary
 interface instead, as ParallelCluster gives its multi-card head node, and burst nodes of such a
 type start in the private subnet, as ParallelCluster puts multi-card compute nodes behind a NAT
-gateway; a public NAT gateway needs an Elastic IP and a subnet the internet gateway routes."""
+gateway; a public NAT gateway needs an Elastic IP and a subnet the internet gateway routes.
+
+An HA Kubernetes control plane on heads here gets an internal Network Load Balancer at the spec's
+API address in the heads' subnet, taken before any instance can be given it: IP targets (the
+heads' private addresses) with client IP preservation off, so a head's own connection through it
+comes back to it from the balancer's address and not from itself (the hairpin the Network Load
+Balancer guide warns of), and an HTTPS health check of each API server's /readyz."""
 
 from __future__ import annotations
 
@@ -22,7 +28,13 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from provision.burst.config import TAG_CLUSTER, cloud_template, munge_secret, tunnel_secret
+from provision.burst.config import (
+    TAG_CLUSTER,
+    cloud_template,
+    fit_name,
+    munge_secret,
+    tunnel_secret,
+)
 from provision.providers.cloud.joining import pool_user_data
 from provision.providers.cloud.layout import (
     IMAGES,
@@ -129,15 +141,24 @@ class AwsCluster(pulumi.ComponentResource):
         self.templates: dict[str, pulumi.Output[str]] = {}
         self.secret = _munge_secret(layout, munge_key, tags, here) if layout.bursts else None
         self.node_roles: list[aws.iam.Role] = []  # the elastic pools' (the heads pass them on)
+        balancer = None
+        made = here
+        if layout.api is not None:  # its address first: no instance may be given it
+            balancer = _api_balancer(layout, subnets.get(layout.api.zone, first), tags, here)
+            made = pulumi.ResourceOptions.merge(here, pulumi.ResourceOptions(depends_on=[balancer]))
         for pool in layout.pools:
             public = subnets.get(pool.zone, first)
             zone = pool.zone if pool.zone in subnets else next(iter(subnets))
             inside = private[zone] if pool.private else public
             if pool.private:
                 self.builder_subnets[pool.name] = public.id
-            self._pool(layout, pool, vpc, inside, key, image, here)
-        # what the heads' burst programs act as: the heads are never instances of the stack
-        # (head pools stay on premises), so a user whose key apply puts on the heads
+            self._pool(layout, pool, vpc, inside, key, image, made)
+        if balancer is not None and layout.api is not None:
+            heads = next(p for p in layout.pools if p.name == layout.api.pool)
+            targets = {node: self.nodes[node]["private"] for node in heads.nodes}
+            _api_targets(layout, balancer, vpc, targets, tags, here)
+        # what the heads' burst programs act as: a user whose key apply puts on the heads, the
+        # same whether they are on premises or instances of this stack
         self.burst_credentials: pulumi.Output[str] | None = None
         if layout.bursts:
             policy = pulumi.Output.all(*(r.arn for r in self.node_roles)).apply(
@@ -283,6 +304,87 @@ class AwsCluster(pulumi.ComponentResource):
             "iam_instance_profile": aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=profile.arn),
             "user_data": data,
         }
+
+
+def balancer_name(cluster: str, what: str) -> str:
+    """An Elastic Load Balancing name (a load balancer's, a target group's): at most 32
+    letters, digits and hyphens, no hyphen at either end."""
+    return fit_name(f"{cluster}-{what}", 32).strip("-")
+
+
+def _api_balancer(
+    layout: CloudLayout, subnet: aws.ec2.Subnet, tags: dict[str, str], here: pulumi.ResourceOptions
+) -> aws.lb.LoadBalancer:
+    """The internal Network Load Balancer of the API, its address the spec's in the heads'
+    subnet (a subnet mapping's private address: the balancer's own in that zone)."""
+    assert layout.api is not None
+    return aws.lb.LoadBalancer(
+        layout.name("api"),
+        name=balancer_name(layout.cluster, "api"),
+        internal=True,
+        load_balancer_type="network",
+        subnet_mappings=[
+            aws.lb.LoadBalancerSubnetMappingArgs(
+                subnet_id=subnet.id, private_ipv4_address=layout.api.address
+            )
+        ],
+        tags=tags,
+        opts=here,
+    )
+
+
+def _api_targets(
+    layout: CloudLayout,
+    balancer: aws.lb.LoadBalancer,
+    vpc: aws.ec2.Vpc,
+    targets: dict[str, pulumi.Output[str]],
+    tags: dict[str, str],
+    here: pulumi.ResourceOptions,
+) -> None:
+    """The heads' API servers behind the balancer: a target group of their private addresses
+    (IP targets), client IP preservation off, each checked at /readyz over HTTPS (anonymous,
+    as kube-apiserver allows it), and a TCP listener on the API's port."""
+    assert layout.api is not None
+    port = layout.api.port
+    group = aws.lb.TargetGroup(
+        layout.name("api", "tg"),
+        name=balancer_name(layout.cluster, "api-tg"),
+        port=port,
+        protocol="TCP",
+        target_type="ip",
+        vpc_id=vpc.id,
+        preserve_client_ip="false",
+        deregistration_delay=30,
+        health_check=aws.lb.TargetGroupHealthCheckArgs(
+            protocol="HTTPS",
+            port=str(port),
+            path="/readyz",
+            healthy_threshold=2,
+            unhealthy_threshold=2,
+            interval=10,
+        ),
+        tags=tags,
+        opts=here,
+    )
+    for node, address in targets.items():
+        aws.lb.TargetGroupAttachment(
+            layout.name("api", node),
+            target_group_arn=group.arn,
+            target_id=address,
+            port=port,
+            opts=here,
+        )
+    aws.lb.Listener(
+        layout.name("api", "listener"),
+        load_balancer_arn=balancer.arn,
+        port=port,
+        protocol="TCP",
+        default_actions=[
+            aws.lb.ListenerDefaultActionArgs(type="forward", target_group_arn=group.arn)
+        ],
+        tags=tags,
+        opts=here,
+    )
 
 
 def _nat_routes(

@@ -195,8 +195,13 @@ class AzureCluster(pulumi.ComponentResource):
             if self.vault is not None
             else None
         )
+        self.api_backend: pulumi.Output[str] | None = None  # the API balancer's heads
+        made = here
+        if layout.api is not None:  # its static address first: no NIC may be given it
+            balancer, self.api_backend = _api_balancer(layout, group, subnet, tags, here)
+            made = pulumi.ResourceOptions.merge(here, pulumi.ResourceOptions(depends_on=[balancer]))
         for pool in layout.pools:
-            self._pool(layout, pool, group, subnet, here)
+            self._pool(layout, pool, group, subnet, made)
         self.burst_credentials: pulumi.Output[str] | None = None
         if layout.bursts and issuer_key is not None:
             self.burst_credentials = self._heads(layout, group, issuer_key, here)
@@ -314,6 +319,13 @@ class AzureCluster(pulumi.ComponentResource):
                     subnet=az.network.SubnetArgs(id=where.subnet.id),
                     public_ip_address=az.network.PublicIPAddressArgs(id=address.id),
                     private_ip_allocation_method="Dynamic",
+                    load_balancer_backend_address_pools=(
+                        [az.network.BackendAddressPoolArgs(id=self.api_backend)]
+                        if self.api_backend is not None
+                        and layout.api is not None
+                        and pool.name == layout.api.pool
+                        else None
+                    ),
                 )
             ],
             tags=where.tags,
@@ -664,6 +676,71 @@ def _static_address(
         tags=tags,
         opts=opts,
     )
+
+
+def _api_balancer(
+    layout: CloudLayout,
+    group: az.resources.ResourceGroup,
+    subnet: az.network.Subnet,
+    tags: dict[str, str],
+    here: pulumi.ResourceOptions,
+) -> tuple[az.network.LoadBalancer, pulumi.Output[str]]:
+    """The API's internal Standard Load Balancer: a static frontend at the spec's address in
+    the subnet, a backend pool the heads' NICs join, an HTTPS probe of each API server's
+    /readyz, and one TCP rule on the API's port (no floating IP: a head sees its own address).
+    Azure drops a flow a backend opens to its own balancer's frontend when it lands on that
+    backend; the heads' own API traffic goes to their haproxy instead (their firewall sends it
+    there). Returns the balancer and its backend pool's ID."""
+    api = layout.api
+    assert api is not None
+    name = layout.name("api")
+    own = pulumi.Output.concat(group.id, "/providers/Microsoft.Network/loadBalancers/", name)
+    frontend = pulumi.Output.concat(own, "/frontendIPConfigurations/api")
+    backend = pulumi.Output.concat(own, "/backendAddressPools/heads")
+    probe = pulumi.Output.concat(own, "/probes/readyz")
+    balancer = az.network.LoadBalancer(
+        name,
+        load_balancer_name=name,
+        resource_group_name=group.name,
+        location=group.location,
+        sku=az.network.LoadBalancerSkuArgs(name="Standard", tier="Regional"),
+        frontend_ip_configurations=[
+            az.network.FrontendIPConfigurationArgs(
+                name="api",
+                private_ip_address=api.address,
+                private_ip_allocation_method="Static",
+                subnet=az.network.SubnetArgs(id=subnet.id),
+            )
+        ],
+        backend_address_pools=[az.network.BackendAddressPoolArgs(name="heads")],
+        probes=[
+            az.network.ProbeArgs(
+                name="readyz",
+                protocol="Https",
+                port=api.port,
+                request_path="/readyz",
+                interval_in_seconds=5,
+                number_of_probes=2,
+            )
+        ],
+        load_balancing_rules=[
+            az.network.LoadBalancingRuleArgs(
+                name="kube-api",
+                protocol="Tcp",
+                frontend_port=api.port,
+                backend_port=api.port,
+                frontend_ip_configuration=az.network.SubResourceArgs(id=frontend),
+                backend_address_pool=az.network.SubResourceArgs(id=backend),
+                probe=az.network.SubResourceArgs(id=probe),
+                enable_floating_ip=False,
+                idle_timeout_in_minutes=30,  # watches hold connections for long
+                enable_tcp_reset=True,
+            )
+        ],
+        tags=tags,
+        opts=here,
+    )
+    return balancer, backend
 
 
 @dataclass(frozen=True)

@@ -98,14 +98,31 @@ class GcpCluster(pulumi.ComponentResource):
             )
         self.nodes: dict[str, dict[str, pulumi.Output[str]]] = {}
         self.templates: dict[str, pulumi.Output[str]] = {}
+        self.instances: dict[str, gcp.compute.InstanceFromTemplate] = {}
         self.secret = _munge_secret(layout, munge_key, here) if layout.bursts else None
         self.node_accounts: dict[str, gcp.serviceaccount.Account] = {}  # elastic pools'
+        made = here
+        address = None
+        if layout.api is not None:  # reserved first: Compute Engine gives it no instance
+            address = gcp.compute.Address(
+                _name(layout, "api"),
+                name=_name(layout, "api"),
+                address_type="INTERNAL",
+                address=layout.api.address,
+                subnetwork=subnet.id,
+                region=region,
+                description=f"{layout.cluster}: the Kubernetes API's internal load balancer",
+                opts=here,
+            )
+            made = pulumi.ResourceOptions.merge(here, pulumi.ResourceOptions(depends_on=[address]))
         for pool in layout.pools:
             self._pool(
-                layout, pool, network, subnet, extra, IMAGES[layout.os_name]["gcp"][0], region, here
+                layout, pool, network, subnet, extra, IMAGES[layout.os_name]["gcp"][0], region, made
             )
-        # what the heads' burst programs act as: the heads are never instances of the stack
-        # (head pools stay on premises), so a service account whose key apply puts on them
+        if address is not None:
+            self._api_balancer(layout, network, subnet, address, region, here)
+        # what the heads' burst programs act as: a service account whose key apply puts on
+        # them, the same whether they are on premises or instances of this stack
         self.burst_credentials: pulumi.Output[str] | None = None
         if layout.bursts:
             self.burst_credentials = _burst_account(layout, self.node_accounts, provider, here)
@@ -189,6 +206,7 @@ class GcpCluster(pulumi.ComponentResource):
                 labels=_labels(layout, pool.name),
                 opts=here,
             )
+            self.instances[node] = instance
             nic = instance.network_interfaces.apply(lambda n: n[0])
             self.nodes[node] = {
                 "private": nic.apply(lambda n: n.network_ip or ""),
@@ -196,6 +214,72 @@ class GcpCluster(pulumi.ComponentResource):
                     lambda n: (n.access_configs[0].nat_ip or "") if n.access_configs else ""
                 ),
             }
+
+    def _api_balancer(
+        self,
+        layout: CloudLayout,
+        network: gcp.compute.Network,
+        subnet: gcp.compute.Subnetwork,
+        address: gcp.compute.Address,
+        region: str | None,
+        here: pulumi.ResourceOptions,
+    ) -> None:
+        """The internal passthrough Network Load Balancer of the API: the heads in an unmanaged
+        instance group, a regional backend service (INTERNAL, TCP, by connection) checking
+        each API server's /readyz over HTTPS, and a forwarding rule at the reserved address on
+        the API's port. Packets reach a head addressed to the balancer (the guest agent routes
+        that address to the head itself), which the API server, listening on every address,
+        takes; the heads' own API traffic never goes through it (their firewall sends it to
+        their haproxy), since Compute Engine answers a backend's own with itself."""
+        api = layout.api
+        assert api is not None
+        heads = next(p for p in layout.pools if p.name == api.pool)
+        group = gcp.compute.InstanceGroup(
+            _name(layout, "api", "heads"),
+            name=_name(layout, "api", "heads"),
+            zone=api.zone,
+            network=network.id,
+            instances=[self.instances[node].self_link for node in heads.nodes],
+            named_ports=[gcp.compute.InstanceGroupNamedPortArgs(name="kube-api", port=api.port)],
+            opts=here,
+        )
+        check = gcp.compute.RegionHealthCheck(
+            _name(layout, "api", "readyz"),
+            region=region,
+            https_health_check=gcp.compute.RegionHealthCheckHttpsHealthCheckArgs(
+                port=api.port, request_path="/readyz"
+            ),
+            check_interval_sec=5,
+            timeout_sec=5,
+            healthy_threshold=2,
+            unhealthy_threshold=2,
+            opts=here,
+        )
+        backend = gcp.compute.RegionBackendService(
+            _name(layout, "api"),
+            region=region,
+            load_balancing_scheme="INTERNAL",
+            protocol="TCP",
+            health_checks=check.id,
+            backends=[
+                gcp.compute.RegionBackendServiceBackendArgs(
+                    group=group.self_link, balancing_mode="CONNECTION"
+                )
+            ],
+            opts=here,
+        )
+        gcp.compute.ForwardingRule(
+            _name(layout, "api"),
+            region=region,
+            load_balancing_scheme="INTERNAL",
+            ip_address=address.address,
+            ip_protocol="TCP",
+            ports=[str(api.port)],
+            backend_service=backend.id,
+            network=network.id,
+            subnetwork=subnet.id,
+            opts=here,
+        )
 
     def _reader(
         self, layout: CloudLayout, pool: CloudPool, here: pulumi.ResourceOptions

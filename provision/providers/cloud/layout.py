@@ -13,6 +13,7 @@ from provision.burst.join import JoinConfig
 from provision.cluster import Cluster
 from provision.render.firewall import ADMIN, CLUSTER, COMPUTE, HEADS, MONITOR, pool_rules
 from provision.render.gpu import nccl_transport
+from provision.render.kubernetes import API_PORT
 from provision.render.userdata import join_config
 from provision.spec.fabric import cloud_infiniband, efa_count
 from provision.spec.nodes import login_user
@@ -90,6 +91,18 @@ class CloudPool:
 
 
 @dataclass(frozen=True)
+class ApiFrontend:
+    """An HA Kubernetes control plane on heads in the cloud: the cloud's internal load balancer
+    in front of their API servers, at the spec's api_address (kubernetes.api_address), which
+    every node and kubectl reach the API at."""
+
+    address: str
+    pool: str  # the head pool: its nodes are the targets
+    zone: str | None  # the head pool's zone (AWS: the subnet the address is taken in)
+    port: int = API_PORT  # the same on the load balancer and on the API servers
+
+
+@dataclass(frozen=True)
 class CloudLayout:
     cluster: str
     provider: str
@@ -99,6 +112,7 @@ class CloudLayout:
     pools: tuple[CloudPool, ...]
     os_name: str  # the spec's os: which image each cloud starts
     home: bool = False  # the heads are in this cloud: its network is the management network
+    api: ApiFrontend | None = None  # an HA control plane on heads here: its load balancer
 
     @property
     def bursts(self) -> bool:
@@ -229,6 +243,10 @@ def layout(
     user = login_user(spec, provider)  # AWS: the image's; the key pair goes to it
     heads = next(v.pool for v in cluster.pools if v.pool.role == "head")
     home = heads.provider == provider
+    kube = spec.kubernetes
+    api = None
+    if home and spec.scheduler == "kubernetes" and kube.ha and kube.api_address is not None:
+        api = ApiFrontend(str(kube.api_address), heads.name, heads.zone)
     return CloudLayout(
         spec.name,
         provider,
@@ -238,7 +256,47 @@ def layout(
         tuple(pools),
         spec.os,
         home=home,
+        api=api,
     )
+
+
+def api_subnet(shape: CloudLayout) -> str:
+    """The range the API's load balancer takes its address in: the heads' subnet (AWS: the
+    public subnet of their zone; GCP and Azure: the stack's one subnet)."""
+    if shape.provider != "aws" or shape.api is None:
+        return shape.cidr
+    public = [s for s in aws_subnets(shape) if not s.private]
+    return next((s.cidr for s in public if s.zone == shape.api.zone), public[0].cidr)
+
+
+def reserved_addresses(provider: str, cidr: str) -> list[ipaddress.IPv4Address]:
+    """The addresses of a subnet the cloud keeps for itself: EC2 and Azure the first four and
+    the last; Compute Engine the first two, the second-to-last and the last."""
+    net = ipaddress.IPv4Network(cidr)
+    first, last = net.network_address, net.broadcast_address
+    if provider == "gcp":
+        return [first, first + 1, last - 1, last]
+    return [first, first + 1, first + 2, first + 3, last]
+
+
+def api_address_problem(shape: CloudLayout) -> str | None:
+    """Why the load balancer cannot take the spec's API address, or None."""
+    if shape.api is None:
+        return None
+    subnet = api_subnet(shape)
+    address = ipaddress.IPv4Address(shape.api.address)
+    where = "the heads' subnet" + (f" in {shape.api.zone}" if shape.api.zone else "")
+    if address not in ipaddress.IPv4Network(subnet):
+        return (
+            f"{address} is outside {where} {subnet}, where {shape.provider}'s load balancer "
+            "takes the API's address: pick a free address there"
+        )
+    if address in reserved_addresses(shape.provider, subnet):
+        return (
+            f"{address} is one of the addresses {shape.provider} keeps for itself in {subnet}: "
+            "pick another (a high one: the cloud gives instances the low ones first)"
+        )
+    return None
 
 
 NETWORK = {
@@ -247,6 +305,13 @@ NETWORK = {
     "azure": ["resource group", "virtual network", "subnet", "NAT gateway"],
 }
 
+
+# what fronts an HA control plane's API servers on heads in each cloud
+API_FRONTEND = {
+    "aws": "an internal Network Load Balancer (IP targets, client IP preservation off)",
+    "gcp": "an internal passthrough Network Load Balancer (its address reserved)",
+    "azure": "an internal Standard Load Balancer (a static frontend address)",
+}
 
 # where each cloud keeps the munge key, and what a burst node reads it with
 SECRET_STORE = {"aws": "Secrets Manager", "gcp": "Secret Manager", "azure": "a Key Vault"}
@@ -278,6 +343,11 @@ def describe(shape: CloudLayout) -> list[str]:
         lines.append(
             f"{shape.provider}: its nodes dial the heads' WireGuard tunnel once they exist; "
             "Ansible reaches them at their public addresses"
+        )
+    if shape.api is not None:
+        lines.append(
+            f"{shape.provider}: {API_FRONTEND[shape.provider]} at {shape.api.address}:"
+            f"{shape.api.port} in front of the {shape.api.pool} pool's API servers"
         )
     if shape.bursts and shape.provider == "aws":
         lines.append(

@@ -82,8 +82,8 @@ def _check_kubernetes(spec: Spec) -> list[Problem]:
         problems.append(
             (
                 ("kubernetes", "ha"),
-                f"an HA control plane needs api_address: a free address in {mgmt} that moves "
-                "to a healthy head",
+                f"an HA control plane needs api_address: a free address in {mgmt} (keepalived "
+                "moves it to a healthy head; on heads in a cloud, its load balancer takes it)",
             )
         )
     if kube.api_address is not None:
