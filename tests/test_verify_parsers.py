@@ -15,7 +15,13 @@ from provision.parsers.node import (
     parse_os_release,
     parse_stat,
 )
-from provision.parsers.slurm import parse_sacct_states, parse_sinfo_nodes, parse_srun_hosts
+from provision.parsers.slurm import (
+    parse_drained,
+    parse_sacct_steps,
+    parse_sinfo_nodes,
+    parse_srun_hosts,
+    parse_srun_users,
+)
 from provision.verify.remote import Output
 
 from .conftest import ROOT
@@ -67,10 +73,29 @@ def test_srun_hosts() -> None:
     assert parse_srun_hosts("srun: error: Unable to allocate resources\n") == (None, [])
 
 
-def test_sacct_states() -> None:
-    assert parse_sacct_states((DATA / "sacct-job.txt").read_text()) == {"2": "COMPLETED"}
-    assert parse_sacct_states("7|CANCELLED by 0\n") == {"7": "CANCELLED"}
-    assert parse_sacct_states("") == {}
+def test_srun_users() -> None:
+    """Recorded on the lab: `runuser -u nobody -- srun -N2 sh -c 'echo $SLURM_JOB_ID
+    $(hostname) $(id -un)'`."""
+    text = (DATA / "srun-users.txt").read_text()
+    assert parse_srun_hosts(text) == ("3", ["compute001", "compute002"])
+    assert parse_srun_users(text) == {"nobody"}
+    assert parse_srun_users((DATA / "srun-hosts.txt").read_text()) == set()
+
+
+def test_sacct_steps() -> None:
+    """Recorded on the lab: a batch job of verify's, its script and its one step."""
+    rows = parse_sacct_steps((DATA / "sacct-steps.txt").read_text())
+    assert rows == {"2": ("COMPLETED", 2), "2.batch": ("COMPLETED", 1), "2.0": ("COMPLETED", 2)}
+    assert parse_sacct_steps("7|CANCELLED by 0|1\n") == {"7": ("CANCELLED", 1)}
+    assert parse_sacct_steps("") == {}
+
+
+def test_drained_nodes() -> None:
+    """Recorded on the lab: `scontrol -o show node` with compute002 drained (the kernel string
+    left out of its OS field)."""
+    text = (DATA / "scontrol-show-node-drained.txt").read_text()
+    assert parse_drained(text) == ["compute002"]
+    assert parse_drained(text.replace("IDLE+DRAIN", "IDLE")) == []
 
 
 def test_stat_munge_key() -> None:
@@ -98,6 +123,7 @@ class _Slurm:
         self.delete_fails = delete_fails
         self.user = "root"
         self.said: list[str] = []  # verify's progress lines
+        self.nodes: list[str] = []  # where the last job ran
 
     def run(self, command: str, sudo: bool = False, timeout: float = 60.0) -> Output:
         self.asked.append(command)
@@ -124,11 +150,18 @@ class _Slurm:
                 return Output(1, "", "Reservation provision-verify not found")
             self.reservations.discard("provision-verify")
             return Output(0, "", "")
-        if "srun" in command:
+        if "srun" in command or "sbatch" in command:
             hosts = command.split(" -w ")[1].split()[0]
-            names = ["compute001", "compute002"] if hosts == "compute[001-002]" else [hosts]
-            return Output(0, "".join(f"7 {n}\n" for n in names), "")
-        return Output(0, "7|COMPLETED\n", "")
+            self.nodes = ["compute001", "compute002"] if hosts == "compute[001-002]" else [hosts]
+            if "sbatch" in command:  # the batch job's id (--parsable)
+                return Output(0, "8\n", "")
+            return Output(0, "".join(f"7 {n} nobody\n" for n in self.nodes), "")
+        if command.startswith("scontrol -o show node"):
+            return Output(0, "".join(f"NodeName={n} State=IDLE\n" for n in self.nodes), "")
+        if command.endswith("-j 8"):  # the batch job, its script and its one step
+            n = len(self.nodes)
+            return Output(0, f"8|COMPLETED|{n}\n8.batch|COMPLETED|1\n8.0|COMPLETED|{n}\n", "")
+        return Output(0, f"7|COMPLETED|{len(self.nodes)}\n7.0|COMPLETED|{len(self.nodes)}\n", "")
 
 
 def _verify_slurm(
@@ -175,16 +208,20 @@ def test_verify_on_a_busy_cluster_holds_and_tests_the_idle_nodes_only(no_sleep: 
             "reservation provision-verify on the idle nodes; compute001 run jobs: read only, "
             "not tested under load (--maintenance tests them)",
         ),
-        ("srun", "compute002", True, "job 7 ran on compute002"),
+        ("srun", "compute002", True, "job 7 ran on compute002 as nobody"),
         ("sacct", "job 7", True, "state COMPLETED"),
+        ("sbatch", "compute002", True, "batch job 8: its step ran on 1 node(s) as nobody"),
     ]
     create = [a for a in head.asked if a.startswith("scontrol create")]
     assert create == [
         "scontrol create reservation ReservationName=provision-verify StartTime=now "
-        "Duration=60 Users=root Nodes=compute002"
+        "Duration=60 Users=root,nobody Nodes=compute002"
     ]
-    srun = "srun --reservation=provision-verify -p compute -N1 -w compute002 --time=2"
-    assert any(srun in a for a in head.asked), head.asked
+    where = "--reservation=provision-verify -p compute -N1 -w compute002 --time=2"
+    srun = f"runuser -u nobody -- timeout 120 srun --chdir=/tmp {where} "
+    assert any(a.startswith(srun) for a in head.asked), head.asked
+    sbatch = "runuser -u nobody -- timeout 150 sbatch -W --parsable --chdir=/tmp "
+    assert any(a.startswith(sbatch) and where in a for a in head.asked), head.asked
     assert not head.reservations  # released
 
 
@@ -199,7 +236,7 @@ def test_verify_with_every_node_busy_holds_none_and_runs_no_job(no_sleep: None) 
         True,
         "not run: every compute node runs jobs",
     )
-    assert not any("srun" in a or "scontrol create" in a for a in head.asked)
+    assert not any("srun" in a or "sbatch" in a or "scontrol create" in a for a in head.asked)
 
 
 def test_a_job_landing_before_the_reservation_is_left_alone(no_sleep: None) -> None:
@@ -211,7 +248,7 @@ def test_a_job_landing_before_the_reservation_is_left_alone(no_sleep: None) -> N
     results = _verify_slurm(head)
     create = [a.split("Nodes=")[1] for a in head.asked if a.startswith("scontrol create")]
     assert create == ["compute[001-002]", "compute002"]
-    assert ("srun", "compute002", True, "job 7 ran on compute002") in results
+    assert ("srun", "compute002", True, "job 7 ran on compute002 as nobody") in results
 
 
 def test_maintenance_waits_for_the_jobs_then_tests_every_node(no_sleep: None) -> None:
@@ -225,7 +262,7 @@ def test_maintenance_waits_for_the_jobs_then_tests_every_node(no_sleep: None) ->
     hold = next(r for r in results if r[0] == "hold")
     assert hold[2] and "maintenance reservation provision-verify; waited" in hold[3]
     assert hold[3].endswith("for the jobs on compute001")
-    assert ("srun", "compute[001-002]", True, "job 7 ran on compute[001-002]") in results
+    assert ("srun", "compute[001-002]", True, "job 7 ran on compute[001-002] as nobody") in results
     create = next(a for a in head.asked if a.startswith("scontrol create"))
     assert create.endswith("Nodes=compute[001-002] Flags=MAINT,IGNORE_JOBS")
     assert head.said[0].startswith("maintenance: waiting for the jobs on compute001 to end")
@@ -241,7 +278,66 @@ def test_maintenance_that_runs_out_of_time_fails_and_releases(no_sleep: None) ->
     hold = next(r for r in results if r[0] == "hold")
     assert not hold[2]
     assert hold[3] == "compute001 still ran jobs after -1 s: not tested under load"
-    assert ("srun", "compute002", True, "job 7 ran on compute002") in results
+    assert ("srun", "compute002", True, "job 7 ran on compute002 as nobody") in results
+    assert not head.reservations
+
+
+class _Drains(_Slurm):
+    """A head whose batch jobs never start: sbatch -W says 0, the job may read COMPLETED, and
+    the node is drained ("batch job complete failure"), as a user's job did on the lab before
+    its nodes could pin a user's tasks."""
+
+    def run(self, command: str, sudo: bool = False, timeout: float = 60.0) -> Output:
+        if command.startswith("scontrol -o show node"):
+            self.asked.append(command)
+            return Output(0, "NodeName=compute002 State=IDLE+DRAIN Reason=batch_job_failure\n", "")
+        return super().run(command, sudo, timeout)
+
+
+class _AsRoot(_Slurm):
+    """A head whose srun tasks run as root, whatever the job was submitted as."""
+
+    def run(self, command: str, sudo: bool = False, timeout: float = 60.0) -> Output:
+        out = super().run(command, sudo, timeout)
+        return Output(out.rc, out.stdout.replace(" nobody", " root"), out.stderr)
+
+
+def test_a_batch_job_that_drains_its_node_fails_verify(no_sleep: None) -> None:
+    results = _verify_slurm(_Drains("compute001 allocated\ncompute002 idle\n"))
+    assert ("sbatch", "compute002", False, "batch job 8 drained compute002") in results
+
+
+def test_a_job_whose_tasks_ran_as_another_user_fails_verify(no_sleep: None) -> None:
+    results = _verify_slurm(_AsRoot("compute001 allocated\ncompute002 idle\n"))
+    assert ("srun", "compute002", False, "job 7 ran as root, not nobody") in results
+
+
+class _Stuck(_Slurm):
+    """A head whose batch job cannot end (its node cannot reach slurmctld): sbatch -W times
+    out, and the reservation stays busy until the cancelled job has left."""
+
+    def __init__(self, *sinfo: str) -> None:
+        super().__init__(*sinfo)
+        self.busy = 2
+
+    def run(self, command: str, sudo: bool = False, timeout: float = 60.0) -> Output:
+        if "sbatch" in command:
+            self.asked.append(command)
+            return Output(124, "8\n", "")
+        if command.startswith("scontrol delete reservation") and self.busy:
+            self.asked.append(command)
+            self.busy -= 1
+            return Output(1, "", "Error deleting the reservation: Reservation request busy")
+        return super().run(command, sudo, timeout)
+
+
+def test_a_batch_job_that_cannot_end_is_cancelled_and_the_nodes_released(no_sleep: None) -> None:
+    head = _Stuck("compute001 idle\ncompute002 idle\n")
+    results = _verify_slurm(head)
+    assert ("sbatch", "compute[001-002]", False, "rc 124: 8") in results
+    assert "scancel 8" in head.asked
+    assert "scancel --reservation=provision-verify --user=nobody" in head.asked
+    assert not any(r[0] == "release" for r in results)
     assert not head.reservations
 
 
@@ -279,7 +375,7 @@ def test_a_reservation_this_states_killed_verify_left_goes_first(
     (tmp_path / "lab").mkdir()
     (tmp_path / "lab" / "verify-reservation").touch()
     results = _verify_slurm(head, state_root=tmp_path)
-    assert ("srun", "compute[001-002]", True, "job 7 ran on compute[001-002]") in results
+    assert ("srun", "compute[001-002]", True, "job 7 ran on compute[001-002] as nobody") in results
     changes = [
         a.split(" Start")[0] for a in head.asked if a.startswith("scontrol ") and "show" not in a
     ]

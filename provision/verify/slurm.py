@@ -1,6 +1,7 @@
 """Slurm acceptance: every compute node in service (idle, or running jobs), a job on every idle
-one, the job in accounting, NCCL across two idle nodes of each GPU pool, munge keys right, and
-the firewall admitting only what the spec allows."""
+one and a batch job on them, both as a user without rights (as the cluster's users run them),
+the jobs in accounting, NCCL across two idle nodes of each GPU pool, munge keys right, and the
+firewall admitting only what the spec allows."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import provision.verify.gpu as gpu_checks
 from provision.cluster import compress
 from provision.parsers.node import parse_stat
 from provision.parsers.slurm import (
-    parse_sacct_states,
+    parse_drained,
+    parse_sacct_steps,
     parse_sinfo_nodes,
     parse_srun_hosts,
+    parse_srun_users,
     without_flags,
 )
 from provision.spec.nodes import Node
@@ -36,6 +39,10 @@ BUSY = frozenset({"allocated", "mixed", "completing"})
 SERVING = BUSY | {"idle"}
 # states (without flags) of a node no job runs on, in a reservation or not
 FREE = frozenset({"idle", "maint", "reserved", "resv", "planned"})
+# who verify's test jobs run as: a user every node has, with no rights and no home, as the
+# cluster's users are not root (their tasks are pinned, their files theirs, their jobs theirs)
+JOB_USER = "nobody"
+RELEASE_TRIES = 30  # seconds for a cancelled test job to leave before the release gives up
 
 
 def check_munge_key(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
@@ -134,7 +141,10 @@ def hold_nodes(
     while True:
         states = _states(head)
         out_of_service = [n for n in compute if states.get(n, "absent") not in SERVING]
-        if not out_of_service or time.monotonic() > deadline:
+        # a node completing a job is idle in a moment (one whose test job a verify before
+        # cancelled may take a little longer to say so): tested then, not left as busy
+        completing = [n for n in compute if _base(states.get(n, "")) == "completing"]
+        if not (out_of_service or completing) or time.monotonic() > deadline:
             break
         time.sleep(2)
     hold = Hold(states, not out_of_service)
@@ -144,7 +154,7 @@ def hold_nodes(
         hold.results.append(CheckResult("sinfo", name, state in SERVING, f"state {state}{note}"))
     if out_of_service or not compute:
         return hold
-    user = shlex.quote(head.user)
+    user = shlex.quote(f"{head.user},{JOB_USER}")  # the login's, and the jobs' user
     if maintenance:
         out = _reserve(
             head, mark, f"Users={user} Nodes={compress(compute)} Flags=MAINT,IGNORE_JOBS"
@@ -248,7 +258,14 @@ def release(remotes: dict[str, Remote], ctx: VerifyContext, hold: Hold) -> list[
     head = _head(ctx, remotes)
     if hold.reservation is None or head is None:
         return []
-    out = head.run(f"scontrol delete reservation {hold.reservation}", sudo=True)
+    # a test job that has not ended (a node that cannot run it) would keep the reservation:
+    # verify's own jobs in it go first (its user's; no one else's job can be in it)
+    head.run(f"scancel --reservation={hold.reservation} --user={JOB_USER}", sudo=True)
+    for _ in range(RELEASE_TRIES):  # a cancelled job takes a moment to leave its nodes
+        out = head.run(f"scontrol delete reservation {hold.reservation}", sudo=True)
+        if out.rc == 0 or "busy" not in (out.stderr + out.stdout).lower():
+            break
+        time.sleep(1)
     if out.rc == 0:
         (ctx.state.dir / MARK).unlink(missing_ok=True)
         return []
@@ -338,43 +355,85 @@ def _network_all_reduce(
 def _test_job(
     ctx: VerifyContext, head: Remote, hold: Hold, pool: str, names: list[str]
 ) -> list[CheckResult]:
-    """A job on these held nodes of one pool, and its record in accounting."""
+    """A job on these held nodes of one pool, and a batch job, both as JOB_USER, and their
+    records in accounting."""
     results = []
     hostlist = compress(names)
+    where = f"--reservation={hold.reservation} -p {pool} -N{len(names)} -w {hostlist} --time=2"
     out = head.run(
-        f"timeout 120 srun --reservation={hold.reservation} -p {pool} -N{len(names)} "
-        f"-w {hostlist} --time=2 sh -c 'echo $SLURM_JOB_ID $(hostname)'",
+        f"runuser -u {JOB_USER} -- timeout 120 srun --chdir=/tmp {where} "
+        "sh -c 'echo $SLURM_JOB_ID $(hostname) $(id -un)'",
         timeout=150,
+        sudo=True,
     )
     job, hosts = parse_srun_hosts(out.stdout)
-    ran = out.rc == 0 and hosts == names
-    results.append(
-        CheckResult(
-            "srun",
-            hostlist,
-            ran,
-            f"job {job} ran on {compress(hosts)}"
-            if ran
-            else f"rc {out.rc}: {(out.stderr or out.stdout).strip()[:160]}",
+    users = parse_srun_users(out.stdout)
+    ran = out.rc == 0 and hosts == names and users == {JOB_USER}
+    if ran:
+        evidence = f"job {job} ran on {compress(hosts)} as {JOB_USER}"
+    elif out.rc == 0 and hosts == names:
+        evidence = f"job {job} ran as {', '.join(sorted(users)) or 'no one'}, not {JOB_USER}"
+    else:
+        evidence = f"rc {out.rc}: {(out.stderr or out.stdout).strip()[:160]}"
+    results.append(CheckResult("srun", hostlist, ran, evidence))
+    if ctx.cluster.spec.slurm.accounting and job:
+        acct = _accounted(head, job, lambda rows: rows.get(job, ("", 0))[0] == "COMPLETED")
+        state = acct.get(job, ("not recorded", 0))[0]
+        results.append(CheckResult("sacct", f"job {job}", state == "COMPLETED", f"state {state}"))
+    results.append(_batch_job(ctx, head, where, names))
+    return results
+
+
+def _batch_job(ctx: VerifyContext, head: Remote, where: str, names: list[str]) -> CheckResult:
+    """`sbatch -W` as JOB_USER, its script one step over the nodes: it passes when sbatch says
+    the job ended well, no node was drained by it (a batch script that could not start drains
+    its node, "batch job complete failure", while the job may still read COMPLETED) and, with
+    accounting, its step ran on every node."""
+    hostlist = compress(names)
+    out = head.run(
+        f"runuser -u {JOB_USER} -- timeout 150 sbatch -W --parsable --chdir=/tmp "
+        f"-o /dev/null -e /dev/null {where} --wrap 'srun true'",
+        timeout=180,
+        sudo=True,
+    )
+    job = out.stdout.strip().split(";")[0]
+    if out.rc != 0 or not job.isdigit():
+        why = (out.stderr or out.stdout).strip()[:160]
+        if job.isdigit():  # submitted, and not ended well: it goes (sbatch -W may time out)
+            head.run(f"scancel {job}", sudo=True)
+        return CheckResult("sbatch", hostlist, False, f"rc {out.rc}: {why}")
+    drained = parse_drained(head.run(f"scontrol -o show node {hostlist}").stdout)
+    if drained:
+        return CheckResult(
+            "sbatch", hostlist, False, f"batch job {job} drained {compress(drained)}"
         )
+    if not ctx.cluster.spec.slurm.accounting:
+        return CheckResult("sbatch", hostlist, True, f"batch job {job} ended, no node drained")
+    step = f"{job}.0"
+    acct = _accounted(head, job, lambda rows: rows.get(step, ("", 0))[0] == "COMPLETED")
+    state, nodes = acct.get(step, ("not recorded", 0))
+    ok = state == "COMPLETED" and nodes == len(names)
+    return CheckResult(
+        "sbatch",
+        hostlist,
+        ok,
+        f"batch job {job}: its step ran on {nodes} node(s) as {JOB_USER}"
+        if ok
+        else f"batch job {job}: its step {state} on {nodes} of {len(names)} node(s)",
     )
 
-    if ctx.cluster.spec.slurm.accounting and job:
-        deadline = time.monotonic() + 30
-        while True:
-            acct = parse_sacct_states(head.run(f"sacct -n -X -P -o JobID,State -j {job}").stdout)
-            if acct.get(job) == "COMPLETED" or time.monotonic() > deadline:
-                break
-            time.sleep(2)
-        results.append(
-            CheckResult(
-                "sacct",
-                f"job {job}",
-                acct.get(job) == "COMPLETED",
-                f"state {acct.get(job, 'not recorded')}",
-            )
-        )
-    return results
+
+def _accounted(
+    head: Remote, job: str, done: Callable[[dict[str, tuple[str, int]]], bool]
+) -> dict[str, tuple[str, int]]:
+    """The job's (and its steps') records in accounting, read until `done` says they are in,
+    for 30 s at most (slurmdbd takes them after the job ends)."""
+    deadline = time.monotonic() + 30
+    while True:
+        rows = parse_sacct_steps(head.run(f"sacct -n -P -o JobID,State,NNodes -j {job}").stdout)
+        if done(rows) or time.monotonic() > deadline:
+            return rows
+        time.sleep(2)
 
 
 def check_ports(ctx: VerifyContext, remotes: dict[str, Remote]) -> list[CheckResult]:

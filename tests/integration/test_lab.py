@@ -139,7 +139,7 @@ def test_cold_apply(lab: tuple[Path, Path]) -> None:
     spec, work = lab
     r = provision("apply", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
-    assert "verify: 34 passed, 0 failed" in r.stdout
+    assert "verify: 35 passed, 0 failed" in r.stdout
     for line in (
         "PASS srun compute[001-002]: job",
         "PASS sacct job",
@@ -296,13 +296,14 @@ def test_verify_passes_while_a_job_occupies_a_node_and_speaks_json(lab: tuple[Pa
         r = provision("verify", str(spec), "--json", cwd=work)
         assert r.returncode == 0, r.stdout + r.stderr
         checks = [json.loads(line) for line in r.stdout.splitlines()]
-        assert len(checks) == 34 and all(c["passed"] for c in checks), r.stdout
+        assert len(checks) == 35 and all(c["passed"] for c in checks), r.stdout
         found = {(c["check"], c["target"]): c["evidence"] for c in checks}
         assert found[("sinfo", "compute001")] == "state allocated (running jobs)"
         assert found[("hold", "compute[001-002]")].startswith(
             "reservation provision-verify on the idle nodes; compute001 run jobs"
         )
-        assert found[("srun", "compute002")].endswith("ran on compute002")
+        assert found[("srun", "compute002")].endswith("ran on compute002 as nobody")
+        assert found[("sbatch", "compute002")].endswith(": its step ran on 1 node(s) as nobody")
         # the job it found running still runs, and verify's reservation is gone
         assert _on(spec, work, "head001", f"squeue -h -j {job} -o %T") == "RUNNING"
         assert _on(spec, work, "head001", "scontrol -o show reservation 2>&1 || true") == (
@@ -347,12 +348,13 @@ def test_verify_maintenance_waits_for_the_jobs_and_holds_off_new_ones(
             proc.kill()
     assert proc.returncode == 0, out + err
     checks = [json.loads(line) for line in out.splitlines()]
-    assert len(checks) == 34 and all(c["passed"] for c in checks), out
+    assert len(checks) == 35 and all(c["passed"] for c in checks), out
     found = {(c["check"], c["target"]): c["evidence"] for c in checks}
     hold = found[("hold", "compute[001-002]")]
     assert hold.startswith("maintenance reservation provision-verify; waited ")
     assert hold.endswith(" for the jobs on compute001")
-    assert found[("srun", "compute[001-002]")].endswith("ran on compute[001-002]")
+    assert found[("srun", "compute[001-002]")].endswith("ran on compute[001-002] as nobody")
+    assert found[("sbatch", "compute[001-002]")].endswith("its step ran on 2 node(s) as nobody")
     assert "maintenance: waiting for the jobs on compute001 to end" in err
     print(hold)
     assert _on(spec, work, "head001", "scontrol -o show reservation 2>&1 || true") == (
@@ -540,7 +542,7 @@ def test_second_apply_changes_nothing(lab: tuple[Path, Path]) -> None:
     r = provision("apply", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     assert "converge: compute[001-002],head001 as the last apply left them" in r.stdout
-    assert "ansible:" not in r.stdout and "verify: 34 passed, 0 failed" in r.stdout
+    assert "ansible:" not in r.stdout and "verify: 35 passed, 0 failed" in r.stdout
     assert _report(work)["hosts"] == {}
 
 
@@ -833,7 +835,7 @@ def test_node_stopped_mid_apply(
     rerun = provision("apply", str(spec), cwd=work)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr
     assert "lab: starting stopped node compute002" in rerun.stdout
-    assert "verify: 34 passed, 0 failed" in rerun.stdout
+    assert "verify: 35 passed, 0 failed" in rerun.stdout
 
 
 def test_destroy_leaves_nothing(lab: tuple[Path, Path]) -> None:

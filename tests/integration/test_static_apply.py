@@ -60,7 +60,7 @@ ssh: {{user: {OPERATOR}, private_key_file: {ssh_key}}}
     first = provision("apply", str(spec), cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     # 7 checks per node, sinfo per compute node, hold, srun per pool, 8 port checks, the tunnel
-    assert "verify: 35 passed, 0 failed" in first.stdout
+    assert "verify: 37 passed, 0 failed" in first.stdout
     assert "PASS tunnel st-cpu1: last handshake " in first.stdout
     assert "PASS srun st-cpu0: job" in first.stdout and "PASS srun st-cpu1: job" in first.stdout
     assert "PASS time sync st-cpu1: chrony is active" in first.stdout
@@ -167,7 +167,7 @@ ssh: {{user: {OPERATOR}, private_key_file: {ssh_key}}}
     )
     healed = provision("apply", str(spec), cwd=tmp_path)
     assert healed.returncode == 0, healed.stdout + healed.stderr
-    assert "verify: 35 passed, 0 failed" in healed.stdout, healed.stdout
+    assert "verify: 37 passed, 0 failed" in healed.stdout, healed.stdout
 
 
 def _login(key: Path, user: str, address: str) -> subprocess.CompletedProcess[str]:
