@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from provision.cluster import Cluster, compress
 from provision.render.kubernetes import (
     API_PORT,
+    BALANCER_NAMES,
     ETCD_CLIENT_PORT,
     ETCD_PEER_PORT,
     HA_PORT,
@@ -185,14 +186,6 @@ def guard_lines(cluster: Cluster, pool: str) -> list[str]:
         f'iifname != "{INTERFACE}" ip saddr {{ {", ".join(far)} }} drop '
         'comment "those networks come through the tunnel only"'
     ]
-
-
-# who the heads' rule for the API's load balancer admits, in each cloud
-BALANCER_NAMES = {
-    "aws": "the load balancer",
-    "gcp": "Google's health checkers",
-    "azure": "the load balancer's probes",
-}
 
 
 def output_lines(cluster: Cluster, pool: str) -> list[str]:

@@ -74,6 +74,12 @@ BALANCER_SOURCES = {
     "gcp": ("35.191.0.0/16", "130.211.0.0/22"),
     "azure": ("168.63.129.16/32",),
 }
+# who that rule admits, in each cloud (its name in the rule sets and in plan)
+BALANCER_NAMES = {
+    "aws": "the load balancer",
+    "gcp": "Google's health checkers",
+    "azure": "the load balancer's probes",
+}
 
 
 def api_cloud(cluster: Cluster) -> str | None:
@@ -82,7 +88,7 @@ def api_cloud(cluster: Cluster) -> str | None:
     kube = cluster.spec.kubernetes
     if cluster.spec.scheduler != "kubernetes" or not kube.ha or kube.api_address is None:
         return None
-    provider = next(v.pool.provider for v in cluster.pools if v.pool.role == "head")
+    provider = cluster.pools_with_role("head")[0].pool.provider
     return provider if provider in CLOUD_PROVIDERS else None
 
 

@@ -241,7 +241,7 @@ def layout(
             )
         )
     user = login_user(spec, provider)  # AWS: the image's; the key pair goes to it
-    heads = next(v.pool for v in cluster.pools if v.pool.role == "head")
+    heads = cluster.pools_with_role("head")[0].pool
     home = heads.provider == provider
     kube = spec.kubernetes
     api = None
