@@ -160,6 +160,22 @@ class KubernetesUpgrade:
 
 
 @dataclass(frozen=True)
+class UsersChange:
+    """The spec's users that come, go (locked out on every node, their homes kept) or change."""
+
+    added: tuple[str, ...]
+    locked: tuple[str, ...]
+    changed: tuple[str, ...]  # "name: what changed"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "added": list(self.added),
+            "locked_out": list(self.locked),
+            "changed": list(self.changed),
+        }
+
+
+@dataclass(frozen=True)
 class Changes:
     added: tuple[str, ...]  # lasting nodes that join
     removed: tuple[str, ...]  # lasting nodes that leave
@@ -169,10 +185,12 @@ class Changes:
     driver: DriverChange | None = None
     storage: StorageChange | None = None
     kubernetes: KubernetesUpgrade | None = None
+    users: UsersChange | None = None
 
     def to_json(self) -> dict[str, Any]:
         driver = self.driver
         return {
+            "users": self.users.to_json() if self.users else None,
             "kubernetes_upgrade": self.kubernetes.to_json() if self.kubernetes else None,
             "storage": self.storage.to_json() if self.storage else None,
             "nodes_added": list(self.added),
@@ -255,6 +273,30 @@ def driver_change(old: dict[str, str], new: dict[str, str]) -> DriverChange | No
     if not why or not nodes:
         return None
     return DriverChange(why, nodes, bool(after.get("nvidia_driver_reboot")))
+
+
+def users_change(old: dict[str, str], new: dict[str, str]) -> UsersChange | None:
+    """The users the new render adds, drops (the role locks them out) or changes."""
+    before = {u["name"]: u for u in _group_vars(old).get("common_users") or []}
+    after = {u["name"]: u for u in _group_vars(new).get("common_users") or []}
+    changed = []
+    for name in sorted(set(before) & set(after)):
+        was, now = before[name], after[name]
+        what = []
+        if was.get("uid") != now.get("uid"):
+            what.append(f"uid {was.get('uid')} -> {now.get('uid')}")
+        if was.get("groups") != now.get("groups"):
+            listed = [",".join(u.get("groups") or []) or "-" for u in (was, now)]
+            what.append(f"groups {listed[0]} -> {listed[1]}")
+        if was.get("ssh_keys") != now.get("ssh_keys"):
+            what.append("ssh keys")
+        if what:
+            changed.append(f"{name}: {'; '.join(what)}")
+    added = tuple(sorted(set(after) - set(before)))
+    locked = tuple(sorted(set(before) - set(after)))
+    if not (added or locked or changed):
+        return None
+    return UsersChange(added, locked, tuple(changed))
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -463,4 +505,5 @@ def changes(old: dict[str, str], new: dict[str, str]) -> Changes:
         driver=driver_change(old, new) if old else None,
         storage=storage_change(old, new) if old else None,
         kubernetes=kubernetes_upgrade(old, new) if old else None,
+        users=users_change(old, new) if old else None,
     )

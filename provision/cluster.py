@@ -76,6 +76,12 @@ class Cluster:
         return [p for p in self.pools if p.pool.role == role]
 
     @cached_property
+    def user_doors(self) -> list[str]:
+        """The pools the users log in to: the login pools, or the heads where there is none."""
+        doors = self.pools_with_role("login") or self.pools_with_role("head")
+        return [view.name for view in doors]
+
+    @cached_property
     def head_nodes(self) -> list[Node]:
         return [n for n in self.nodes if n.role == "head"]
 

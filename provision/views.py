@@ -11,6 +11,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from provision.changes import Changes
 from provision.cluster import Cluster, compress
 from provision.plan import HOURS_PER_MONTH, Plan
 from provision.run.ansible import HostResult, RunResult, failure_message
@@ -346,6 +347,24 @@ def _running(plan: Plan, cluster: Cluster, console: Console) -> None:
                 "never unmounts: umount it and remove its /etc/fstab line when no job uses it)",
                 markup=False,
             )
+    _users(run, console)
+
+
+def _users(run: Changes, console: Console) -> None:
+    users = run.users
+    if users is None:
+        return
+    if users.added:
+        console.print(f"running cluster: users added: {', '.join(users.added)}", markup=False)
+    if users.locked:
+        console.print(
+            f"running cluster: users locked out: {', '.join(users.locked)} (gone from the "
+            "spec: account expired and no shell on every node, keys removed; homes and files "
+            "kept, their uids not reused)",
+            markup=False,
+        )
+    for line in users.changed:
+        console.print(f"running cluster: user {line}", markup=False)
 
 
 def _by_points(found: dict[str, tuple[str, ...]]) -> list[tuple[str, str]]:

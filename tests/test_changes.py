@@ -39,6 +39,7 @@ def test_the_same_render_changes_nothing(tmp_path: Path) -> None:
         "nvidia_driver": None,
         "storage": None,
         "kubernetes_upgrade": None,
+        "users": None,
     }
 
 

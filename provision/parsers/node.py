@@ -69,3 +69,39 @@ def parse_stat(text: str) -> tuple[str, str]:
     """`stat -c '%a %U:%G'` -> (mode, owner:group)."""
     parts = text.split()
     return (parts[0], parts[1]) if len(parts) >= 2 else ("?", "?")
+
+
+def user_problems(
+    users: dict[str, tuple[int, tuple[str, ...]]], groups: list[str], passwd: str, group: str
+) -> list[str]:
+    """What `getent passwd` and `getent group` show unlike the spec's users (name -> (uid,
+    groups)) and groups: a user missing, at another uid or locked out, not in a group of
+    theirs, or in one of the spec's groups the spec does not give them."""
+    accounts = {}
+    for line in passwd.splitlines():
+        fields = line.split(":")
+        if len(fields) >= 7:
+            accounts[fields[0]] = (fields[2], fields[6])
+    members = {}
+    for line in group.splitlines():
+        fields = line.split(":")
+        if len(fields) >= 4:
+            members[fields[0]] = set(filter(None, fields[3].split(",")))
+    problems = []
+    for name, (uid, theirs) in users.items():
+        if name not in accounts:
+            problems.append(f"{name} missing")
+            continue
+        got, shell = accounts[name]
+        if got != str(uid):
+            problems.append(f"{name} has uid {got}, not {uid}")
+        if shell.endswith("nologin"):
+            problems.append(f"{name} is locked out (shell {shell})")
+        for wanted in theirs:
+            if name not in members.get(wanted, set()):
+                problems.append(f"{name} not in group {wanted}")
+    for group_name in groups:
+        for name in sorted(members.get(group_name, set()) & set(users)):
+            if group_name not in users[name][1]:
+                problems.append(f"{name} in group {group_name}, which the spec does not give")
+    return problems

@@ -142,9 +142,15 @@ _TABLE = (
     Variable("common_time_servers", "all", ("common",), "network.time_servers"),
     Variable("common_time_allow", "all", ("common",), "the management network, chrony's clients"),
     Variable("common_admin_users", "all", ("common", "nfs_server"), "security.admins"),
+    Variable("common_groups", "all", ("common",), "groups"),
+    Variable("common_users", "all", ("common", "nfs_server"), "users"),
     Variable(
         "common_homes_shared", "pool", ("common", "playbooks/site"),
-        "the pool mounts /home from shared storage: the admins' homes are made there",
+        "the pool mounts /home from shared storage: the admins' and users' homes are made there",
+    ),
+    Variable(
+        "common_users_login", "pool", ("common",),
+        "the users log in here: the login pools, or the heads without one",
     ),
     Variable("slurm_accounting", "all", ("slurm",), "slurm.accounting"),
     # pools and hosts

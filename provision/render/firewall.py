@@ -305,6 +305,17 @@ def admin_reach(cluster: Cluster) -> list[Reach]:
         f"; they hold {compress(jobs)}, where users log in or jobs run" if jobs else ""
     )
     rows = [Reach("ssh", "every node", ports.ssh, from_admin + " (the admins' keys)")]
+    if spec.users:
+        doors = [n.name for n in cluster.lasting_nodes if n.pool in cluster.user_doors]
+        rows.append(
+            Reach(
+                "ssh (users)",
+                compress(doors),
+                ports.ssh,
+                "the users' keys, from the networks that reach its SSH (above); no other node "
+                "takes a user's key",
+            )
+        )
     monitoring = spec.monitoring
     watcher = cluster.monitoring_node
     if monitoring is not None and watcher is not None:

@@ -96,10 +96,13 @@ def render_inventory(cluster: Cluster) -> str:
                 gvars["provision_fabric_devices"] = devices
         if view.pool.provider != "lab":  # a lab's storage is podman volumes (lab/storage.py)
             gvars.update(_storage_vars(cluster, view.name))
-        if cluster.spec.security.admins and shared_home_mounts(cluster.spec, view.name):
-            # the admins' homes are on shared storage here (a lab's volume too): made there
-            # after the mounts, not by useradd
+        people = cluster.spec.security.admins or cluster.spec.users
+        if people and shared_home_mounts(cluster.spec, view.name):
+            # the admins' and users' homes are on shared storage here (a lab's volume too):
+            # made there after the mounts, not by useradd
             gvars["common_homes_shared"] = True
+        if cluster.spec.users and view.name in cluster.user_doors:
+            gvars["common_users_login"] = True  # the users' keys let them in here
         hosts = [
             _host(n.name, provision_fabric_addresses=addresses[n.name])
             if n.name in addresses
@@ -219,6 +222,13 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
             {"name": a.name, "sudo": a.sudo, "ssh_keys": list(a.ssh_keys)}
             | ({"uid": a.uid} if a.uid is not None else {})
             for a in spec.security.admins
+        ]
+    if spec.groups:
+        out["common_groups"] = [{"name": g.name, "gid": g.gid} for g in spec.groups]
+    if spec.users:
+        out["common_users"] = [
+            {"name": u.name, "uid": u.uid, "groups": list(u.groups), "ssh_keys": list(u.ssh_keys)}
+            for u in spec.users
         ]
     if spec.scheduler == "kubernetes":
         kube = spec.kubernetes

@@ -871,6 +871,33 @@ class AdminUser(Model):
     )
 
 
+class Group(Model):
+    """A group of the cluster's users, the same on every node."""
+
+    name: UserName = Field(description="group name")
+    gid: int = Field(ge=1000, le=59999, description="group ID, the same on every node")
+
+
+class User(Model):
+    """A person who runs jobs: an account on every node, the same ID everywhere, no sudo."""
+
+    name: UserName = Field(description="login name")
+    uid: int = Field(
+        ge=1000,
+        le=59999,
+        description="user ID, the same on every node, and the ID of the user's own group; "
+        "files on shared storage have one owner everywhere",
+    )
+    groups: list[UserName] = Field(
+        default=[], description="groups (from groups) the user is also in"
+    )
+    ssh_keys: list[SshPublicKey] = Field(
+        default=[],
+        description="public keys that log the user in to the login nodes (the heads where the "
+        "cluster has no login pool); no passwords",
+    )
+
+
 class FirewallRule(Model):
     name: PoolName = Field(description="short name; appears as a comment in the rule set")
     port: PortRange = Field(description="port or range, like 8888 or 30000-32767")
@@ -1126,6 +1153,12 @@ class Spec(Model):
     ssh: SshAccess = Field(default=SshAccess(), description="how Ansible logs in to the nodes")
     storage: Storage = Field(
         default=Storage(), description="NFS exports the cluster serves, and what nodes mount"
+    )
+    groups: list[Group] = Field(default=[], description="groups of the cluster's users")
+    users: list[User] = Field(
+        default=[],
+        description="the cluster's users: on every node with pinned IDs; one removed from the "
+        "list is locked out (its home kept)",
     )
     health: Health | None = Field(
         default=None,

@@ -68,9 +68,27 @@ def check_admin_users(ctx: VerifyContext, node: Node, remote: Remote) -> list[Ch
     return results
 
 
+def check_users(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
+    """The spec's users on this node, one check: each at its uid, unlocked, in its groups."""
+    spec = ctx.cluster.spec
+    if not spec.users:
+        return []
+    users = {u.name: (u.uid, tuple(u.groups)) for u in spec.users}
+    names = " ".join(users)
+    groups = [g.name for g in spec.groups]
+    passwd = remote.run(f"getent passwd {names}")
+    group = remote.run(f"getent group {' '.join(groups)}") if groups else None
+    problems = parsers.user_problems(users, groups, passwd.stdout, group.stdout if group else "")
+    evidence = "; ".join(problems[:3]) or f"{len(users)} user(s) at their uids, in their groups"
+    if len(problems) > 3:
+        evidence += f" (and {len(problems) - 3} more)"
+    return [CheckResult("users", node.name, not problems, evidence)]
+
+
 COMMON_CHECKS: list[NodeCheck] = [
     check_hostname,
     check_hosts_file,
     check_time_sync,
     check_admin_users,
+    check_users,
 ]

@@ -123,12 +123,40 @@ def lab(
     assert monitoring in text
     receivers = f"\nmonitoring: {{receivers: [{{name: test, webhook: '{hook}'}}, {mail}]}}"
     assert "\n  interval: 60\n" in text  # health: a shorter interval, for the health test
+    admin = f"    - name: {NAME}admin\n"  # labadmin, renamed with the cluster
+    assert admin in text  # its home is on the shared /home below: a pinned uid
     spec.write_text(
-        text.replace(monitoring, receivers).replace("\n  interval: 60\n", "\n  interval: 15\n")
+        text.replace(monitoring, receivers)
+        .replace("\n  interval: 60\n", "\n  interval: 15\n")
+        .replace(admin, admin + "      uid: 1500\n")
+        + _users(work)
     )
     provision("destroy", str(spec), "--yes", cwd=work)  # a crashed earlier run's leftovers
     yield spec, work
     provision("destroy", str(spec), "--yes", cwd=work)
+
+
+def _users(work: Path) -> str:
+    """Two users with their own keys, a group, and /home shared by every node (a volume the
+    head serves, as an NFS export of the spec would be)."""
+    keys = []
+    for user in USERS:
+        key = work / user
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", user, "-f", str(key)],
+                       check=True)  # fmt: skip
+        keys.append(key.with_suffix(".pub").read_text().strip())
+    return f"""storage:
+  exports: [{{pool: head, path: /srv/home}}]
+  mounts: [{{source: "head001:/srv/home", path: /home}}]
+groups: [{{name: vision, gid: 3000}}]
+users:
+  - {{name: ana, uid: 2001, groups: [vision], ssh_keys: ["{keys[0]}"]}}
+{BEN}: ["{keys[1]}"]}}
+"""
+
+
+USERS = ("ana", "ben")
+BEN = "  - {name: ben, uid: 2002, ssh_keys"
 
 
 def _report(work: Path) -> dict:  # type: ignore[type-arg]
@@ -139,7 +167,7 @@ def test_cold_apply(lab: tuple[Path, Path]) -> None:
     spec, work = lab
     r = provision("apply", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
-    assert "verify: 35 passed, 0 failed" in r.stdout
+    assert "verify: 38 passed, 0 failed" in r.stdout  # the users' check on each node
     for line in (
         "PASS srun compute[001-002]: job",
         "PASS sacct job",
@@ -542,7 +570,7 @@ def test_second_apply_changes_nothing(lab: tuple[Path, Path]) -> None:
     r = provision("apply", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     assert "converge: compute[001-002],head001 as the last apply left them" in r.stdout
-    assert "ansible:" not in r.stdout and "verify: 35 passed, 0 failed" in r.stdout
+    assert "ansible:" not in r.stdout and "verify: 38 passed, 0 failed" in r.stdout
     assert _report(work)["hosts"] == {}
 
 
@@ -564,6 +592,64 @@ def test_apply_converges_only_the_nodes_that_drifted(lab: tuple[Path, Path]) -> 
     assert _on(spec, work, "compute002", "systemctl is-active chrony") == "active"
     r = provision("apply", str(spec), cwd=work)  # put right: nothing left to converge
     assert "converge: compute[001-002],head001 as the last apply left them" in r.stdout
+
+
+def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_locked_out(
+    lab: tuple[Path, Path],
+) -> None:
+    """The spec's users log in to the head (the lab has no login pool) with their own keys and
+    run a 2-node job each; what the job writes in the shared /home has the same owner on every
+    node; the compute nodes take no user's key; a user taken out of the spec cannot log in
+    after the next apply, and keeps their home."""
+    spec, work = lab
+    job = (
+        "cd && sbatch --parsable -W -N2 -o job.txt --wrap "
+        + shlex.quote("srun sh -c 'id -un; touch ~/from-$(hostname)'")  # each node its name
+        + " >/dev/null && sort job.txt | uniq -c | tr -s ' '"
+    )
+    for user in USERS:
+        ran = _login(work, user, "10.76.0.11", job)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert ran.stdout.strip() == f"2 {user}", ran.stdout
+    owners = "stat -c '%n %u:%g' /home/ana/from-compute001 /home/ana/from-compute002"
+    for node in ("head001", "compute001", "compute002"):
+        assert _on(spec, work, node, owners).split("\n") == [
+            "/home/ana/from-compute001 2001:2001",
+            "/home/ana/from-compute002 2001:2001",
+        ], node
+    assert _on(spec, work, "compute002", "id -Gn ana") == "ana vision"
+    refused = _login(work, "ana", "10.76.0.12", "true")
+    assert refused.returncode == 255 and "Permission denied" in refused.stderr
+    # logged in on the head, a user cannot reach Alertmanager on its loopback (the guard)
+    silence = (
+        'python3 -c "import socket; s = socket.socket(); s.settimeout(3); '
+        "print(s.connect_ex(('127.0.0.1', 9093)))\""
+    )
+    assert _login(work, "ana", "10.76.0.11", silence).stdout.strip() == "111"
+
+    spec.write_text("\n".join(ln for ln in spec.read_text().splitlines()
+                              if not ln.startswith(BEN)) + "\n")  # fmt: skip
+    plan = provision("plan", str(spec), cwd=work)
+    assert "running cluster: users locked out: ben" in plan.stdout, plan.stdout
+    r = provision("apply", str(spec), cwd=work)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    locked = _login(work, "ben", "10.76.0.11", "true")
+    assert locked.returncode == 255 and "Permission denied" in locked.stderr
+    assert _on(spec, work, "head001", "getent passwd ben | cut -d: -f7; chage -l ben").startswith(
+        "/usr/sbin/nologin"
+    )
+    assert _on(spec, work, "compute001", "cat /home/ben/job.txt").split() == ["ben", "ben"]
+    assert _login(work, "ana", "10.76.0.11", "id -un").stdout.strip() == "ana"
+
+
+def _login(work: Path, user: str, address: str, command: str) -> subprocess.CompletedProcess[str]:
+    """A user's own SSH login with their key (a new session each time)."""
+    return subprocess.run(
+        ["ssh", "-i", str(work / user), "-o", "BatchMode=yes", "-o", "ControlMaster=no",
+         "-o", "ControlPath=none", "-o", "StrictHostKeyChecking=no", "-o",
+         "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{user}@{address}", command],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
 
 
 def _on(spec: Path, work: Path, node: str, command: str) -> str:
@@ -835,7 +921,7 @@ def test_node_stopped_mid_apply(
     rerun = provision("apply", str(spec), cwd=work)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr
     assert "lab: starting stopped node compute002" in rerun.stdout
-    assert "verify: 35 passed, 0 failed" in rerun.stdout
+    assert "verify: 38 passed, 0 failed" in rerun.stdout
 
 
 def test_destroy_leaves_nothing(lab: tuple[Path, Path]) -> None:

@@ -26,6 +26,7 @@ from provision.spec.checks.scheduler import (
     check_slurm_version,
 )
 from provision.spec.checks.security import check_security
+from provision.spec.checks.users import check_users
 from provision.spec.models import Spec
 from provision.spec.nodes import expand_nodes_checked
 from provision.spec.storage import check_storage_nodes
@@ -59,6 +60,7 @@ CHECKS: list[Callable[[Spec], list[Problem]]] = [
     check_slurm_version,
     check_controllers,
     check_security,
+    check_users,
     check_storage,
     check_monitoring,
     check_health,
