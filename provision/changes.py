@@ -176,6 +176,23 @@ class UsersChange:
 
 
 @dataclass(frozen=True)
+class AccountsChange:
+    """slurmdbd's accounts and QoS that the spec adds, removes or changes: "kind name" for
+    each added or removed, "kind name: what changed" for the others."""
+
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    changed: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "added": list(self.added),
+            "removed": list(self.removed),
+            "changed": list(self.changed),
+        }
+
+
+@dataclass(frozen=True)
 class Changes:
     added: tuple[str, ...]  # lasting nodes that join
     removed: tuple[str, ...]  # lasting nodes that leave
@@ -186,10 +203,12 @@ class Changes:
     storage: StorageChange | None = None
     kubernetes: KubernetesUpgrade | None = None
     users: UsersChange | None = None
+    accounts: AccountsChange | None = None
 
     def to_json(self) -> dict[str, Any]:
         driver = self.driver
         return {
+            "slurm_accounts": self.accounts.to_json() if self.accounts else None,
             "users": self.users.to_json() if self.users else None,
             "kubernetes_upgrade": self.kubernetes.to_json() if self.kubernetes else None,
             "storage": self.storage.to_json() if self.storage else None,
@@ -297,6 +316,37 @@ def users_change(old: dict[str, str], new: dict[str, str]) -> UsersChange | None
     if not (added or locked or changed):
         return None
     return UsersChange(added, locked, tuple(changed))
+
+
+def accounts_change(old: dict[str, str], new: dict[str, str]) -> AccountsChange | None:
+    """The QoS and accounts the new render adds, removes or changes in slurmdbd."""
+    added: list[str] = []
+    removed: list[str] = []
+    changed: list[str] = []
+    for kind, var in (("qos", "slurm_qos"), ("account", "slurm_accounts")):
+        before = {x["name"]: x for x in _group_vars(old).get(var) or []}
+        after = {x["name"]: x for x in _group_vars(new).get(var) or []}
+        added += [f"{kind} {name}" for name in after if name not in before]
+        removed += [f"{kind} {name}" for name in before if name not in after]
+        for name in (n for n in after if n in before):
+            what = [
+                f"{key} {_shown(before[name].get(key))} -> {_shown(after[name].get(key))}"
+                for key in after[name]
+                if before[name].get(key) != after[name].get(key)
+            ]
+            if what:
+                changed.append(f"{kind} {name}: {'; '.join(what)}")
+    if not (added or removed or changed):
+        return None
+    return AccountsChange(tuple(added), tuple(removed), tuple(changed))
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value) or "-"
+    return "-" if value is None else str(value)
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -506,4 +556,5 @@ def changes(old: dict[str, str], new: dict[str, str]) -> Changes:
         storage=storage_change(old, new) if old else None,
         kubernetes=kubernetes_upgrade(old, new) if old else None,
         users=users_change(old, new) if old else None,
+        accounts=accounts_change(old, new) if old else None,
     )

@@ -348,6 +348,7 @@ def _running(plan: Plan, cluster: Cluster, console: Console) -> None:
                 markup=False,
             )
     _users(run, console)
+    _accounts(run, console)
 
 
 def _users(run: Changes, console: Console) -> None:
@@ -365,6 +366,24 @@ def _users(run: Changes, console: Console) -> None:
         )
     for line in users.changed:
         console.print(f"running cluster: user {line}", markup=False)
+
+
+def _accounts(run: Changes, console: Console) -> None:
+    accounts = run.accounts
+    if accounts is None:
+        return
+    say = "running cluster: slurmdbd: "
+    if accounts.added:
+        console.print(say + f"added {', '.join(accounts.added)}", markup=False)
+    if accounts.removed:
+        console.print(
+            say + f"removed {', '.join(accounts.removed)} (their users' associations go "
+            "with them; slurmdbd refuses while a job runs or waits under one: apply stops "
+            "there, saying which, and finishes once they end)",
+            markup=False,
+        )
+    for line in accounts.changed:
+        console.print(say + line, markup=False)
 
 
 def _by_points(found: dict[str, tuple[str, ...]]) -> list[tuple[str, str]]:

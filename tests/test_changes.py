@@ -40,6 +40,7 @@ def test_the_same_render_changes_nothing(tmp_path: Path) -> None:
         "storage": None,
         "kubernetes_upgrade": None,
         "users": None,
+        "slurm_accounts": None,
     }
 
 

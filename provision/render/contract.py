@@ -61,7 +61,10 @@ _TABLE = (
     ),
     Variable("tunnel_via", "host", ("tunnel",), "the hub's address, a routed node's gateway"),
     # the cluster
-    Variable("provision_cluster", "all", ("common",), "name, in the marker of managed blocks"),
+    Variable(
+        "provision_cluster", "all", ("common", "slurm"),
+        "name, in the marker of managed blocks; the cluster slurmdbd knows",
+    ),
     Variable(
         "provision_scheduler", "all", ("playbooks/site", "node_exporter"),
         "which scheduler's plays run (and whether the heads export Slurm's states)",
@@ -153,6 +156,12 @@ _TABLE = (
         "the users log in here: the login pools, or the heads without one",
     ),
     Variable("slurm_accounting", "all", ("slurm",), "slurm.accounting"),
+    Variable("slurm_qos", "all", ("slurm",), "slurm.qos"),
+    Variable("slurm_accounts", "all", ("slurm",), "slurm.accounts"),
+    Variable(
+        "slurm_accounts_root_users", "all", ("slurm",),
+        "verify's job user and the admins, kept in the root account",
+    ),
     # pools and hosts
     Variable(
         "provision_pool", "pool", ("firewall", "nccl", "containerd"),

@@ -11,6 +11,7 @@ from provision.render.contract import FABRIC, GRAFANA, MONITORING, NVIDIA, ROCE,
 from provision.render.jinja import template
 from provision.render.kubernetes import api_cloud, api_endpoint, node_labels, vrrp_router_id
 from provision.render.monitoring import smtp_logins
+from provision.render.slurm import JOB_USER, wall_minutes
 from provision.render.tunnel import tunnel_host_vars
 from provision.render.yamldata import Template, yaml_mapping, yaml_value
 from provision.spec.fabric import cloud_infiniband, efa_count, fabric_addresses, rails
@@ -195,6 +196,38 @@ def _homes_dir(cluster: Cluster, path: str) -> str | None:
     return None
 
 
+def accounts_vars(cluster: Cluster) -> dict[str, object]:
+    """slurmdbd's QoS and accounts as the slurm role's slurm_accounts module takes them."""
+    slurm = cluster.spec.slurm
+    return {
+        "slurm_qos": [
+            {
+                "name": q.name,
+                "priority": q.priority,
+                "preempt": list(q.preempt),
+                "grp_tres": dict(q.grp_tres),
+                "max_tres_per_job": dict(q.max_tres_per_job),
+                "max_tres_per_user": dict(q.max_tres_per_user),
+                "max_wall": wall_minutes(q.max_wall) if q.max_wall is not None else None,
+            }
+            for q in slurm.qos
+        ],
+        "slurm_accounts": [
+            {
+                "name": a.name,
+                "parent": a.parent,
+                "fairshare": a.fairshare,
+                "users": list(a.users),
+                "qos": list(a.qos),
+                "default_qos": a.default_qos,
+            }
+            for a in slurm.accounts
+        ],
+        # verify's test jobs' user and the admins may run jobs in the root account
+        "slurm_accounts_root_users": [JOB_USER] + [a.name for a in cluster.spec.security.admins],
+    }
+
+
 def _pairs(values: dict[str, object]) -> list[tuple[str, str]]:
     """Variables as (name, YAML value) pairs; every string is data (see yamldata)."""
     return [(key, yaml_value(value)) for key, value in values.items() if value is not None]
@@ -250,6 +283,8 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
         out["provision_burst"] = True
     if spec.scheduler == "slurm" and "accounting" in spec.slurm.model_fields_set:
         out["slurm_accounting"] = spec.slurm.accounting
+    if spec.scheduler == "slurm" and spec.slurm.accounts:
+        out.update(accounts_vars(cluster))
     if spec.health is not None and spec.scheduler == "slurm":
         out["provision_health"] = True
     if spec.monitoring is not None:

@@ -22,6 +22,10 @@ SUSPEND_TIMEOUT_S = 60
 # among elastic pools the cheapest first: 100 plus the profile's list price in cents per hour
 WEIGHT_LASTING = 1
 WEIGHT_ELASTIC = 100
+# who verify's test jobs run as: a user every node has, with no rights and no home, as the
+# cluster's users are not root (their tasks are pinned, their files theirs, their jobs theirs);
+# with accounts it is kept in the root account, as the admins are
+JOB_USER = "nobody"
 
 
 def node_weight(view: PoolView) -> int:
@@ -71,6 +75,8 @@ def slurm_settings(cluster: Cluster) -> list[tuple[str, str]]:
         settings["AccountingStorageType"] = "accounting_storage/slurmdbd"
         settings["AccountingStorageHost"] = heads[0].name
         settings["AccountingStorageTRES"] = "gres/gpu"
+    if spec.slurm.accounts:
+        settings.update(fair_share(cluster))
     if any(n.elastic for n in cluster.nodes):
         settings.update(power_saving(cluster))
     if spec.health is not None:
@@ -84,6 +90,32 @@ def slurm_settings(cluster: Cluster) -> list[tuple[str, str]]:
     settings.update(spec.slurm.config)
     pairs = [("SlurmctldHost", h.name) for h in heads]
     return pairs + [(k, _fmt(v)) for k, v in settings.items()]
+
+
+def fair_share(cluster: Cluster) -> dict[str, str | int | bool]:
+    """With accounts: a job needs an association (its user in an account) and keeps to its
+    QoS' and account's limits; jobs are ordered by fair share, then QoS, then age."""
+    settings: dict[str, str | int | bool] = {
+        "AccountingStorageEnforce": "associations,limits,qos,safe",
+        "PriorityType": "priority/multifactor",
+        "PriorityWeightFairshare": 10000,
+        "PriorityWeightQOS": 10000,
+        "PriorityWeightAge": 1000,
+    }
+    if any(q.preempt for q in cluster.spec.slurm.qos):
+        settings["PreemptType"] = "preempt/qos"
+        settings["PreemptMode"] = "REQUEUE"
+    return settings
+
+
+def wall_minutes(limit: str) -> int:
+    """A Slurm time limit (90, 01:30:00, 2-00:00:00) in minutes."""
+    days, _, clock = limit.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if len(parts) == 1:
+        return int(days or 0) * 1440 + parts[0]
+    hours, mins, secs = parts
+    return int(days or 0) * 1440 + hours * 60 + mins + (1 if secs else 0)
 
 
 def power_saving(cluster: Cluster) -> dict[str, str | int | bool]:

@@ -691,6 +691,71 @@ class Partition(Model):
     pools: list[PoolName] = Field(min_length=1, description="compute pools whose nodes it holds")
 
 
+SlurmName = Annotated[
+    str,
+    _matching(
+        r"[a-z][a-z0-9_-]{0,31}",
+        "{!r} is not a Slurm account or QoS name: lower-case letters, digits, _ and -, "
+        "starting with a letter",
+    ),
+]
+SlurmTime = Annotated[
+    str,
+    _matching(
+        r"([0-9]{1,3}-)?[0-9]{1,2}:[0-9]{2}:[0-9]{2}|[0-9]{1,7}",
+        "{!r} is not a Slurm time limit: write minutes (90), HH:MM:SS or D-HH:MM:SS (2-00:00:00)",
+    ),
+]
+# The trackable resources a QoS may limit (sacctmgr(1)'s TRES): mem in megabytes
+TRES_NAMES = ("cpu", "mem", "node", "billing", "gres/gpu")
+
+
+class Qos(Model):
+    """A quality of service: a priority, the QoS it may preempt, and limits on what its jobs
+    hold (sacctmgr's GrpTRES, MaxTRES, MaxTRESPerUser, MaxWall)."""
+
+    name: SlurmName = Field(description="QoS name; normal is Slurm's default one")
+    priority: int = Field(default=0, ge=0, le=1_000_000, description="added to its jobs' priority")
+    preempt: list[SlurmName] = Field(
+        default=[], description="QoS whose running jobs this one's may requeue to start"
+    )
+    grp_tres: dict[str, int] = Field(
+        default={},
+        description="limits on all its running jobs together, by TRES, like {gres/gpu: 16} "
+        "(cpu, mem in MB, node, billing, gres/gpu)",
+    )
+    max_tres_per_job: dict[str, int] = Field(default={}, description="limits on each job")
+    max_tres_per_user: dict[str, int] = Field(
+        default={}, description="limits on each user's running jobs together"
+    )
+    max_wall: SlurmTime | None = Field(
+        default=None, description="longest time limit a job may have, like 2-00:00:00"
+    )
+
+
+class Account(Model):
+    """A Slurm account: a node of the fair-share tree, with the users who charge to it."""
+
+    name: SlurmName = Field(description="account name")
+    parent: SlurmName | None = Field(
+        default=None, description="the account it is under; unset: the root of the tree"
+    )
+    fairshare: int = Field(
+        default=1, ge=1, le=1_000_000, description="its shares among its parent's children"
+    )
+    users: list[UserName] = Field(
+        default=[],
+        description="users (from users) who may charge to it; a user's first account is their "
+        "default",
+    )
+    qos: list[SlurmName] = Field(
+        default=[], description="QoS its jobs may ask for; unset: Slurm's normal"
+    )
+    default_qos: SlurmName | None = Field(
+        default=None, description="the QoS its jobs get unless they ask (one of qos)"
+    )
+
+
 class SlurmSettings(Model):
     """Slurm: accounting, the default partition and extra slurm.conf keys."""
 
@@ -724,6 +789,14 @@ class SlurmSettings(Model):
         description=(
             "seconds elastic nodes that failed to start stay down before they are tried again"
         ),
+    )
+    qos: list[Qos] = Field(
+        default=[], description="QoS in slurmdbd (accounting), kept as the spec has them"
+    )
+    accounts: list[Account] = Field(
+        default=[],
+        description="the accounts' tree in slurmdbd (accounting); with accounts, a user with "
+        "no account is refused at submit, and jobs are ordered by fair share",
     )
     config: dict[SlurmKey, SlurmValue | int | bool] = Field(
         default={}, description="extra slurm.conf keys; they override the rendered defaults"

@@ -22,6 +22,7 @@ from provision.parsers.slurm import (
     parse_srun_users,
     without_flags,
 )
+from provision.render.slurm import JOB_USER
 from provision.spec.nodes import Node
 from provision.spec.ports import service_ports
 from provision.verify.base import CheckResult, VerifyContext, closed_ports, probe_ports
@@ -39,9 +40,6 @@ BUSY = frozenset({"allocated", "mixed", "completing"})
 SERVING = BUSY | {"idle"}
 # states (without flags) of a node no job runs on, in a reservation or not
 FREE = frozenset({"idle", "maint", "reserved", "resv", "planned"})
-# who verify's test jobs run as: a user every node has, with no rights and no home, as the
-# cluster's users are not root (their tasks are pinned, their files theirs, their jobs theirs)
-JOB_USER = "nobody"
 RELEASE_TRIES = 30  # seconds for a cancelled test job to leave before the release gives up
 
 

@@ -125,10 +125,13 @@ def lab(
     assert "\n  interval: 60\n" in text  # health: a shorter interval, for the health test
     admin = f"    - name: {NAME}admin\n"  # labadmin, renamed with the cluster
     assert admin in text  # its home is on the shared /home below: a pinned uid
+    accounting = "  accounting: true\n"
+    assert accounting in text
     spec.write_text(
         text.replace(monitoring, receivers)
         .replace("\n  interval: 60\n", "\n  interval: 15\n")
         .replace(admin, admin + "      uid: 1500\n")
+        .replace(accounting, accounting + ACCOUNTS)
         + _users(work)
     )
     provision("destroy", str(spec), "--yes", cwd=work)  # a crashed earlier run's leftovers
@@ -152,11 +155,19 @@ groups: [{{name: vision, gid: 3000}}]
 users:
   - {{name: ana, uid: 2001, groups: [vision], ssh_keys: ["{keys[0]}"]}}
 {BEN}: ["{keys[1]}"]}}
+  - {{name: cid, uid: 2003}}  # in no account: refused at submit
 """
 
 
 USERS = ("ana", "ben")
 BEN = "  - {name: ben, uid: 2002, ssh_keys"
+# ana's account may ask for QoS small, which holds one node at most
+ACCOUNTS = """  qos: [{name: small, priority: 10, grp_tres: {node: 1}}]
+  accounts:
+    - {name: research, fairshare: 100}
+    - {name: vision, parent: research, fairshare: 60, users: [ana], qos: [normal, small]}
+    - {name: speech, parent: research, fairshare: 40, users: [ben]}
+"""
 
 
 def _report(work: Path) -> dict:  # type: ignore[type-arg]
@@ -598,9 +609,10 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
     lab: tuple[Path, Path],
 ) -> None:
     """The spec's users log in to the head (the lab has no login pool) with their own keys and
-    run a 2-node job each; what the job writes in the shared /home has the same owner on every
-    node; the compute nodes take no user's key; a user taken out of the spec cannot log in
-    after the next apply, and keeps their home."""
+    run a 2-node job each, charged to their account; what the job writes in the shared /home
+    has the same owner on every node; the compute nodes take no user's key; a job over its
+    QoS' limit waits naming it, a user in no account is refused; a user taken out of the spec
+    cannot log in after the next apply, keeps their home, and leaves slurmdbd."""
     spec, work = lab
     job = (
         "cd && sbatch --parsable -W -N2 -o job.txt --wrap "
@@ -627,10 +639,30 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
     )
     assert _login(work, "ana", "10.76.0.11", silence).stdout.strip() == "111"
 
+    # Slurm: each job charged to its user's account; a job over its QoS' limit waits, naming
+    # it; a user in no account is refused at submit
+    charged = "sacct -X -n -P -u ana,ben -o User,Account,QOS,State | sort -u"
+    assert _on(spec, work, "head001", charged).split("\n") == [
+        "ana|vision|normal|COMPLETED",
+        "ben|speech|normal|COMPLETED",
+    ]
+    wide = _login(work, "ana", "10.76.0.11", "sbatch --parsable -q small -N2 --wrap true")
+    job = wide.stdout.strip()
+    try:
+        reason = _until(spec, work, f"squeue -h -j {job} -o '%T %r'", "PENDING QOSGrpNodeLimit")
+        assert reason == "PENDING QOSGrpNodeLimit", reason
+    finally:
+        _on(spec, work, "head001", f"scancel {job}")
+    refused = _on(spec, work, "head001", "runuser -u cid -- sbatch --wrap true 2>&1; echo $?")
+    assert "Invalid account or account/partition combination" in refused, refused
+    assert refused.endswith("\n1")
+
     spec.write_text("\n".join(ln for ln in spec.read_text().splitlines()
-                              if not ln.startswith(BEN)) + "\n")  # fmt: skip
+                              if not ln.startswith(BEN)).replace("users: [ben]", "users: []")
+                    + "\n")  # fmt: skip
     plan = provision("plan", str(spec), cwd=work)
     assert "running cluster: users locked out: ben" in plan.stdout, plan.stdout
+    assert "running cluster: slurmdbd: account speech: users ben -> -" in plan.stdout
     r = provision("apply", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     locked = _login(work, "ben", "10.76.0.11", "true")
@@ -640,6 +672,7 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
     )
     assert _on(spec, work, "compute001", "cat /home/ben/job.txt").split() == ["ben", "ben"]
     assert _login(work, "ana", "10.76.0.11", "id -un").stdout.strip() == "ana"
+    assert _on(spec, work, "head001", "sacctmgr -nP show assoc user=ben format=Account") == ""
 
 
 def _login(work: Path, user: str, address: str, command: str) -> subprocess.CompletedProcess[str]:

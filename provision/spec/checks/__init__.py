@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from provision.spec.checks.accounts import check_accounts
 from provision.spec.checks.base import Problem
 from provision.spec.checks.gpu import check_gpu, check_gpu_generation
 from provision.spec.checks.monitoring import check_health, check_monitoring
@@ -61,6 +62,7 @@ CHECKS: list[Callable[[Spec], list[Problem]]] = [
     check_controllers,
     check_security,
     check_users,
+    check_accounts,
     check_storage,
     check_monitoring,
     check_health,
