@@ -93,19 +93,17 @@ def test_a_fresh_slurmdbd_gets_qos_first_then_parents_before_children_then_users
         "defaults": {"root": "root"},
     }
     assert _plan(_cluster(tmp_path), **fresh) == [
-        "add qos small",
-        "add qos high",
+        "add qos small,high",
         "modify qos where name=small set Priority=10 GrpTRES=node=1 MaxWall=60",
         "modify qos where name=high set Priority=100 Preempt=normal MaxTRESPerUser=cpu=4",
         "add account research cluster=lab parent=root fairshare=100 qos=normal defaultqos=normal",
         "add account vision cluster=lab parent=research fairshare=60 qos=high,normal,small "
         "defaultqos=normal",
         "add account speech cluster=lab parent=research fairshare=40 qos=normal defaultqos=normal",
+        # one command for the users that join one account
         "add user ana account=vision cluster=lab",
-        "add user ben account=speech cluster=lab",
-        "add user ana account=speech cluster=lab",
-        "add user nobody account=root cluster=lab",
-        "add user labadmin account=root cluster=lab",
+        "add user ben,ana account=speech cluster=lab",
+        "add user nobody,labadmin account=root cluster=lab",
     ]
 
 
@@ -120,8 +118,7 @@ def test_a_change_and_a_removal_touch_only_what_moved(tmp_path: Path) -> None:
     assert _plan(_cluster(tmp_path, fewer), **_recorded()) == [
         "modify qos where name=small set GrpTRES=gres/gpu=16,node=-1",
         "modify account where name=vision cluster=lab set fairshare=50",
-        "delete user where name=ana account=speech cluster=lab",
-        "delete user where name=ben account=speech cluster=lab",
+        "delete user where name=ana,ben account=speech cluster=lab",
         "delete account where name=speech cluster=lab",
     ]
     # a QoS gone from the spec goes once no account names it; Slurm's normal stays

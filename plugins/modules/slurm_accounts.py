@@ -172,6 +172,15 @@ def _depth(name: str, parents: dict[str, str | None]) -> int:
     return depth
 
 
+def _grouped(pairs: list[tuple[Any, str]]) -> list[tuple[Any, str]]:
+    """(key, name) pairs -> (key, "name1,name2") per key, in first-seen order: sacctmgr takes
+    a list of names where it takes one, so one command serves all that share the rest."""
+    out: dict[Any, list[str]] = {}
+    for key, name in pairs:
+        out.setdefault(key, []).append(name)
+    return [(key, ",".join(names)) for key, names in out.items()]
+
+
 def plan(
     cluster: str,
     qos: list[dict[str, Any]],
@@ -182,43 +191,48 @@ def plan(
     have_users: dict[tuple[str, str], Any],
     defaults: dict[str, str],
 ) -> list[list[str]]:
-    """The sacctmgr commands (argv after `sacctmgr -i`) that make slurmdbd as given."""
+    """The sacctmgr commands (argv after `sacctmgr -i`) that make slurmdbd as given, those
+    that differ only in names made one."""
     cmds: list[list[str]] = []
     where = f"cluster={cluster}"
     # QoS: made first (without their preemption, which may name one made after), then set
-    for q in qos:
-        if q["name"] not in have_qos:
-            cmds.append(["add", "qos", q["name"]])
-    for q in qos:
-        settings = _qos_settings(q, have_qos.get(q["name"]))
-        if settings:
-            cmds.append(["modify", "qos", "where", f"name={q['name']}", "set", *settings])
+    new_qos = ",".join(q["name"] for q in qos if q["name"] not in have_qos)
+    if new_qos:
+        cmds.append(["add", "qos", new_qos])
+    settings = [(tuple(_qos_settings(q, have_qos.get(q["name"]))), q["name"]) for q in qos]
+    for changes, names in _grouped([(k, n) for k, n in settings if k]):
+        cmds.append(["modify", "qos", "where", f"name={names}", "set", *changes])
     # accounts: parents first
     parents = {a["name"]: a.get("parent") for a in accounts}
+    added, modified = [], []
     for a in sorted(accounts, key=lambda a: _depth(a["name"], parents)):
+        depth = _depth(a["name"], parents)
         parent = a.get("parent") or ROOT
         qos_list, default = _account_qos(a)
         fairshare = int(a.get("fairshare") or 1)
         have = have_accounts.get(a["name"])
         if have is None:
-            cmds.append(
-                ["add", "account", a["name"], where, f"parent={parent}",
-                 f"fairshare={fairshare}", f"qos={','.join(qos_list)}", f"defaultqos={default}"]
-            )  # fmt: skip
+            key = (depth, parent, fairshare, ",".join(qos_list), default)
+            added.append((key, a["name"]))
             continue
-        settings = []
+        changes = []
         if (have["parent"] or ROOT) != parent:
-            settings.append(f"parent={parent}")
+            changes.append(f"parent={parent}")
         if have["fairshare"] != fairshare:
-            settings.append(f"fairshare={fairshare}")
+            changes.append(f"fairshare={fairshare}")
         if have["qos"] != qos_list:
-            settings.append(f"qos={','.join(qos_list)}")
+            changes.append(f"qos={','.join(qos_list)}")
         if have["default_qos"] != default:
-            settings.append(f"defaultqos={default}")
-        if settings:
-            cmds.append(
-                ["modify", "account", "where", f"name={a['name']}", where, "set", *settings]
-            )
+            changes.append(f"defaultqos={default}")
+        if changes:
+            modified.append(((depth, *changes), a["name"]))
+    for (_, parent, fairshare, qos_text, default), names in _grouped(added):
+        cmds.append(
+            ["add", "account", names, where, f"parent={parent}", f"fairshare={fairshare}",
+             f"qos={qos_text}", f"defaultqos={default}"]
+        )  # fmt: skip
+    for (_, *changes), names in _grouped(modified):
+        cmds.append(["modify", "account", "where", f"name={names}", where, "set", *changes])
     # users: their associations, each with its account's QoS, and their default account
     wanted: dict[tuple[str, str], tuple[list[str], str]] = {}
     first: dict[str, str] = {}
@@ -230,32 +244,40 @@ def plan(
         if (user, ROOT) not in wanted:
             wanted[(user, ROOT)] = ([DEFAULT_QOS], DEFAULT_QOS)
             first.setdefault(user, ROOT)
+    joins, moved = [], []
     for (user, account), (qos_list, default) in wanted.items():
         have = have_users.get((user, account))
         if have is None:  # it takes its account's QoS, as the commands above leave them
-            cmds.append(["add", "user", user, f"account={account}", where])
+            joins.append((account, user))
         elif account != ROOT and (have["qos"], have["default_qos"]) != (qos_list, default):
-            cmds.append(
-                ["modify", "user", "where", f"name={user}", f"account={account}", where,
-                 "set", f"qos={','.join(qos_list)}", f"defaultqos={default}"]
-            )  # fmt: skip
-    for user, account in first.items():  # a new user's first association is their default
-        if defaults.get(user, account) != account:
-            cmds.append(["modify", "user", "where", f"name={user}", "set",
-                         f"defaultaccount={account}"])  # fmt: skip
+            moved.append(((account, ",".join(qos_list), default), user))
+    for account, names in _grouped(joins):
+        cmds.append(["add", "user", names, f"account={account}", where])
+    for (account, qos_text, default), names in _grouped(moved):
+        cmds.append(
+            ["modify", "user", "where", f"name={names}", f"account={account}", where, "set",
+             f"qos={qos_text}", f"defaultqos={default}"]
+        )  # fmt: skip
+    # a new user's first association is their default; another's moves when their first does
+    defaults_moved = [(a, u) for u, a in first.items() if defaults.get(u, a) != a]
+    for account, names in _grouped(defaults_moved):
+        cmds.append(["modify", "user", "where", f"name={names}", "set",
+                     f"defaultaccount={account}"])  # fmt: skip
     # removed: the users' associations, then the accounts (children first), then the QoS
     kept_users = set(wanted) | {(ROOT, ROOT)}
-    for user, account in sorted(have_users):
-        if (user, account) not in kept_users:
-            cmds.append(["delete", "user", "where", f"name={user}", f"account={account}", where])
+    left = [(account, user) for user, account in sorted(have_users) if (user, account) not in
+            kept_users]  # fmt: skip
+    for account, names in _grouped(sorted(left)):
+        cmds.append(["delete", "user", "where", f"name={names}", f"account={account}", where])
     have_parents = {name: a["parent"] for name, a in have_accounts.items()}
     gone = [name for name in have_accounts if name != ROOT and name not in parents]
-    for name in sorted(gone, key=lambda n: -_depth(n, have_parents)):
-        cmds.append(["delete", "account", "where", f"name={name}", where])
-    names = {q["name"] for q in qos}
-    for name in sorted(have_qos):
-        if name != DEFAULT_QOS and name not in names:
-            cmds.append(["delete", "qos", "where", f"name={name}"])
+    by_depth = [(-_depth(n, have_parents), n) for n in sorted(gone)]
+    for _, names in _grouped(sorted(by_depth)):
+        cmds.append(["delete", "account", "where", f"name={names}", where])
+    names_kept = {q["name"] for q in qos}
+    dropped = ",".join(n for n in sorted(have_qos) if n != DEFAULT_QOS and n not in names_kept)
+    if dropped:
+        cmds.append(["delete", "qos", "where", f"name={dropped}"])
     return cmds
 
 
