@@ -16,6 +16,7 @@ from provision.parsers.node import (
     parse_stat,
 )
 from provision.parsers.slurm import (
+    allreduce_problem,
     parse_drained,
     parse_sacct_steps,
     parse_sinfo_nodes,
@@ -80,6 +81,24 @@ def test_srun_users() -> None:
     assert parse_srun_hosts(text) == ("3", ["compute001", "compute002"])
     assert parse_srun_users(text) == {"nobody"}
     assert parse_srun_users((DATA / "srun-hosts.txt").read_text()) == set()
+
+
+def test_mpi_allreduce() -> None:
+    """Recorded on the lab: `runuser -u nobody -- srun --mpi=pmix -N2 --ntasks-per-node=1
+    /usr/local/libexec/provision/mpi-allreduce`, and the same before libpmix-dev was there."""
+    good = (DATA / "mpi-allreduce.txt").read_text()
+    assert allreduce_problem(good, ["compute001", "compute002"]) is None
+    assert allreduce_problem(good, ["compute001", "compute003"]) == (
+        "ranks ran on compute001, compute002, not compute001, compute003"
+    )
+    bad_sum = good.replace("1 2 3 compute002", "1 2 2 compute002")
+    assert allreduce_problem(bad_sum, ["compute001", "compute002"]) == (
+        "rank 1 got sum 2 of 2 ranks, not 3"
+    )
+    failed = (DATA / "mpi-allreduce-no-pmix.txt").read_text()
+    assert allreduce_problem(failed, ["compute001", "compute002"]) == (
+        "ranks none answered, not 0-1"
+    )
 
 
 def test_sacct_steps() -> None:

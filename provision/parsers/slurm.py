@@ -44,6 +44,29 @@ def parse_srun_users(text: str) -> set[str]:
     }
 
 
+def allreduce_problem(text: str, nodes: list[str]) -> str | None:
+    """The MPI all-reduce program's lines ('<rank> <size> <sum> <host>', one per rank, one rank
+    per node) -> what is wrong with them, or None when every rank of one job of len(nodes)
+    ranks got the sum 1 + 2 + ... + size, each on its own node of `nodes`."""
+    ranks = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and all(p.isdigit() for p in parts[:3]):
+            ranks[int(parts[0])] = (int(parts[1]), int(parts[2]), parts[3])
+    size = len(nodes)
+    if sorted(ranks) != list(range(size)):
+        return f"ranks {sorted(ranks) or 'none'} answered, not 0-{size - 1}"
+    want = size * (size + 1) // 2
+    wrong = sorted(r for r, (n, total, _) in ranks.items() if n != size or total != want)
+    if wrong:
+        got_size, got_sum, _ = ranks[wrong[0]]
+        return f"rank {wrong[0]} got sum {got_sum} of {got_size} ranks, not {want}"
+    hosts = sorted(host for _, _, host in ranks.values())
+    if hosts != sorted(nodes):
+        return f"ranks ran on {', '.join(hosts)}, not {', '.join(sorted(nodes))}"
+    return None
+
+
 def parse_sacct_steps(text: str) -> dict[str, tuple[str, int]]:
     """`sacct -n -P -o JobID,State,NNodes` (steps too) -> {job or step id: (state, nodes)}."""
     out = {}

@@ -15,6 +15,7 @@ import provision.verify.gpu as gpu_checks
 from provision.cluster import compress
 from provision.parsers.node import parse_stat
 from provision.parsers.slurm import (
+    allreduce_problem,
     parse_drained,
     parse_sacct_steps,
     parse_sinfo_nodes,
@@ -40,6 +41,8 @@ BUSY = frozenset({"allocated", "mixed", "completing"})
 SERVING = BUSY | {"idle"}
 # states (without flags) of a node no job runs on, in a reservation or not
 FREE = frozenset({"idle", "maint", "reserved", "resv", "planned"})
+# the slurm role's MPI all-reduce program (slurm_mpi_allreduce_path)
+MPI_ALLREDUCE = "/usr/local/libexec/provision/mpi-allreduce"
 RELEASE_TRIES = 30  # seconds for a cancelled test job to leave before the release gives up
 
 
@@ -379,7 +382,29 @@ def _test_job(
         state = acct.get(job, ("not recorded", 0))[0]
         results.append(CheckResult("sacct", f"job {job}", state == "COMPLETED", f"state {state}"))
     results.append(_batch_job(ctx, head, where, names))
+    if len(names) >= 2:
+        results.append(_all_reduce(head, hold, pool, names[:2]))
     return results
+
+
+def _all_reduce(head: Remote, hold: Hold, pool: str, pair: list[str]) -> CheckResult:
+    """An MPI all-reduce over two held nodes, one rank each, as JOB_USER: Slurm's PMIx
+    starting Open MPI's ranks, which reach each other over the management network."""
+    hostlist = compress(pair)
+    out = head.run(
+        f"runuser -u {JOB_USER} -- timeout 120 srun --chdir=/tmp --mpi=pmix "
+        f"--reservation={hold.reservation} -p {pool} -N2 --ntasks-per-node=1 -w {hostlist} "
+        f"--time=2 {MPI_ALLREDUCE}",
+        timeout=150,
+        sudo=True,
+    )
+    problem = allreduce_problem(out.stdout, pair)
+    if out.rc == 0 and problem is None:
+        return CheckResult(
+            "mpi all-reduce", hostlist, True, f"2 ranks summed 1 + 2 = 3 as {JOB_USER}"
+        )
+    said = " ".join((out.stderr or out.stdout).split())[:200]
+    return CheckResult("mpi all-reduce", hostlist, False, f"rc {out.rc}: {problem}; {said}")
 
 
 def _batch_job(ctx: VerifyContext, head: Remote, where: str, names: list[str]) -> CheckResult:

@@ -178,7 +178,7 @@ def test_cold_apply(lab: tuple[Path, Path]) -> None:
     spec, work = lab
     r = provision("apply", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
-    assert "verify: 38 passed, 0 failed" in r.stdout  # the users' check on each node
+    assert "verify: 39 passed, 0 failed" in r.stdout  # users on each node, the MPI all-reduce
     for line in (
         "PASS srun compute[001-002]: job",
         "PASS sacct job",
@@ -581,7 +581,7 @@ def test_second_apply_changes_nothing(lab: tuple[Path, Path]) -> None:
     r = provision("apply", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     assert "converge: compute[001-002],head001 as the last apply left them" in r.stdout
-    assert "ansible:" not in r.stdout and "verify: 38 passed, 0 failed" in r.stdout
+    assert "ansible:" not in r.stdout and "verify: 39 passed, 0 failed" in r.stdout
     assert _report(work)["hosts"] == {}
 
 
@@ -630,6 +630,13 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
             "/home/ana/from-compute002 2001:2001",
         ], node
     assert _on(spec, work, "compute002", "id -Gn ana") == "ana vision"
+    # a user's first distributed job: an MPI all-reduce over two nodes, Slurm's PMIx starting
+    # Open MPI's ranks
+    mpi = "srun --mpi=pmix -N2 --ntasks-per-node=1 /usr/local/libexec/provision/mpi-allreduce"
+    summed = _login(work, "ana", "10.76.0.11", mpi)
+    assert sorted(summed.stdout.split("\n")[:2]) == [
+        "0 2 3 compute001", "1 2 3 compute002",
+    ], summed.stdout + summed.stderr  # fmt: skip
     refused = _login(work, "ana", "10.76.0.12", "true")
     assert refused.returncode == 255 and "Permission denied" in refused.stderr
     # logged in on the head, a user cannot reach Alertmanager on its loopback (the guard)
@@ -954,7 +961,7 @@ def test_node_stopped_mid_apply(
     rerun = provision("apply", str(spec), cwd=work)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr
     assert "lab: starting stopped node compute002" in rerun.stdout
-    assert "verify: 38 passed, 0 failed" in rerun.stdout
+    assert "verify: 39 passed, 0 failed" in rerun.stdout
 
 
 def test_destroy_leaves_nothing(lab: tuple[Path, Path]) -> None:
