@@ -14,9 +14,10 @@ import pytest
 
 from provision.changes import users_change
 from provision.cluster import Cluster
+from provision.errors import SpecError
 from provision.parsers.node import user_problems
 from provision.render import render
-from provision.render.firewall import admin_reach
+from provision.render.firewall import Rule, admin_reach, pool_rules
 from provision.render.inventory import group_vars
 from provision.spec import load_spec
 
@@ -58,6 +59,26 @@ def test_every_node_gets_the_users_and_the_login_pools_alone_their_keys() -> Non
     assert pools["login"]["common_homes_shared"] and pools["gpu"]["common_homes_shared"]
     reach = {r.service: r for r in admin_reach(cluster)}
     assert reach["ssh (users)"].where == "login[01-02]"
+    assert (
+        "from the user networks (10.20.0.0/16) and the admin networks" in reach["ssh (users)"].who
+    )
+    # their networks reach SSH on the login nodes alone
+    rules = pool_rules(cluster)
+    users = Rule("ssh from user networks", "tcp", "22", ("10.20.0.0/16",))
+    assert [pool for pool, found in rules.items() if users in found] == ["login"]
+
+
+def test_the_user_networks_need_users_and_a_bounded_size(tmp_path: Path) -> None:
+    spec = tmp_path / "lab.yaml"
+    lab = LAB.read_text().replace("  admin_cidrs:", "  user_cidrs: [10.20.0.0/16]\n  admin_cidrs:")
+    spec.write_text(lab)
+    with pytest.raises(SpecError) as caught:
+        load_spec(spec)
+    assert "security.user_cidrs: no users to log in from there" in str(caught.value)
+    spec.write_text(lab.replace("10.20.0.0/16", "0.0.0.0/0") + USERS)
+    with pytest.raises(SpecError) as caught:
+        load_spec(spec)
+    assert "security.user_cidrs: the user networks hold about a /1" in str(caught.value)
 
 
 def test_without_a_login_pool_the_users_log_in_to_the_heads(tmp_path: Path) -> None:

@@ -106,6 +106,9 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
     for view in cluster.pools:
         role = view.pool.role
         rules = [Rule("ssh from admin networks", "tcp", ports.ssh, (ADMIN,))]
+        users = tuple(str(c) for c in spec.security.user_cidrs)
+        if users and view.name in cluster.user_doors:  # where the users log in
+            rules.append(Rule("ssh from user networks", "tcp", ports.ssh, users))
         if role == "head":  # the head pool serves time to the other nodes (common role)
             rules.append(Rule("ntp for the cluster", "udp", "123", (CLUSTER,)))
         if spec.scheduler == "slurm":
@@ -312,8 +315,14 @@ def admin_reach(cluster: Cluster) -> list[Reach]:
                 "ssh (users)",
                 compress(doors),
                 ports.ssh,
-                "the users' keys, from the networks that reach its SSH (above); no other node "
-                "takes a user's key",
+                "the users' keys, from "
+                + (
+                    f"the user networks ({', '.join(str(c) for c in spec.security.user_cidrs)}) "
+                    "and the admin networks"
+                    if spec.security.user_cidrs
+                    else "the admin networks (no security.user_cidrs)"
+                )
+                + "; no other node takes a user's key",
             )
         )
     monitoring = spec.monitoring

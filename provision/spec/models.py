@@ -1000,6 +1000,11 @@ class Security(Model):
         "public addresses (0.0.0.0/0 included)",
     )
     admins: list[AdminUser] = Field(default=[], description="admin users on every node")
+    user_cidrs: list[ipaddress.IPv4Network] = Field(
+        default=[],
+        description="networks the users (users) log in from: SSH on the login nodes, or the "
+        "heads where there is no login pool; the admin networks reach every node's SSH",
+    )
     firewall_rules: list[FirewallRule] = Field(
         default=[], description="extra ports to open, beyond the services the cluster runs"
     )

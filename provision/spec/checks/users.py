@@ -4,6 +4,7 @@ exist; names the nodes' own accounts do not hold already."""
 from __future__ import annotations
 
 from provision.spec.checks.base import Problem
+from provision.spec.exposure import WIDE, describe_size, public_addresses
 from provision.spec.models import Spec
 
 # Accounts and groups the nodes have before any user: the base system's (Debian's base-passwd,
@@ -30,6 +31,23 @@ SYSTEM_NAMES = frozenset(
 
 def check_users(spec: Spec) -> list[Problem]:
     problems: list[Problem] = []
+    if spec.security.user_cidrs and not spec.users:
+        problems.append(
+            (
+                ("security", "user_cidrs"),
+                "no users to log in from there: add users, or leave user_cidrs out",
+            )
+        )
+    wide = public_addresses(spec.security.user_cidrs)
+    if wide > WIDE:
+        problems.append(
+            (
+                ("security", "user_cidrs"),
+                f"the user networks hold {describe_size(wide)}: name the networks your users "
+                "come from (at most a /8 of public addresses), or reach the login nodes "
+                "through a VPN or bastion",
+            )
+        )
     admins = {a.name: a for a in spec.security.admins}
     groups = {g.name for g in spec.groups}
     gids: dict[int, str] = {}
