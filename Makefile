@@ -68,6 +68,7 @@ bench: setup image
 	$(VENV)/python bench/failover.py
 	$(VENV)/python bench/monitoring.py
 	$(VENV)/python bench/faults.py
+	$(VENV)/python bench/users.py
 
 clean:
 	rm -rf .venv .provision .pytest_cache .mypy_cache .ruff_cache .ansible dist .site .molecule-*.log

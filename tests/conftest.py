@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -18,6 +20,19 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 # the package's Ansible collection: roles, playbooks, the nvidia_gpu_facts module
 COLLECTION = ROOT  # the repository's root is the collection's
+
+
+def collection_module(name: str) -> ModuleType:
+    """One of the collection's Ansible modules (plugins/modules/<name>.py), imported."""
+    spec = importlib.util.spec_from_file_location(
+        name, COLLECTION / "plugins" / "modules" / f"{name}.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 ROLES_DIR = COLLECTION / "roles"
 PLAYBOOKS_DIR = COLLECTION / "playbooks"
 # Specs of features not built yet (spec/unbuilt.py refuses them): the parts written so far

@@ -5,7 +5,6 @@ tests/integration/test_lab.py (limits, refusal at submit, a change and a removal
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,7 +19,7 @@ from provision.render.inventory import group_vars
 from provision.render.slurm import slurm_settings, wall_minutes
 from provision.spec import load_spec
 
-from .conftest import COLLECTION, ROOT
+from .conftest import ROOT, collection_module
 
 DATA = Path(__file__).parent / "data" / "sacctmgr"
 LAB = ROOT / "examples" / "lab.yaml"
@@ -40,13 +39,7 @@ ACCOUNTS = """  qos:
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "slurm_accounts", COLLECTION / "plugins" / "modules" / "slurm_accounts.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return collection_module("slurm_accounts")
 
 
 def _cluster(tmp_path: Path, accounts: str = ACCOUNTS) -> Cluster:

@@ -3,7 +3,6 @@ on fake sysfs trees; scripts/gpu-check.py end to end with a stand-in nvidia-smi.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -22,7 +21,7 @@ from provision.parsers.gpu import (
     parse_remapped_rows,
 )
 
-from .conftest import COLLECTION, ROOT
+from .conftest import ROOT, collection_module
 
 DATA = ROOT / "tests" / "data" / "nvidia"
 H100 = GpuExpect(
@@ -177,13 +176,7 @@ def test_all_reduce_wrong_values_fail_whatever_the_speed() -> None:
 
 
 def _facts_module():
-    spec = importlib.util.spec_from_file_location(
-        "nvidia_gpu_facts", COLLECTION / "plugins" / "modules" / "nvidia_gpu_facts.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return collection_module("nvidia_gpu_facts")
 
 
 def _pci(root: Path, slot: str, vendor: str, pci_class: str) -> None:

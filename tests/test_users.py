@@ -104,7 +104,11 @@ def test_the_role_refuses_an_id_an_account_of_the_node_holds() -> None:
             "ana": ["x", "2001", "2001", "", "/home/ana", "/bin/bash"],  # ana herself: fine
             "olduser": ["x", "2001", "100", "", "/home/olduser", "/bin/sh"],
         },
-        "getent_group": {"ana": ["x", "2001", ""], "video": ["x", "3000", ""]},
+        "getent_group": {
+            "ana": ["x", "2001", ""],
+            "video": ["x", "3000", ""],
+            "oldgrp": ["x", "2001", ""],
+        },
     }
     clashes = _common(
         "{{ _common_uid_clashes }}",
@@ -115,9 +119,11 @@ def test_the_role_refuses_an_id_an_account_of_the_node_holds() -> None:
     assert clashes == [
         "olduser holds uid 2001 (ana's)",
         "group video holds gid 3000 (vision's)",
+        "group oldgrp holds gid 2001 (ana's own group)",
     ]
     facts["getent_passwd"].pop("olduser")
     facts["getent_group"].pop("video")
+    facts["getent_group"].pop("oldgrp")
     assert _common("{{ _common_uid_clashes }}", common_users=users, common_groups=groups,
                    ansible_facts=facts) == []  # fmt: skip
 
