@@ -28,6 +28,10 @@ from provision.render.slurm import gres_conf_context, slurm_conf_context
 __all__ = ["MANIFEST", "read_render", "render", "render_inventory", "write_render"]
 
 
+# where the pyxis role installs the plugin it builds (Pyxis' own `make install` prefix)
+PYXIS_PLUGIN = "/usr/local/lib/slurm/spank_pyxis.so"
+
+
 def render(cluster: Cluster) -> dict[str, str]:
     """Relative path -> file content, for every artifact of the cluster."""
     header = cluster.header
@@ -68,6 +72,13 @@ def render(cluster: Cluster) -> dict[str, str]:
             "gres.conf.j2", header=header, **gres_conf_context(cluster)
         )
         files["files/slurm/cgroup.conf"] = template("cgroup.conf.j2", header=header)
+        if cluster.spec.nvidia.enroot:  # containers in jobs: Enroot and Pyxis
+            files["files/enroot/enroot.conf"] = template(
+                "enroot.conf.j2", header=header, scratch=cluster.spec.nvidia.enroot_scratch
+            )
+            files["files/slurm/plugstack.conf"] = template(
+                "plugstack.conf.j2", header=header, pyxis_plugin=PYXIS_PLUGIN
+            )
         burst = burst_config(cluster)
         if burst is not None:
             files["files/burst/burst.json"] = burst.to_json()

@@ -223,6 +223,13 @@ _TABLE = (
     ),
     Variable("provision_nvidia_nccl_tests", "all", ("playbooks/site",), "nvidia.nccl_tests"),
     Variable("nccl_tests_sha256", "all", ("nccl_tests",), "nvidia.nccl_tests_sha256"),
+    Variable("provision_enroot", "all", ("playbooks/site",), "nvidia.enroot"),
+    Variable("enroot_version", "all", ("enroot",), "nvidia.enroot_version"),
+    Variable("enroot_sha256", "all", ("enroot",), "nvidia.enroot_sha256"),
+    Variable("enroot_caps_sha256", "all", ("enroot",), "nvidia.enroot_caps_sha256"),
+    Variable("pyxis_version", "all", ("pyxis",), "nvidia.pyxis_version"),
+    Variable("pyxis_sha256", "all", ("pyxis",), "nvidia.pyxis_sha256"),
+    Variable("enroot_scratch", "all", ("enroot",), "nvidia.enroot_scratch"),
     Variable(
         "nvidia_driver_version", "all", ("nvidia_driver", "nvidia_fabricmanager"),
         "software.nvidia_driver",
@@ -293,6 +300,13 @@ NVIDIA = {
     "container_toolkit": "provision_nvidia_container_toolkit",
     "nccl_tests": "provision_nvidia_nccl_tests",
     "nccl_tests_sha256": "nccl_tests_sha256",
+    "enroot": "provision_enroot",
+    "enroot_version": "enroot_version",
+    "enroot_sha256": "enroot_sha256",
+    "enroot_caps_sha256": "enroot_caps_sha256",
+    "pyxis_version": "pyxis_version",
+    "pyxis_sha256": "pyxis_sha256",
+    "enroot_scratch": "enroot_scratch",
 }
 FABRIC = {
     "rdma": "rdma_stack",

@@ -921,6 +921,32 @@ class NvidiaSettings(Model):
     container_toolkit: bool = Field(
         default=True, description="NVIDIA Container Toolkit (enroot/pyxis, containers)"
     )
+    enroot: bool = Field(
+        default=False,
+        description="Enroot on the GPU nodes and Pyxis on every Slurm node: users' jobs in "
+        "containers (srun --container-image); NVIDIA's release packages, checked against "
+        "enroot_sha256, enroot_caps_sha256 and pyxis_sha256",
+    )
+    enroot_version: Version = Field(default="3.5.0", description="Enroot release")
+    enroot_sha256: Sha256 | None = Field(
+        default=None,
+        description="SHA-256 of the enroot package of that release for the cluster's OS (the "
+        ".deb on Debian and Ubuntu, the .rpm on Rocky)",
+    )
+    enroot_caps_sha256: Sha256 | None = Field(
+        default=None, description="SHA-256 of its enroot+caps package (the same OS's)"
+    )
+    pyxis_version: Version = Field(
+        default="0.20.0", description="Pyxis release (built on the node)"
+    )
+    pyxis_sha256: Sha256 | None = Field(
+        default=None, description="SHA-256 of the Pyxis source archive of that release"
+    )
+    enroot_scratch: AbsPath = Field(
+        default="/var/lib/enroot",
+        description="each GPU node's local scratch, where Enroot keeps the users' images and "
+        "unpacked containers (/raid on DGX)",
+    )
     nccl_tests: bool = Field(default=True, description="build nccl-tests for `provision verify`")
     nccl_tests_sha256: Sha256 | None = Field(
         default=None,

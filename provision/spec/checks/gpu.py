@@ -50,6 +50,7 @@ def check_gpu(spec: Spec) -> list[Problem]:
                 "'dcgm_exporter_sha256' together: nothing is installed unverified",
             )
         )
+    problems += _check_enroot(spec)
     profiles = load_profiles(spec.profiles)
     gpu_pools = [
         p for p in spec.pools if (prof := profiles.get(p.profile)) is not None and prof.gpu
@@ -210,3 +211,40 @@ def gpu_pools(spec: Spec) -> list[str]:
         for p in spec.pools
         if p.profile in profiles and profiles[p.profile].gpu is not None and p.role == "compute"
     ]
+
+
+def _check_enroot(spec: Spec) -> list[Problem]:
+    """Containers in jobs: Slurm's Pyxis, Enroot on GPU nodes with NVIDIA's hooks, and nothing
+    installed unverified."""
+    nvidia = spec.nvidia
+    if not nvidia.enroot:
+        return []
+    at: Loc = ("nvidia", "enroot")
+    if spec.scheduler != "slurm":
+        return [(at, "Enroot and Pyxis run jobs in containers through Slurm: scheduler slurm")]
+    profiles = load_profiles(spec.profiles)
+    if not any((prof := profiles.get(p.profile)) is not None and prof.gpu for p in spec.pools):
+        return [(at, "no pool has GPUs: Enroot goes on the GPU nodes")]
+    problems: list[Problem] = []
+    if not nvidia.container_toolkit:
+        problems.append(
+            (
+                ("nvidia", "container_toolkit"),
+                "Enroot's NVIDIA hook (the GPUs inside a container) needs the NVIDIA Container "
+                "Toolkit: leave container_toolkit on with enroot",
+            )
+        )
+    for key, what in (
+        ("enroot_sha256", "the enroot package"),
+        ("enroot_caps_sha256", "the enroot+caps package"),
+        ("pyxis_sha256", "the Pyxis source archive"),
+    ):
+        if getattr(nvidia, key) is None:
+            problems.append(
+                (
+                    ("nvidia", key),
+                    f"give the SHA-256 of {what} (sha256sum of the release file): nothing is "
+                    "installed unverified",
+                )
+            )
+    return problems

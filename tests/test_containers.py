@@ -1,0 +1,148 @@
+"""Containers in jobs: Enroot on the GPU nodes and Pyxis on every Slurm node (nvidia.enroot).
+Nothing here can reach NVIDIA's releases, so this is rendered and checked: the rendered
+enroot.conf and plugstack.conf, the roles' own expressions for each OS through Ansible's
+templating (which package files, from where, against which checksums), the roles' checksum
+guards, and the spec's refusals. ansible-lint and the roles' argument specs check the roles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provision.cluster import Cluster
+from provision.errors import SpecError
+from provision.render import PYXIS_PLUGIN, render
+from provision.render.inventory import group_vars
+from provision.spec import load_spec
+
+from .conftest import ROLES_DIR, ROOT
+from .test_homes import _role_template
+from .test_nvidia_sources import trust
+
+EVERY = ROOT / "tests" / "data" / "untrusted" / "every-field.yaml"
+SUPERPOD = ROOT / "examples" / "dgx-superpod-ha.yaml"
+SUMS = """  enroot: true
+  enroot_sha256: 1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a
+  enroot_caps_sha256: 2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b
+  pyxis_sha256: 3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c
+"""
+
+
+def _superpod(tmp_path: Path, nvidia: str = SUMS) -> Cluster:
+    """The SuperPOD example (Ubuntu) with Enroot and Pyxis: test checksums, not the releases'."""
+    text = SUPERPOD.read_text()
+    assert "\nnvidia:\n" in text
+    spec = tmp_path / "pod.yaml"
+    spec.write_text(text.replace("\nnvidia:\n", "\nnvidia:\n" + nvidia, 1))
+    return Cluster(load_spec(spec))
+
+
+def test_the_rendered_enroot_conf_and_plugstack_conf(tmp_path: Path) -> None:
+    files = render(_superpod(tmp_path, SUMS + "  enroot_scratch: /raid/enroot\n"))
+    conf = files["files/enroot/enroot.conf"]
+    settings = dict(
+        line.split(" ", 1) for line in conf.splitlines() if line and not line.startswith("#")
+    )
+    assert settings["ENROOT_DATA_PATH"] == "/raid/enroot/data/user-$(id -u)"
+    assert settings["ENROOT_CACHE_PATH"] == "/raid/enroot/cache/group-$(id -g)"
+    assert settings["ENROOT_RUNTIME_PATH"] == "/run/enroot/user-$(id -u)"
+    plugstack = [ln for ln in files["files/slurm/plugstack.conf"].splitlines() if ln[:1] != "#"]
+    assert plugstack == [f"required {PYXIS_PLUGIN}"]
+    # the pyxis role installs the plugin where the file names it
+    assert _role_template("pyxis", "{{ _pyxis_plugin }}", {}) == PYXIS_PLUGIN
+    # neither file without enroot
+    plain = render(Cluster(load_spec(SUPERPOD)))
+    assert "files/enroot/enroot.conf" not in plain and "files/slurm/plugstack.conf" not in plain
+
+
+def test_the_spec_reaches_the_roles(tmp_path: Path) -> None:
+    out = group_vars(_superpod(tmp_path))
+    assert out["provision_enroot"] is True
+    assert out["enroot_sha256"].startswith("1a1a") and out["pyxis_sha256"].startswith("3c3c")
+    site = yaml.safe_load((ROOT / "playbooks" / "site.yml").read_text())
+    slurm = next(play for play in site if play.get("name") == "Slurm")
+    tasks = {t["name"]: t for t in slurm["tasks"]}
+    # Enroot where the tasks of jobs run on GPUs; Pyxis on every node of the Slurm play
+    assert "inventory_hostname in groups['gpu'] | default([])" in tasks["Role enroot"]["when"]
+    assert "groups" not in str(tasks["Role pyxis"]["when"])
+
+
+@pytest.mark.parametrize(
+    ("family", "files"),
+    [
+        ("Debian", ["enroot_3.5.0-1_amd64.deb", "enroot+caps_3.5.0-1_amd64.deb"]),
+        ("RedHat", ["enroot-3.5.0-1.el8.x86_64.rpm", "enroot+caps-3.5.0-1.el8.x86_64.rpm"]),
+    ],
+)
+def test_each_os_fetches_its_own_packages_against_their_checksums(
+    family: str, files: list[str]
+) -> None:
+    os_vars = yaml.safe_load((ROLES_DIR / "enroot" / "vars" / f"{family}.yml").read_text())
+    given = {"enroot_sha256": "a" * 64, "enroot_caps_sha256": "b" * 64}
+    given |= {k: trust(v) for k, v in os_vars.items()}  # the role's own text: templated
+    downloads = _role_template("enroot", "{{ _enroot_downloads }}", given)
+    assert downloads == [
+        {"file": files[0], "sha256": "a" * 64},
+        {"file": files[1], "sha256": "b" * 64},
+    ]
+    github = _role_template("enroot", "{{ _enroot_base_url }}", given)
+    assert github == "https://github.com/NVIDIA/enroot/releases/download/v3.5.0"
+    mirror = _role_template(
+        "enroot",
+        "{{ _enroot_base_url }}",
+        given | {"enroot_source": "mirror", "enroot_mirror_url": "https://m.example.org/nv"},
+    )
+    assert mirror == "https://m.example.org/nv/enroot"
+    pyxis = yaml.safe_load((ROLES_DIR / "pyxis" / "vars" / f"{family}.yml").read_text())
+    assert pyxis["_pyxis_headers"] in ("libslurm-dev", "slurm-devel")
+
+
+def test_the_roles_fetch_nothing_without_its_checksum() -> None:
+    for role, names in (
+        ("enroot", ("enroot_sha256", "enroot_caps_sha256")),
+        ("pyxis", ("pyxis_sha256",)),
+    ):
+        tasks = yaml.safe_load((ROLES_DIR / role / "tasks" / "main.yml").read_text())
+        guard = next(
+            t
+            for t in tasks
+            if t["name"] == "Fetch nothing that has no checksum to check it against"
+        )
+        that = guard["ansible.builtin.assert"]["that"]
+        for name in names:
+            assert f"{name} is match('^[0-9a-f]{{64}}$')" in str(that)
+        fetches = [t for t in tasks if "ansible.builtin.get_url" in t]
+        assert fetches and all(
+            "sha256:" in t["ansible.builtin.get_url"]["checksum"] for t in fetches
+        )
+        assert tasks.index(guard) < tasks.index(fetches[0])
+
+
+@pytest.mark.parametrize(
+    ("nvidia", "where", "says"),
+    [
+        ("  enroot: true\n", "nvidia.enroot_sha256", "give the SHA-256 of the enroot package"),
+        (
+            SUMS + "  container_toolkit: false\n",
+            "nvidia.container_toolkit",
+            "needs the NVIDIA Container Toolkit",
+        ),
+    ],
+)
+def test_the_spec_refuses_what_cannot_be_installed_or_work(
+    tmp_path: Path, nvidia: str, where: str, says: str
+) -> None:
+    with pytest.raises(SpecError) as caught:
+        _superpod(tmp_path, nvidia)
+    assert any(i.path == where and says in i.message for i in caught.value.issues), caught.value
+
+
+def test_enroot_needs_slurm_and_gpus(tmp_path: Path) -> None:
+    lab = (ROOT / "examples" / "lab.yaml").read_text()
+    spec = tmp_path / "lab.yaml"
+    spec.write_text(lab + "nvidia:\n" + SUMS)
+    with pytest.raises(SpecError) as caught:
+        load_spec(spec)
+    assert "nvidia.enroot: no pool has GPUs: Enroot goes on the GPU nodes" in str(caught.value)
