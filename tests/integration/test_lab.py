@@ -335,7 +335,8 @@ def test_verify_passes_while_a_job_occupies_a_node_and_speaks_json(lab: tuple[Pa
         r = provision("verify", str(spec), "--json", cwd=work)
         assert r.returncode == 0, r.stdout + r.stderr
         checks = [json.loads(line) for line in r.stdout.splitlines()]
-        assert len(checks) == 35 and all(c["passed"] for c in checks), r.stdout
+        # compute001 busy: no pair of held nodes for the MPI all-reduce
+        assert len(checks) == 38 and all(c["passed"] for c in checks), r.stdout
         found = {(c["check"], c["target"]): c["evidence"] for c in checks}
         assert found[("sinfo", "compute001")] == "state allocated (running jobs)"
         assert found[("hold", "compute[001-002]")].startswith(
@@ -387,7 +388,9 @@ def test_verify_maintenance_waits_for_the_jobs_and_holds_off_new_ones(
             proc.kill()
     assert proc.returncode == 0, out + err
     checks = [json.loads(line) for line in out.splitlines()]
-    assert len(checks) == 35 and all(c["passed"] for c in checks), out
+    # every node held: the MPI all-reduce over compute[001-002] too
+    assert len(checks) == 39 and all(c["passed"] for c in checks), out
+    assert found_mpi(checks) == "2 ranks summed 1 + 2 = 3 as nobody"
     found = {(c["check"], c["target"]): c["evidence"] for c in checks}
     hold = found[("hold", "compute[001-002]")]
     assert hold.startswith("maintenance reservation provision-verify; waited ")
@@ -433,6 +436,7 @@ def test_a_full_dev_shm_drains_the_node_naming_the_check_and_freeing_it_resumes(
         "time",
         "disk /",
         "disk /dev/shm",
+        "mount /home",  # the fixture's shared /home
     }
 
 
@@ -690,6 +694,11 @@ def _login(work: Path, user: str, address: str, command: str) -> subprocess.Comp
          "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{user}@{address}", command],
         capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
+
+
+def found_mpi(checks: list[dict]) -> str:  # type: ignore[type-arg]
+    """verify's MPI all-reduce evidence, from its JSON lines."""
+    return next(c["evidence"] for c in checks if c["check"] == "mpi all-reduce")
 
 
 def _on(spec: Path, work: Path, node: str, command: str) -> str:
