@@ -101,6 +101,15 @@ def test_mpi_allreduce() -> None:
     )
 
 
+def test_verify_runs_the_all_reduce_where_the_slurm_role_puts_it() -> None:
+    import yaml
+
+    from provision.verify.slurm import MPI_ALLREDUCE
+
+    defaults = yaml.safe_load((ROOT / "roles" / "slurm" / "defaults" / "main.yml").read_text())
+    assert defaults["slurm_mpi_allreduce_path"] == MPI_ALLREDUCE
+
+
 def test_sacct_steps() -> None:
     """Recorded on the lab: a batch job of verify's, its script and its one step."""
     rows = parse_sacct_steps((DATA / "sacct-steps.txt").read_text())

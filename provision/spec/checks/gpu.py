@@ -50,11 +50,11 @@ def check_gpu(spec: Spec) -> list[Problem]:
                 "'dcgm_exporter_sha256' together: nothing is installed unverified",
             )
         )
-    problems += _check_enroot(spec)
     profiles = load_profiles(spec.profiles)
     gpu_pools = [
         p for p in spec.pools if (prof := profiles.get(p.profile)) is not None and prof.gpu
     ]
+    problems += _check_enroot(spec, bool(gpu_pools))
     if nvidia.source == "distro" and gpu_pools:
         if spec.os not in _DISTRO_NVIDIA_OS:
             problems.append(
@@ -213,7 +213,7 @@ def gpu_pools(spec: Spec) -> list[str]:
     ]
 
 
-def _check_enroot(spec: Spec) -> list[Problem]:
+def _check_enroot(spec: Spec, gpus: bool) -> list[Problem]:
     """Containers in jobs: Slurm's Pyxis, Enroot on GPU nodes with NVIDIA's hooks, and nothing
     installed unverified."""
     nvidia = spec.nvidia
@@ -222,8 +222,7 @@ def _check_enroot(spec: Spec) -> list[Problem]:
     at: Loc = ("nvidia", "enroot")
     if spec.scheduler != "slurm":
         return [(at, "Enroot and Pyxis run jobs in containers through Slurm: scheduler slurm")]
-    profiles = load_profiles(spec.profiles)
-    if not any((prof := profiles.get(p.profile)) is not None and prof.gpu for p in spec.pools):
+    if not gpus:
         return [(at, "no pool has GPUs: Enroot goes on the GPU nodes")]
     problems: list[Problem] = []
     if not nvidia.container_toolkit:
