@@ -34,8 +34,9 @@ from provision.rolling import batch_size, roll
 from provision.run.ansible import HostResult, RunResult, playbook_tags, run_playbook
 from provision.run.report import PlayEnded, PlayEvent, PlayStarted, Reporter, quiet
 from provision.run.wheel import build_wheel
-from provision.secrets import ensure_cluster_secrets, monitoring_secrets
+from provision.secrets import directory_secrets, ensure_cluster_secrets, monitoring_secrets
 from provision.spec import Spec
+from provision.spec.checks.identity import ca_file_problem
 from provision.spec.models import PROVIDER_ORDER
 from provision.sshkeys import private_key
 from provision.state import State, command_line
@@ -263,6 +264,18 @@ def _monitoring_secrets(directory: Path, spec: Spec) -> None:
     monitoring_secrets(directory, monitoring.grafana is not None, relays)
 
 
+def _directory_secrets(directory: Path, spec: Spec) -> None:
+    identity = spec.identity
+    if identity is None:
+        directory_secrets(directory, None, None)
+        return
+    ca = Path(identity.ca_file)  # absolute: the spec resolved it (spec/paths.py)
+    problem = ca_file_problem(ca)  # it may have changed since the spec was read
+    if problem:
+        raise UsageError(f"identity.ca_file: {problem}")
+    directory_secrets(directory, identity.bind_password_file, ca.read_bytes())
+
+
 @dataclass(frozen=True)
 class _Made:
     """What the nodes phase leaves: the nodes with their addresses, the render, the secrets."""
@@ -331,6 +344,7 @@ def _nodes_phase(cluster: Cluster, run: _Run) -> _Made:
         # secrets first: a relay password file others can read stops the run before any node
         secrets_dir = ensure_cluster_secrets(state, spec.scheduler)
         _monitoring_secrets(secrets_dir, spec)
+        _directory_secrets(secrets_dir, spec)
         # the hub's and the burst nodes' keys before the nodes: a cloud's stack puts a remote
         # elastic pool's keys in its secret store (providers/cloud/joining.py)
         made = tunnel_keys(secrets_dir, members(cluster))

@@ -17,6 +17,9 @@ from provision.state import State, private_dir
 MUNGE_KEY = "munge.key"
 SLURMDBD_PASSWORD = "slurmdbd.password"
 GRAFANA_PASSWORD = "grafana-admin.password"
+# the directory's (identity): its bind password, and the CA the nodes trust for it
+DIRECTORY_BIND_PASSWORD = "directory-bind.password"
+DIRECTORY_CA = "directory-ca.pem"
 
 
 def smtp_password(receiver: str) -> str:
@@ -100,16 +103,42 @@ def monitoring_secrets(directory: Path, grafana: bool, relays: list[tuple[str, s
     if grafana:
         create_once(directory / GRAFANA_PASSWORD, lambda: secrets.token_urlsafe(24).encode())
     for receiver, path, where in relays:
-        source = Path(path)  # absolute: the spec resolved it (spec/paths.py)
-        if not source.exists():
-            raise UsageError(f"{where}: {source} does not exist")
-        try:
-            check_secret_file(source, (1, 1024))
-        except UsageError as exc:
-            raise UsageError(f"{where}: {exc}") from None
-        password = source.read_bytes().rstrip(b"\n")
-        if not password or b"\n" in password or b"\r" in password:
-            raise UsageError(f"{where}: {source} must hold the password on one line")
-        target = directory / smtp_password(receiver)
-        if not target.exists() or target.read_bytes() != password:
-            write_private(target, password)
+        copy_password(directory, path, where, smtp_password(receiver))
+
+
+def copy_password(directory: Path, path: str, where: str, name: str) -> None:
+    """A copy of the one-line password in `path` (a file the spec names at `where`) as `name`
+    in the secrets directory. The file is checked like a secret of our own (this user's, 0600,
+    one line), so one others can read stops the run before anything is done."""
+    source = Path(path)  # absolute: the spec resolved it (spec/paths.py)
+    if not source.exists():
+        raise UsageError(f"{where}: {source} does not exist")
+    try:
+        check_secret_file(source, (1, 1024))
+    except UsageError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    password = source.read_bytes().rstrip(b"\n")
+    if not password or b"\n" in password or b"\r" in password:
+        raise UsageError(f"{where}: {source} must hold the password on one line")
+    target = directory / name
+    if not target.exists() or target.read_bytes() != password:
+        write_private(target, password)
+
+
+def directory_secrets(directory: Path, password_file: str | None, ca: bytes | None) -> None:
+    """The directory's bind password (from the file the spec names) and CA (checked by the
+    caller), copied where the sssd role reads them; with no CA (no directory in the spec), or
+    no password file (an anonymous read), what an earlier run copied is removed."""
+    bind = directory / DIRECTORY_BIND_PASSWORD
+    copy = directory / DIRECTORY_CA
+    if ca is None:
+        bind.unlink(missing_ok=True)
+        copy.unlink(missing_ok=True)
+        return
+    private_dir(directory)
+    if password_file is None:
+        bind.unlink(missing_ok=True)
+    else:
+        copy_password(directory, password_file, "identity.bind_password_file", bind.name)
+    if not copy.exists() or copy.read_bytes() != ca:
+        write_private(copy, ca)

@@ -36,6 +36,8 @@ def _superpod(tmp_path: Path, nvidia: str = SUMS) -> Cluster:
     assert "\nnvidia:\n" in text
     spec = tmp_path / "pod.yaml"
     spec.write_text(text.replace("\nnvidia:\n", "\nnvidia:\n" + nvidia, 1))
+    ca = "directory-ca.pem"  # the example's directory's, beside it
+    (tmp_path / ca).write_bytes((SUPERPOD.parent / ca).read_bytes())
     return Cluster(load_spec(spec))
 
 

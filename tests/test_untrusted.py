@@ -117,6 +117,9 @@ def _yaml() -> YAML:
 def _write(doc: object, path: Path) -> Path:
     with path.open("w") as fh:
         _yaml().dump(doc, fh)
+    ca = path.with_name("directory-ca.pem")  # what every-field.yaml's identity names beside it
+    if not ca.exists():
+        ca.write_bytes((EVERY_FIELD.parent / ca.name).read_bytes())
     return path
 
 

@@ -105,3 +105,33 @@ def user_problems(
             if group_name not in users[name][1]:
                 problems.append(f"{name} in group {group_name}, which the spec does not give")
     return problems
+
+
+# what `sssctl domain-status -o` prints of a domain SSSD reaches, and of one it cannot
+DIRECTORY_ONLINE = "Online status: Online"
+DIRECTORY_OFFLINE = "Online status: Offline"
+
+
+def directory_problems(status: str, groups: str, allowed: list[str]) -> tuple[list[str], str]:
+    """What `sssctl domain-status -o` (after a lookup that only the directory can answer) and
+    `getent -s sss group <allowed...>` show unlike a directory SSSD reads, with the allowed
+    groups in it; and, when nothing is wrong, what was seen."""
+    problems = []
+    if DIRECTORY_OFFLINE in status:
+        problems.append("the directory is down or unreachable: SSSD is offline (cached users only)")
+    elif DIRECTORY_ONLINE not in status:
+        shown = " ".join(status.split())[:120] or "nothing"
+        problems.append(f"SSSD does not answer for the directory ({shown})")
+    found = {}
+    for line in groups.splitlines():
+        fields = line.split(":")
+        if len(fields) >= 4:
+            found[fields[0]] = (fields[2], [m for m in fields[3].split(",") if m])
+    for name in allowed:
+        if name not in found:
+            problems.append(f"group {name} is not in the directory")
+    seen = ", ".join(
+        f"{name} gid {gid} ({len(members)} member(s) by name)"
+        for name, (gid, members) in sorted(found.items())
+    )
+    return problems, f"online; {seen}"

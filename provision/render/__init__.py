@@ -18,6 +18,7 @@ from provision.render.firewall import (
 )
 from provision.render.gpu import nccl_conf
 from provision.render.health import health_files
+from provision.render.identity import identity_files
 from provision.render.inventory import NFT_SETS_PATH, render_group_vars, render_inventory
 from provision.render.jinja import template
 from provision.render.kubernetes import kubernetes_files
@@ -85,4 +86,5 @@ def render(cluster: Cluster) -> dict[str, str]:
     files.update(kubernetes_files(cluster))
     files.update(monitoring_files(cluster))
     files.update(health_files(cluster))
+    files.update(identity_files(cluster))
     return dict(sorted(files.items()))

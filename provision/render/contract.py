@@ -155,6 +155,15 @@ _TABLE = (
         "common_users_login", "pool", ("common",),
         "the users log in here: the login pools, or the heads without one",
     ),
+    Variable("provision_directory", "all", ("playbooks/site",), "identity: SSSD on every node"),
+    Variable(
+        "sssd_bind", "all", ("sssd",),
+        "identity.bind_dn: the nodes read the directory as it (its password from the secrets)",
+    ),
+    Variable(
+        "sssd_door", "pool", ("sssd",),
+        "with identity: the directory's users log in here, with their keys from it",
+    ),
     Variable("slurm_accounting", "all", ("slurm",), "slurm.accounting"),
     Variable("slurm_qos", "all", ("slurm",), "slurm.qos"),
     Variable("slurm_accounts", "all", ("slurm",), "slurm.accounts"),

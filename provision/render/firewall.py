@@ -308,14 +308,20 @@ def admin_reach(cluster: Cluster) -> list[Reach]:
         f"; they hold {compress(jobs)}, where users log in or jobs run" if jobs else ""
     )
     rows = [Reach("ssh", "every node", ports.ssh, from_admin + " (the admins' keys)")]
-    if spec.users:
+    if spec.users or spec.identity is not None:
         doors = [n.name for n in cluster.lasting_nodes if n.pool in cluster.user_doors]
+        whose = "the users' keys" if spec.users else ""
+        if spec.identity is not None:
+            groups = ", ".join(spec.identity.allowed_groups)
+            directory = f"the directory's keys of its {groups} members"
+            whose = f"{whose} and {directory}" if whose else directory
         rows.append(
             Reach(
                 "ssh (users)",
                 compress(doors),
                 ports.ssh,
-                "the users' keys, from "
+                whose
+                + ", from "
                 + (
                     f"the user networks ({', '.join(str(c) for c in spec.security.user_cidrs)}) "
                     "and the admin networks"

@@ -104,6 +104,8 @@ def render_inventory(cluster: Cluster) -> str:
             gvars["common_homes_shared"] = True
         if cluster.spec.users and view.name in cluster.user_doors:
             gvars["common_users_login"] = True  # the users' keys let them in here
+        if cluster.spec.identity is not None and view.name in cluster.user_doors:
+            gvars["sssd_door"] = True  # and the directory's users', with their keys from it
         hosts = [
             _host(n.name, provision_fabric_addresses=addresses[n.name])
             if n.name in addresses
@@ -263,6 +265,10 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
             {"name": u.name, "uid": u.uid, "groups": list(u.groups), "ssh_keys": list(u.ssh_keys)}
             for u in spec.users
         ]
+    if spec.identity is not None:
+        out["provision_directory"] = True
+        if spec.identity.bind_password_file is not None:
+            out["sssd_bind"] = True  # its password in the secrets directory
     if spec.scheduler == "kubernetes":
         kube = spec.kubernetes
         out["provision_kubernetes_etcd"] = kube.etcd

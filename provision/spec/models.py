@@ -745,8 +745,8 @@ class Account(Model):
     )
     users: list[UserName] = Field(
         default=[],
-        description="users (from users) who may charge to it; a user's first account is their "
-        "default",
+        description="users (from users, or the directory's where there is one: identity) who "
+        "may charge to it; a user's first account is their default",
     )
     qos: list[SlurmName] = Field(
         default=[], description="QoS its jobs may ask for; unset: Slurm's normal"
@@ -995,6 +995,101 @@ class User(Model):
         description="public keys that log the user in to the login nodes (the heads where the "
         "cluster has no login pool); no passwords",
     )
+
+
+DirectoryKind = Literal["ldap", "active_directory", "freeipa"]
+# the LDAP schema SSSD reads each kind of directory with, and the attribute its keys are in
+DIRECTORY_SCHEMAS: dict[str, str] = {"ldap": "rfc2307", "active_directory": "ad", "freeipa": "ipa"}
+DIRECTORY_KEY_ATTRIBUTES: dict[str, str] = {
+    "ldap": "sshPublicKey",  # the openssh-lpk schema's
+    "active_directory": "sshPublicKey",  # a site's extension: AD has none of its own
+    "freeipa": "ipaSshPubKey",
+}
+LdapUri = Annotated[
+    str,
+    _matching(
+        r"ldaps?://[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?(:[0-9]{1,5})?",
+        "{!r} is not an LDAP server: write it like ldaps://ldap.example.org (or ldap:// with "
+        "StartTLS), with no path",
+    ),
+]
+# RFC 4514's distinguished names, less what an INI file or a shell reads as its own
+DistinguishedName = Annotated[
+    str,
+    _matching(
+        r"[A-Za-z][A-Za-z0-9-]*=[^=,;#\\\"<>]+(,\s*[A-Za-z][A-Za-z0-9-]*=[^=,;#\\\"<>]+)*",
+        "{!r} is not a distinguished name: write it like dc=example,dc=org",
+    ),
+]
+DirectoryName = Annotated[
+    str,
+    _matching(
+        r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}",
+        "{!r} is not a directory group name: letters, digits, '.', '_' and '-' (a name with "
+        "spaces or commas is not supported yet)",
+    ),
+]
+LdapAttribute = Annotated[
+    str, _matching(r"[A-Za-z][A-Za-z0-9-]{0,63}", "{!r} is not an LDAP attribute name")
+]
+
+
+class Identity(Model):
+    """A directory the nodes take users and groups from (SSSD): LDAP, Active Directory or
+    FreeIPA, read over TLS, with access limited to some of its groups."""
+
+    kind: DirectoryKind = Field(
+        default="ldap",
+        description="ldap (RFC 2307 posixAccount/posixGroup, like OpenLDAP's nis schema), "
+        "active_directory (its uidNumber/gidNumber: IDs are the directory's, not mapped), "
+        "freeipa (read over LDAP; the nodes are not enrolled)",
+    )
+    rfc2307bis: bool = Field(
+        default=False,
+        description="kind ldap: groups list their members by DN (groupOfNames' member), not "
+        "by name (memberUid)",
+    )
+    uris: list[LdapUri] = Field(
+        min_length=1,
+        description="the directory's servers, tried in order: all ldaps://, or all ldap:// "
+        "(then StartTLS is required); never in the clear",
+    )
+    base_dn: DistinguishedName = Field(description="where users and groups are searched")
+    ca_file: CaFile = Field(
+        description="the CA certificate(s) that sign the servers' certificates (PEM; beside "
+        "the spec, in a secrets directory or the system's certificate directories): the nodes "
+        "trust no other for the directory"
+    )
+    bind_dn: DistinguishedName | None = Field(
+        default=None,
+        description="the account the nodes read the directory as (unset: anonymously)",
+    )
+    bind_password_file: SecretFile | None = Field(
+        default=None,
+        description="file on the workstation holding bind_dn's password (one line, mode 0600, "
+        "beside the spec or in a secrets directory); it reaches the nodes in a file only root "
+        "reads, never the spec, the rendered files or the logs",
+    )
+    allowed_groups: list[DirectoryName] = Field(
+        min_length=1,
+        description="the directory groups whose members may log in (to the login nodes, or "
+        "the heads where there is no login pool); the directory's other users are refused",
+    )
+    ssh_key_attribute: LdapAttribute | None = Field(
+        default=None,
+        description="the attribute holding a user's SSH public keys (unset: sshPublicKey; "
+        "ipaSshPubKey on FreeIPA); keys are the only way in",
+    )
+
+    @property
+    def schema_name(self) -> str:
+        if self.kind == "ldap" and self.rfc2307bis:
+            return "rfc2307bis"
+        return DIRECTORY_SCHEMAS[self.kind]
+
+    @property
+    def key_attribute(self) -> str:
+        return self.ssh_key_attribute or DIRECTORY_KEY_ATTRIBUTES[self.kind]
 
 
 class FirewallRule(Model):
@@ -1263,6 +1358,11 @@ class Spec(Model):
         default=[],
         description="the cluster's users: on every node with pinned IDs; one removed from the "
         "list is locked out (its home kept)",
+    )
+    identity: Identity | None = Field(
+        default=None,
+        description="a directory (LDAP, Active Directory, FreeIPA) the nodes take more users "
+        "and groups from, through SSSD",
     )
     health: Health | None = Field(
         default=None,

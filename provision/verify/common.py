@@ -1,8 +1,13 @@
-"""The checks of the common role on every node: name, /etc/hosts, time, the admins."""
+"""The checks of the common role on every node: name, /etc/hosts, time, the admins, the
+users, and the directory SSSD reads (the sssd role)."""
 
 from __future__ import annotations
 
+import secrets
+
 from provision.parsers import node as parsers
+from provision.parsers.node import DIRECTORY_ONLINE
+from provision.render.identity import DOMAIN as DIRECTORY_DOMAIN
 from provision.spec.nodes import Node
 from provision.verify.base import CheckResult, NodeCheck, VerifyContext
 from provision.verify.remote import Remote
@@ -85,10 +90,37 @@ def check_users(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckRes
     return [CheckResult("users", node.name, not problems, evidence)]
 
 
+def check_directory(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResult]:
+    """SSSD reaches the directory (identity) now, not from its cache, and finds the allowed
+    groups in it."""
+    identity = ctx.cluster.spec.identity
+    if identity is None:
+        return []
+    groups = " ".join(identity.allowed_groups)
+    # SIGUSR2 tells SSSD to try the directory again now, not at its next retry (it takes a
+    # moment to reach its backend); a name no cache holds makes it ask, and its status then
+    # says what it found. Offline, it is asked a few times over five seconds.
+    probe = f"provision-probe-{secrets.token_hex(4)}"
+    ask = f"sssctl domain-status -o {DIRECTORY_DOMAIN} 2>&1"
+    out = remote.run(
+        f"pkill -USR2 -x sssd; for try in 1 2 3 4 5; do sleep 1; "
+        f"getent passwd {probe}-$try >/dev/null; {ask} | grep -qx '{DIRECTORY_ONLINE}' "
+        f"&& break; done; {ask}; echo {_SPLIT}; getent -s sss group {groups}",
+        sudo=True,
+    )
+    status, _, found = out.stdout.partition(_SPLIT)
+    problems, seen = parsers.directory_problems(status, found, list(identity.allowed_groups))
+    return [CheckResult("directory", node.name, not problems, "; ".join(problems) or seen)]
+
+
+_SPLIT = "--provision--"
+
+
 COMMON_CHECKS: list[NodeCheck] = [
     check_hostname,
     check_hosts_file,
     check_time_sync,
     check_admin_users,
     check_users,
+    check_directory,
 ]

@@ -25,6 +25,7 @@ import jinja2
 import pytest
 import yaml
 
+from provision.burst.config import LAB_LABEL, lab_network
 from provision.parsers.dcgm import DIAG_TIMEOUT_S
 from provision.providers.lab import podman
 
@@ -32,6 +33,7 @@ from ..conftest import COLLECTION, ROOT
 from ..conftest import run_provision as provision
 from ..fakesmtp import FakeRelay, Mail
 from ..test_monitoring import DASHBOARDS, panel_queries
+from .directory import READER, SUFFIX, Directory, Person, ssh_key, start_directory
 
 NAME = "labtest"
 
@@ -135,8 +137,38 @@ def lab(
         + _users(work)
     )
     provision("destroy", str(spec), "--yes", cwd=work)  # a crashed earlier run's leftovers
+    # the directory before the cluster: on the lab's network, made as the lab provider makes
+    # it (it finds the network there, with the spec's subnet, and uses it)
+    podman.podman("network", "create", "--subnet", "10.76.0.0/24", "--gateway", "10.76.0.1",
+                  "--label", f"{LAB_LABEL}={NAME}", lab_network(NAME))  # fmt: skip
+    people = [
+        Person("dora", 5001, ("hpc",), ssh_key(work, "dora")),
+        Person("eve", 5002, (), ssh_key(work, "eve")),  # outside the allowed group
+        # a directory entry by the name of a local admin, with a key of its own
+        Person(f"{NAME}admin", 5003, ("hpc",), ssh_key(work, "mallory")),
+    ]
+    directory = start_directory(
+        lab_image, DIRECTORY, lab_network(NAME), DIRECTORY_ADDRESS, work, people, {"hpc": 5100}
+    )
+    spec.write_text(spec.read_text() + _identity(directory))
     yield spec, work
     provision("destroy", str(spec), "--yes", cwd=work)
+    podman.podman("rm", "-f", "-t", "0", DIRECTORY, check=False)
+
+
+DIRECTORY = f"{NAME}-directory"
+DIRECTORY_ADDRESS = "10.76.0.250"
+
+
+def _identity(directory: Directory) -> str:
+    return f"""identity:
+  uris: [{directory.uri}]
+  base_dn: "{SUFFIX}"
+  ca_file: {directory.ca_file.name}
+  bind_dn: "{READER}"
+  bind_password_file: {directory.password_file.name}
+  allowed_groups: [hpc]
+"""
 
 
 def _users(work: Path) -> str:
@@ -165,7 +197,7 @@ BEN = "  - {name: ben, uid: 2002, ssh_keys"
 ACCOUNTS = """  qos: [{name: small, priority: 10, grp_tres: {node: 1}}]
   accounts:
     - {name: research, fairshare: 100}
-    - {name: vision, parent: research, fairshare: 60, users: [ana], qos: [normal, small]}
+    - {name: vision, parent: research, fairshare: 60, users: [ana, dora], qos: [normal, small]}
     - {name: speech, parent: research, fairshare: 40, users: [ben]}
 """
 
@@ -178,7 +210,7 @@ def test_cold_apply(lab: tuple[Path, Path]) -> None:
     spec, work = lab
     r = provision("apply", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
-    assert "verify: 39 passed, 0 failed" in r.stdout  # users on each node, the MPI all-reduce
+    assert "verify: 42 passed, 0 failed" in r.stdout  # users, the directory, MPI
     for line in (
         "PASS srun compute[001-002]: job",
         "PASS sacct job",
@@ -195,7 +227,8 @@ def test_cold_apply(lab: tuple[Path, Path]) -> None:
         assert oct((state / secret).stat().st_mode & 0o777) == "0o600", secret
     # the secrets never reach the output or the run logs
     password = (state / "secrets" / "slurmdbd.password").read_text()
-    for secret in (password, RELAY_PASSWORD):
+    bind = (work / "directory-bind.password").read_text().strip()
+    for secret in (password, RELAY_PASSWORD, bind):
         assert secret not in r.stdout + r.stderr
         for log in (state / "logs").rglob("*"):
             if log.is_file():
@@ -336,7 +369,7 @@ def test_verify_passes_while_a_job_occupies_a_node_and_speaks_json(lab: tuple[Pa
         assert r.returncode == 0, r.stdout + r.stderr
         checks = [json.loads(line) for line in r.stdout.splitlines()]
         # compute001 busy: no pair of held nodes for the MPI all-reduce
-        assert len(checks) == 38 and all(c["passed"] for c in checks), r.stdout
+        assert len(checks) == 41 and all(c["passed"] for c in checks), r.stdout
         found = {(c["check"], c["target"]): c["evidence"] for c in checks}
         assert found[("sinfo", "compute001")] == "state allocated (running jobs)"
         assert found[("hold", "compute[001-002]")].startswith(
@@ -389,7 +422,7 @@ def test_verify_maintenance_waits_for_the_jobs_and_holds_off_new_ones(
     assert proc.returncode == 0, out + err
     checks = [json.loads(line) for line in out.splitlines()]
     # every node held: the MPI all-reduce over compute[001-002] too
-    assert len(checks) == 39 and all(c["passed"] for c in checks), out
+    assert len(checks) == 42 and all(c["passed"] for c in checks), out
     assert found_mpi(checks) == "2 ranks summed 1 + 2 = 3 as nobody"
     found = {(c["check"], c["target"]): c["evidence"] for c in checks}
     hold = found[("hold", "compute[001-002]")]
@@ -585,7 +618,7 @@ def test_second_apply_changes_nothing(lab: tuple[Path, Path]) -> None:
     r = provision("apply", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     assert "converge: compute[001-002],head001 as the last apply left them" in r.stdout
-    assert "ansible:" not in r.stdout and "verify: 39 passed, 0 failed" in r.stdout
+    assert "ansible:" not in r.stdout and "verify: 42 passed, 0 failed" in r.stdout
     assert _report(work)["hosts"] == {}
 
 
@@ -686,10 +719,12 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
     assert _on(spec, work, "head001", "sacctmgr -nP show assoc user=ben format=Account") == ""
 
 
-def _login(work: Path, user: str, address: str, command: str) -> subprocess.CompletedProcess[str]:
+def _login(
+    work: Path, user: str, address: str, command: str, key: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """A user's own SSH login with their key (a new session each time)."""
     return subprocess.run(
-        ["ssh", "-i", str(work / user), "-o", "BatchMode=yes", "-o", "ControlMaster=no",
+        ["ssh", "-i", str(work / (key or user)), "-o", "BatchMode=yes", "-o", "ControlMaster=no",
          "-o", "ControlPath=none", "-o", "StrictHostKeyChecking=no", "-o",
          "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{user}@{address}", command],
         capture_output=True, text=True, check=False, timeout=120,
@@ -970,7 +1005,95 @@ def test_node_stopped_mid_apply(
     rerun = provision("apply", str(spec), cwd=work)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr
     assert "lab: starting stopped node compute002" in rerun.stdout
-    assert "verify: 39 passed, 0 failed" in rerun.stdout
+    assert "verify: 42 passed, 0 failed" in rerun.stdout
+
+
+def test_directory_users_log_in_where_allowed_and_their_jobs_outlive_the_directory(
+    lab: tuple[Path, Path],
+) -> None:
+    """A directory user in the allowed group logs in to the head (the users' door: the lab has
+    no login pool) with the key the directory holds, and runs a 2-node job with the directory's
+    uid on every node; a directory user outside the group is refused, and so is the key the
+    directory holds for a local admin's name. The directory stopped, a logged-in user's job
+    still runs (SSSD's cache) and verify says the directory is down; started again, verify
+    finds it. Taken out of the spec, the directory's users are gone from every node."""
+    spec, work = lab
+    job = (
+        "cd && sbatch --parsable -W -N2 -o job.txt --wrap "
+        + shlex.quote("srun sh -c 'id -u; touch ~/from-$(hostname)'")
+        + " >/dev/null && sort job.txt | uniq -c | tr -s ' '"
+    )
+    ran = _login(work, "dora", "10.76.0.11", job)  # her home made at this first login
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.strip() == "2 5001", ran.stdout
+    for node in ("compute001", "compute002"):
+        assert _on(spec, work, node, "id dora") == (
+            "uid=5001(dora) gid=5001(dora) groups=5001(dora),5100(hpc)"
+        )
+        owner = _on(spec, work, node, f"stat -c %u:%g /home/dora/from-{node}")
+        assert owner == "5001:5001", (node, owner)
+    # eve's key is the directory's, but she is not in the allowed group: SSSD's access check
+    # (PAM's account phase) ends the connection
+    refused = _login(work, "eve", "10.76.0.11", "true")
+    assert refused.returncode == 255, refused.stdout
+    denied = (
+        "journalctl -u ssh --no-pager | grep -c 'pam_sss(sshd:account): Access denied for user eve'"
+    )
+    assert _on(spec, work, "head001", denied) == "1"
+    # the directory's key for the local admin's name is never asked for
+    impostor = _login(work, f"{NAME}admin", "10.76.0.11", "true", key="mallory")
+    assert impostor.returncode == 255 and "Permission denied (publickey)" in impostor.stderr
+    assert _on(spec, work, "head001", "stat -c '%a %U' /etc/sssd/conf.d/50-provision-bind.conf"
+               ) == "600 root"  # fmt: skip
+
+    control = work / "dora.control"  # dora stays logged in over one connection
+    held = [f"ControlPath={control}", "BatchMode=yes", "StrictHostKeyChecking=no",
+            "UserKnownHostsFile=/dev/null", "LogLevel=ERROR"]  # fmt: skip
+    options = [word for option in held for word in ("-o", option)]
+    subprocess.run(["ssh", "-i", str(work / "dora"), "-o", "ControlMaster=yes", *options,
+                    "-fN", "dora@10.76.0.11"], check=True, timeout=60)  # fmt: skip
+    directory = Directory(DIRECTORY, DIRECTORY_ADDRESS, work / "directory-ca.pem",
+                          work / "directory-bind.password")  # fmt: skip
+    try:
+        directory.stop()
+        ran = subprocess.run(["ssh", *options, "dora@10.76.0.11", job], capture_output=True,
+                             text=True, check=False, timeout=180)  # fmt: skip
+        assert ran.stdout.strip() == "2 5001", ran.stdout + ran.stderr
+        r = provision("verify", str(spec), "--json", cwd=work)
+        assert r.returncode == 1, r.stdout + r.stderr
+        failed = {
+            (c["check"], c["target"]): c["evidence"]
+            for c in map(json.loads, r.stdout.splitlines())
+            if not c["passed"]
+        }
+        assert set(failed) == {
+            ("directory", node) for node in ("head001", "compute001", "compute002")
+        }, failed
+        assert failed[("directory", "head001")].startswith(
+            "the directory is down or unreachable: SSSD is offline"
+        ), failed
+    finally:
+        directory.start()
+        subprocess.run(["ssh", *options, "-O", "exit", "dora@10.76.0.11"], check=False,
+                       capture_output=True, timeout=30)  # fmt: skip
+    r = provision("verify", str(spec), cwd=work)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert "PASS directory compute002: online; hpc gid 5100 (2 member(s) by name)" in r.stdout
+
+    # the directory taken out of the spec: what the sssd role set up goes, and the directory's
+    # users can no longer log in
+    text = spec.read_text()
+    spec.write_text(text[: text.index("identity:\n")].replace("[ana, dora]", "[ana]"))
+    r = provision("apply", str(spec), cwd=work)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    gone = _login(work, "dora", "10.76.0.11", "true")
+    assert gone.returncode == 255 and "Permission denied (publickey)" in gone.stderr
+    left = (
+        "systemctl is-active sssd; for f in /etc/sssd/sssd.conf /etc/sssd/conf.d/*provision* "
+        "/usr/local/libexec/provision/directory-keys; do test -e $f && echo $f; done; "
+        "getent passwd dora || echo unknown"
+    )
+    assert _on(spec, work, "head001", left).split("\n") == ["inactive", "unknown"]
 
 
 def test_destroy_leaves_nothing(lab: tuple[Path, Path]) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from provision.spec.checks.accounts import check_accounts
 from provision.spec.checks.base import Problem
 from provision.spec.checks.gpu import check_gpu, check_gpu_generation
+from provision.spec.checks.identity import check_identity
 from provision.spec.checks.monitoring import check_health, check_monitoring
 from provision.spec.checks.networks import check_fabric, check_fabric_nodes, check_networks
 from provision.spec.checks.pools import (
@@ -62,6 +63,7 @@ CHECKS: list[Callable[[Spec], list[Problem]]] = [
     check_controllers,
     check_security,
     check_users,
+    check_identity,
     check_accounts,
     check_storage,
     check_monitoring,

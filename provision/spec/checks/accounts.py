@@ -67,7 +67,8 @@ def check_accounts(spec: Spec) -> list[Problem]:
         if account.parent is not None and account.parent not in names:
             problems.append(((*at, "parent"), _unknown("account", account.parent, set(names))))
         for j, user in enumerate(account.users):
-            if user not in users:
+            # with a directory, a name the spec does not list is the directory's
+            if user not in users and spec.identity is None:
                 problems.append(((*at, "users", j), _unknown("user", user, users, "users")))
         for j, asked in enumerate(account.qos):
             if asked not in known_qos:

@@ -31,11 +31,12 @@ SYSTEM_NAMES = frozenset(
 
 def check_users(spec: Spec) -> list[Problem]:
     problems: list[Problem] = []
-    if spec.security.user_cidrs and not spec.users:
+    if spec.security.user_cidrs and not spec.users and spec.identity is None:
         problems.append(
             (
                 ("security", "user_cidrs"),
-                "no users to log in from there: add users, or leave user_cidrs out",
+                "no users to log in from there: add users or a directory (identity), or leave "
+                "user_cidrs out",
             )
         )
     wide = public_addresses(spec.security.user_cidrs)
