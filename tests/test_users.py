@@ -238,3 +238,25 @@ def test_verify_reads_the_users_as_getent_shows_them() -> None:
 def test_examples_without_users_render_none(example: str) -> None:
     out = group_vars(Cluster(load_spec(ROOT / "examples" / example)))
     assert ("common_users" in out) == (example != "lab.yaml")
+
+
+JOBS = ROOT / "docs" / "jobs"
+
+
+def test_the_data_parallel_job_is_a_script_slurm_runs_as_written() -> None:
+    """The docs' PyTorch DDP job: the batch script parses, asks for two nodes and runs the
+    program beside it through srun; the program compiles and takes its rank from Slurm. (It ran
+    on the lab through Slurm with PyTorch's CPU wheel: docs/users.md shows its output.)"""
+    import subprocess
+
+    script = JOBS / "ddp.sbatch"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=1" in text
+    assert 'srun "${DDP_PYTHON:-python3}" "${SLURM_SUBMIT_DIR}/ddp.py"' in text
+    program = JOBS / "ddp.py"
+    source = program.read_text()
+    compile(source, str(program), "exec")
+    for name in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
+        assert f'"{name}"' in source
+    assert '"nccl" if gpu else "gloo"' in source
