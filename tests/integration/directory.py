@@ -47,6 +47,15 @@ replace: olcTLSCertificateKeyFile
 olcTLSCertificateKeyFile: /etc/ldap/tls/server.key
 """
 
+# nothing for anonymous readers (Debian's default lets them read every entry): the nodes must
+# bind as the reader to see anyone, so a directory that answers proves the bind password
+_ACCESS = """dn: olcDatabase={1}mdb,cn=config
+changetype: modify
+replace: olcAccess
+olcAccess: {0}to attrs=userPassword by self write by anonymous auth by * none
+olcAccess: {1}to * by users read by * none
+"""
+
 
 @dataclass(frozen=True)
 class Person:
@@ -211,6 +220,7 @@ def start_directory(
     directory._exec(f"{_SLAPD} ldapi:///; sleep 1; ldapmodify -Q -Y EXTERNAL -H ldapi:///",
                     stdin=_TLS.encode())  # fmt: skip
     directory._exec("ldapadd -Q -Y EXTERNAL -H ldapi:///", stdin=_SSH_SCHEMA.encode())
+    directory._exec("ldapmodify -Q -Y EXTERNAL -H ldapi:///", stdin=_ACCESS.encode())
     ldif = f"{reader}\n{_entries(people, groups)}"
     directory._exec("cat > /tmp/people.ldif", stdin=ldif.encode())
     directory._exec(f"ldapadd -x -D {ADMIN} -w {admin_password} -H ldapi:/// -f /tmp/people.ldif")
