@@ -36,6 +36,17 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                 )
             )
     problems.extend(_cloud_heads(spec))
+    if spec.identity is not None:
+        problems.extend(
+            (
+                ("pools", i, "elastic"),
+                "elastic pools with a directory (identity): not supported yet (a burst node "
+                "joins from its image, which must not hold the bind password, and would not "
+                "know the directory's users)",
+            )
+            for i, pool in enumerate(spec.pools)
+            if pool.elastic
+        )
     if spec.scheduler == "kubernetes":
         problems.extend(_kubernetes(spec))
     if spec.monitoring is not None and spec.os == "rocky9":

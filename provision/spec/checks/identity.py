@@ -48,16 +48,6 @@ def check_identity(spec: Spec) -> list[Problem]:
     ca_problem = ca_file_problem(Path(identity.ca_file))
     if ca_problem:
         problems.append((("identity", "ca_file"), ca_problem))
-    for i, pool in enumerate(spec.pools):
-        if pool.elastic:
-            problems.append(
-                (
-                    ("pools", i, "elastic"),
-                    "elastic pools with a directory (identity): not supported yet (a burst "
-                    "node joins from its image, which must not hold the bind password, and "
-                    "would not know the directory's users)",
-                )
-            )
     local = {g.name for g in spec.groups} | {u.name for u in spec.users}
     for i, group in enumerate(identity.allowed_groups):
         if group in local:
