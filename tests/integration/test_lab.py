@@ -171,6 +171,11 @@ def _identity(directory: Directory) -> str:
 """
 
 
+def _without_identity(text: str) -> str:
+    """The spec without its directory (the last section) and the directory's user dora."""
+    return text[: text.index("identity:\n")].replace("[ana, dora]", "[ana]")
+
+
 def _users(work: Path) -> str:
     """Two users with their own keys, a group, and /home shared by every node (a volume the
     head serves, as an NFS export of the spec would be)."""
@@ -913,8 +918,8 @@ def test_an_elastic_pool_added_to_a_running_lab_needs_a_new_head(lab: tuple[Path
     changes no node."""
     spec, work = lab
     burst = spec.with_name("lab-plus-burst.yaml")
-    burst.write_text(
-        spec.read_text().replace(
+    burst.write_text(  # without the directory: elastic pools beside one are not supported yet
+        _without_identity(spec.read_text()).replace(
             "    count: 2\n",  # the compute pool, the last of the pools
             "    count: 2\n  - {name: burst, role: compute, profile: lab-container, provider: lab,"
             " count: 2, elastic: true}\n",
@@ -1082,8 +1087,7 @@ def test_directory_users_log_in_where_allowed_and_their_jobs_outlive_the_directo
 
     # the directory taken out of the spec: what the sssd role set up goes, and the directory's
     # users can no longer log in
-    text = spec.read_text()
-    spec.write_text(text[: text.index("identity:\n")].replace("[ana, dora]", "[ana]"))
+    spec.write_text(_without_identity(spec.read_text()))
     r = provision("apply", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     gone = _login(work, "dora", "10.76.0.11", "true")
