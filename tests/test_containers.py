@@ -1,11 +1,14 @@
-"""Containers in jobs: Enroot on the GPU nodes and Pyxis on every Slurm node (nvidia.enroot).
-Nothing here can reach NVIDIA's releases, so this is rendered and checked: the rendered
-enroot.conf and plugstack.conf, the roles' own expressions for each OS through Ansible's
-templating (which package files, from where, against which checksums), the roles' checksum
-guards, and the spec's refusals. ansible-lint and the roles' argument specs check the roles."""
+"""Containers in jobs: Enroot on the GPU nodes and Pyxis on every Slurm node (nvidia.enroot),
+and Slurm's own OCI containers (slurm.oci_runtime). Nothing here can reach NVIDIA's releases,
+so Enroot and Pyxis are rendered and checked: the rendered enroot.conf and plugstack.conf, the
+roles' own expressions for each OS through Ansible's templating (which package files, from
+where, against which checksums), the roles' checksum guards, and the spec's refusals.
+ansible-lint and the roles' argument specs check the roles. Slurm's OCI containers run live on
+the lab (tests/integration/test_lab.py); here, the rendered oci.conf for runc and crun."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from provision.cluster import Cluster
 from provision.errors import SpecError
 from provision.render import PYXIS_PLUGIN, render
 from provision.render.inventory import group_vars
+from provision.render.slurm import OCI_REFUSAL
 from provision.spec import load_spec
 
 from .conftest import ROLES_DIR, ROOT
@@ -148,3 +152,79 @@ def test_enroot_needs_slurm_and_gpus(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as caught:
         load_spec(spec)
     assert "nvidia.enroot: no pool has GPUs: Enroot goes on the GPU nodes" in str(caught.value)
+
+
+def _oci_conf(text: str) -> dict[str, str]:
+    """oci.conf's settings as Slurm reads them: Key="value" lines, # comments."""
+    settings = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, value = line.split("=", 1)
+        assert value[0] == value[-1] == '"' and '"' not in value[1:-1], line
+        settings[key] = value[1:-1]
+    return settings
+
+
+@pytest.mark.parametrize(
+    ("runtime", "run"),
+    [
+        ("runc", "runc --rootless=true --root=%b run %n.%u.%j.%s.%t -b %b"),
+        ("crun", "crun --rootless=true --root=%b run --bundle %b %n.%u.%j.%s.%t"),
+    ],
+)
+def test_oci_conf_runs_the_runtime_rootless_with_its_state_in_the_steps_own_bundle(
+    tmp_path: Path, runtime: str, run: str
+) -> None:
+    lab = (ROOT / "examples" / "lab.yaml").read_text()
+    assert "  oci_runtime: runc\n" in lab  # the lab has Slurm's containers (make demo)
+    spec = tmp_path / "lab.yaml"
+    spec.write_text(lab.replace("oci_runtime: runc", f"oci_runtime: {runtime}"))
+    cluster = Cluster(load_spec(spec))
+    settings = _oci_conf(render(cluster)["files/slurm/oci.conf"])
+    name = "%n.%u.%j.%s.%t"
+    # the task's command is the runtime itself (exec: signals reach it, and Slurm's process
+    # tracking keeps it); slurmstepd asks after the container as root once it removed the
+    # step's directory: only where the directory is (the runtime would make it again, root's)
+    state = f"{runtime} --rootless=true --root=%b"
+    assert settings == {
+        "RunTimeQuery": f"if test -d %b; then {state} state {name}; else echo {{}}; fi",
+        "RunTimeKill": f"test -d %b && {state} kill -a {name}",
+        "RunTimeDelete": f"test -d %b && {{ {state} delete --force {name}; rmdir %b; }}",
+        "RunTimeRun": f"exec {run}",
+    }
+    # only the patterns Slurm 21.08 to 23.11 all know (an unknown one stops slurmstepd)
+    for command in settings.values():
+        assert set(re.findall(r"%(.)", command)) <= set("nujstb")
+    assert group_vars(cluster)["slurm_oci_runtime"] == runtime
+
+
+def test_without_a_runtime_oci_conf_refuses_a_container_step(tmp_path: Path) -> None:
+    """Slurm without an oci.conf runs a --container step on the node itself (seen on the lab's
+    Slurm 22.05): the file is there all the same, and its task command refuses the step."""
+    lab = (ROOT / "examples" / "lab.yaml").read_text()
+    spec = tmp_path / "lab.yaml"
+    spec.write_text(lab.replace("  oci_runtime: runc\n", ""))
+    plain = Cluster(load_spec(spec))
+    settings = _oci_conf(render(plain)["files/slurm/oci.conf"])
+    assert settings["RunTimeRun"] == f"echo '{OCI_REFUSAL}' >&2; exit 1"
+    assert "'" not in OCI_REFUSAL and "slurm.oci_runtime" in OCI_REFUSAL
+    assert (settings["RunTimeQuery"], settings["RunTimeKill"]) == ("echo {}", "true")
+    # and nothing for the role to install
+    assert "slurm_oci_runtime" not in group_vars(plain)
+    assert _role_template("slurm", "{{ slurm_oci_runtime }}", {}) == ""
+
+
+def test_the_slurm_role_installs_the_runtime_on_compute_nodes_and_restarts_nothing() -> None:
+    tasks = yaml.safe_load((ROLES_DIR / "slurm" / "tasks" / "main.yml").read_text())
+    by_name = {t["name"]: t for t in tasks}
+    install = by_name["Install the OCI runtime for jobs' containers (slurm.oci_runtime)"]
+    assert install["ansible.builtin.package"]["name"] == "{{ slurm_oci_runtime }}"
+    assert "_slurm_is_compute" in str(install["when"])
+    conf = by_name[
+        "Install oci.conf (the runtime's commands, or the refusal of --container without one)"
+    ]
+    assert conf["ansible.builtin.copy"]["dest"] == "{{ _slurm_conf_dir }}/oci.conf"
+    assert "when" not in conf  # on every Slurm node, with a runtime or without
+    # each step's slurmstepd reads oci.conf: a change needs no daemon restarted
+    assert "notify" not in conf

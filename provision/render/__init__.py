@@ -24,7 +24,7 @@ from provision.render.jinja import template
 from provision.render.kubernetes import kubernetes_files
 from provision.render.monitoring import monitoring_files
 from provision.render.output import MANIFEST, read_render, write_render
-from provision.render.slurm import gres_conf_context, slurm_conf_context
+from provision.render.slurm import gres_conf_context, oci_conf_context, slurm_conf_context
 
 __all__ = ["MANIFEST", "read_render", "render", "render_inventory", "write_render"]
 
@@ -73,6 +73,9 @@ def render(cluster: Cluster) -> dict[str, str]:
             "gres.conf.j2", header=header, **gres_conf_context(cluster)
         )
         files["files/slurm/cgroup.conf"] = template("cgroup.conf.j2", header=header)
+        files["files/slurm/oci.conf"] = template(  # Slurm's own containers, or their refusal
+            "oci.conf.j2", header=header, **oci_conf_context(cluster.spec.slurm.oci_runtime)
+        )
         if cluster.spec.nvidia.enroot:  # containers in jobs: Enroot and Pyxis
             files["files/enroot/enroot.conf"] = template(
                 "enroot.conf.j2", header=header, scratch=cluster.spec.nvidia.enroot_scratch

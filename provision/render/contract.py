@@ -167,6 +167,7 @@ _TABLE = (
     Variable("slurm_accounting", "all", ("slurm",), "slurm.accounting"),
     Variable("slurm_qos", "all", ("slurm",), "slurm.qos"),
     Variable("slurm_accounts", "all", ("slurm",), "slurm.accounts"),
+    Variable("slurm_oci_runtime", "all", ("slurm",), "slurm.oci_runtime"),
     Variable(
         "slurm_accounts_root_users", "all", ("slurm",),
         "verify's job user and the admins, kept in the root account",

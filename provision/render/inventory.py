@@ -291,6 +291,8 @@ def group_vars(cluster: Cluster) -> dict[str, Any]:
         out["slurm_accounting"] = spec.slurm.accounting
     if spec.scheduler == "slurm" and spec.slurm.accounts:
         out.update(accounts_vars(cluster))
+    if spec.scheduler == "slurm" and spec.slurm.oci_runtime is not None:
+        out["slurm_oci_runtime"] = spec.slurm.oci_runtime
     if spec.health is not None and spec.scheduler == "slurm":
         out["provision_health"] = True
     if spec.monitoring is not None:

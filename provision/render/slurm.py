@@ -231,3 +231,46 @@ def gres_conf_context(cluster: Cluster) -> dict[str, object]:
         files = "/dev/nvidia0" if gpu.count == 1 else f"/dev/nvidia[0-{gpu.count - 1}]"
         lines.append(f"NodeName={view.hostlist} Name=gpu Type={gpu.slurm_type} File={files}")
     return {"gres_lines": lines}
+
+
+# slurm.oci_runtime unset: Slurm without an oci.conf would run a --container step on the node
+# itself, outside any container (seen on 22.05); so oci.conf is always there, and refuses it
+OCI_REFUSAL = (
+    "containers in jobs (--container) are not set up on this cluster: its spec has no "
+    "slurm.oci_runtime"
+)
+
+
+def oci_conf_context(runtime: str | None) -> dict[str, object]:
+    """oci.conf's commands for runc or crun, rootless: slurmstepd runs the task's as the job's
+    user, for the container named after the node, user, job, step and task. %b is the step's
+    bundle as slurmstepd writes it (its config.json, with the task's command, in a directory of
+    the step's own under SlurmdSpoolDir that slurmstepd makes for the user): the runtime keeps
+    its state there, where no other user can reach it, and removes it when the task ends, so
+    slurmstepd can remove the directory. slurmstepd then asks (as root) whether the container
+    is still there: only where the directory is, or the runtime would make it again. Without a
+    runtime, the task's command refuses the step."""
+    if runtime is None:
+        return {
+            "runtime": None,
+            "commands": [
+                ("RunTimeQuery", "echo {}"),
+                ("RunTimeKill", "true"),
+                ("RunTimeDelete", "true"),
+                ("RunTimeRun", f"echo '{OCI_REFUSAL}' >&2; exit 1"),
+            ],
+        }
+    root = f"{runtime} --rootless=true --root=%b"
+    name = "%n.%u.%j.%s.%t"
+    run = f"{root} run {name} -b %b" if runtime == "runc" else f"{root} run --bundle %b {name}"
+    there = "test -d %b && "
+    return {
+        "runtime": runtime,
+        "commands": [
+            ("RunTimeQuery", f"if test -d %b; then {root} state {name}; else echo {{}}; fi"),
+            ("RunTimeKill", f"{there}{root} kill -a {name}"),
+            # a task killed before its runtime could clean up: the state, then the directory
+            ("RunTimeDelete", f"{there}{{ {root} delete --force {name}; rmdir %b; }}"),
+            ("RunTimeRun", f"exec {run}"),
+        ],
+    }

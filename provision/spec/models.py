@@ -798,6 +798,13 @@ class SlurmSettings(Model):
         description="the accounts' tree in slurmdbd (accounting); with accounts, a user with "
         "no account is refused at submit, and jobs are ordered by fair share",
     )
+    oci_runtime: Literal["runc", "crun"] | None = Field(
+        default=None,
+        description="Slurm's own OCI containers: `srun --container=BUNDLE` (and sbatch's, "
+        "salloc's) runs each task in the user's OCI bundle (a root file system and its "
+        "config.json), rootless as the job's user, through runc or crun from the OS's packages "
+        "on the compute nodes (oci.conf); unset: --container is refused",
+    )
     config: dict[SlurmKey, SlurmValue | int | bool] = Field(
         default={}, description="extra slurm.conf keys; they override the rendered defaults"
     )
