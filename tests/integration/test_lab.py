@@ -658,7 +658,8 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
     spec, work = lab
     job = (
         "cd && sbatch --parsable -W -N2 -o job.txt --wrap "
-        + shlex.quote("srun sh -c 'id -un; touch ~/from-$(hostname)'")  # each node its name
+        # each node its name; 2 s, so that the job's usage is not 0 (sreport leaves 0 out)
+        + shlex.quote("srun sh -c 'id -un; touch ~/from-$(hostname); sleep 2'")
         + " >/dev/null && sort job.txt | uniq -c | tr -s ' '"
     )
     for user in USERS:
@@ -695,6 +696,16 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
         "ana|vision|normal|COMPLETED",
         "ben|speech|normal|COMPLETED",
     ]
+    # sreport: each user's usage under their account. slurmdbd rolls usage up by the hour, when
+    # the hour is over; an admin's `sacctmgr rollup` over the hours around now does it at once
+    hours = '$(date -d "-1 hour" +%Y-%m-%dT%H:00) $(date -d "+1 hour" +%Y-%m-%dT%H:00)'
+    report = _on(
+        spec, work, "head001",
+        f"sacctmgr -i rollup {hours} >/dev/null && set -- {hours} && "
+        "sreport -n -P -t seconds cluster AccountUtilizationByUser start=$1 end=$2",
+    )  # fmt: skip
+    used = {tuple(f[1:3]): int(f[4]) for f in (ln.split("|") for ln in report.splitlines())}
+    assert used.get(("vision", "ana"), 0) > 0 and used.get(("speech", "ben"), 0) > 0, report
     wide = _login(work, "ana", "10.76.0.11", "sbatch --parsable -q small -N2 --wrap true")
     job = wide.stdout.strip()
     try:
@@ -722,6 +733,62 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
     assert _on(spec, work, "compute001", "cat /home/ben/job.txt").split() == ["ben", "ben"]
     assert _login(work, "ana", "10.76.0.11", "id -un").stdout.strip() == "ana"
     assert _on(spec, work, "head001", "sacctmgr -nP show assoc user=ben format=Account") == ""
+
+
+# A user's OCI bundle, made on the head in the shared /home: a root file system of a few of
+# the node's own programs and their libraries, an os-release of its own, and the config.json
+# of `runc spec --rootless` (runc is on the compute nodes: made there, through Slurm)
+BUNDLE = r"""set -e
+b=$HOME/bundle
+rm -rf "$b"; mkdir -p "$b/rootfs"; cd "$b/rootfs"
+mkdir -p etc proc sys dev tmp
+for f in /bin/sh /usr/bin/cat /usr/bin/head /usr/bin/id /usr/bin/ls; do
+  cp --parents -L "$f" .
+  for lib in $(ldd "$f" | grep -o '/[^ ]*'); do cp --parents -L -n "$lib" .; done
+done
+echo 'PRETTY_NAME="ana bundle"' > etc/os-release
+srun -N1 runc spec --rootless --bundle "$b" </dev/null
+"""
+# The lab's nodes are containers themselves: a container in them cannot mount a new /proc or
+# cgroup file system, nor set its host name, so the bundle binds the node's /proc instead
+# (a cluster of machines takes `runc spec --rootless` as it is)
+NESTED = r"""python3 - "$HOME/bundle/config.json" <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+for mount in config["mounts"]:
+    if mount["destination"] == "/proc":
+        mount.update(type="bind", source="/proc", options=["rbind", "nosuid", "nodev", "noexec"])
+config["mounts"] = [m for m in config["mounts"] if m["destination"] != "/sys/fs/cgroup"]
+config.pop("hostname", None)
+json.dump(config, open(sys.argv[1], "w"), indent=2)
+PY
+"""
+
+
+def test_a_users_job_runs_in_an_oci_bundle_of_their_own(lab: tuple[Path, Path]) -> None:
+    """slurm.oci_runtime: a user's `srun --container` runs each task in the user's bundle
+    through runc, rootless (the user is root inside, no one outside), on both nodes; its exit
+    code is the job's; a batch script runs inside too; the steps leave no container, runtime
+    or directory behind."""
+    spec, work = lab
+    made = _login(work, "ana", "10.76.0.11", BUNDLE + NESTED)
+    assert made.returncode == 0, made.stdout + made.stderr
+    inside = "srun -N2 --container=$HOME/bundle sh -c 'head -1 /etc/os-release; id -u; ls /'"
+    ran = _login(work, "ana", "10.76.0.11", inside)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    lines = ran.stdout.split("\n")
+    assert lines.count('PRETTY_NAME="ana bundle"') == 2, ran.stdout  # not the node's Debian
+    assert lines.count("0") == 2, ran.stdout
+    assert lines.count("usr") == 2 and "home" not in lines, ran.stdout  # the bundle's root alone
+    failed = _login(work, "ana", "10.76.0.11", "srun -N2 --container=$HOME/bundle sh -c 'exit 3'")
+    assert failed.returncode == 3, failed.stdout + failed.stderr
+    # a batch script runs inside too (Slurm binds it in), its output in ana's file
+    batch = "cd && sbatch -W -o oci.txt --container=$HOME/bundle --wrap 'head -1 /etc/os-release'"
+    assert _login(work, "ana", "10.76.0.11", batch).returncode == 0
+    assert _on(spec, work, "head001", "cat /home/ana/oci.txt") == 'PRETTY_NAME="ana bundle"'
+    left = "ls -d /var/spool/slurmd/oci-* 2>/dev/null; pgrep -c runc || true"
+    for node in ("compute001", "compute002"):
+        assert _on(spec, work, node, left) == "0", node
 
 
 def _login(
