@@ -1,5 +1,6 @@
-"""examples/lab-ha.yaml end to end, with an elastic pool beside it: two heads with a primary
-and a backup slurmctld, their state and /home on shared storage (podman volumes in a lab). The
+"""examples/lab-ha.yaml end to end, with an elastic pool and a login node beside it: two heads
+with a primary and a backup slurmctld, their state and /home on shared storage (podman volumes
+in a lab); a user of the spec logs in to the login node, not the heads, and runs a job. The
 primary's container is stopped with a job running: the backup takes control, the job completes,
 a new job runs, and a job on the elastic pool bursts from the backup (its slurmctld runs the
 burst programs, its reconciler acts, the primary's stays quiet when it is back); the primary
@@ -32,15 +33,25 @@ def ha(lab_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     example = (ROOT / "examples" / "lab-ha.yaml").read_text()
     example_key = next(line for line in example.splitlines() if "ssh-ed25519" in line)
+    # a login node, the users' door, and a user with a key of the test's own
+    user = work / "ana"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(user)], check=True)
+    assert "\nstorage:\n" in example
+    ana = user.with_suffix(".pub").read_text().strip()
     spec.write_text(
         with_burst_pool(example)
         .replace("name: lab-ha", f"name: {NAME}")
         .replace("10.79.0.", "10.74.0.")
         .replace(example_key.strip(), "- " + key.with_suffix(".pub").read_text().strip())
+        .replace("\nstorage:\n", "\n" + LOGIN_POOL + "storage:\n")
+        + f'users: [{{name: ana, uid: 6001, ssh_keys: ["{ana}"]}}]\n'
     )
     provision("destroy", str(spec), "--yes", cwd=work)  # a crashed earlier run's leftovers
     yield spec, work
     provision("destroy", str(spec), "--yes", cwd=work)
+
+
+LOGIN_POOL = "  - {name: login, role: login, profile: lab-container, provider: lab, count: 1}\n"
 
 
 def _on(spec: Path, work: Path, node: str, command: str, check: bool = True) -> str:
@@ -84,6 +95,33 @@ def test_home_is_shared_by_every_node(ha: tuple[Path, Path]) -> None:
     out = f"/home/slurm-{job}.out"
     assert _until(spec, work, "head002", f"cat {out}", "compute002", 60) == "compute002"
     assert _on(spec, work, "compute001", f"cat {out}") == "compute002"
+
+
+def _login(work: Path, user: str, address: str, command: str) -> subprocess.CompletedProcess[str]:
+    """A user's own SSH login with their key."""
+    return subprocess.run(
+        ["ssh", "-i", str(work / user), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+         "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{user}@{address}",
+         command],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+
+
+def test_users_log_in_to_the_login_node_and_not_to_the_heads(ha: tuple[Path, Path]) -> None:
+    """With a login pool, the login nodes are the users' door: a user logs in there with their
+    key and runs a 2-node job through the two controllers; the heads take no user's key, and
+    plan says so."""
+    spec, work = ha
+    login = _on(spec, work, "head001", "getent hosts login001").split()[0]
+    ran = _login(work, "ana", login, "srun -N2 -p compute sh -c 'echo $(hostname) $(id -u)'")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert sorted(ran.stdout.splitlines()) == ["compute001 6001", "compute002 6001"], ran.stdout
+    head = _on(spec, work, "head001", "getent hosts head001").split()[0]
+    refused = _login(work, "ana", head, "true")
+    assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused.stderr
+    plan = provision("plan", str(spec), cwd=work)
+    door = next(ln for ln in plan.stdout.splitlines() if "ssh (users)" in ln)
+    assert "login001" in door and "head" not in door, door
 
 
 def test_the_admins_home_is_made_on_the_shared_home_once_with_one_owner(
