@@ -147,3 +147,16 @@ def static_hosts(lab_image: str, ssh_key: Path) -> Iterator[dict[str, str]]:
             podman.podman("rm", "-f", "-t", "0", f"ptest-{name}", check=False)
         for network in networks:
             podman.podman("network", "rm", "-f", network, check=False)
+
+
+def user_login(
+    work: Path, user: str, address: str, command: str, key: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A user's own SSH login with their key (the file named after them in `work`, or `key`),
+    a new session each time."""
+    return subprocess.run(
+        ["ssh", "-i", str(work / (key or user)), "-o", "BatchMode=yes", "-o", "ControlMaster=no",
+         "-o", "ControlPath=none", "-o", "StrictHostKeyChecking=no", "-o",
+         "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{user}@{address}", command],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip

@@ -20,6 +20,7 @@ from provision.providers.lab import container_name, podman
 
 from ..conftest import ROOT, with_burst_pool
 from ..conftest import run_provision as provision
+from .conftest import user_login
 
 NAME = "hatest"
 
@@ -97,27 +98,17 @@ def test_home_is_shared_by_every_node(ha: tuple[Path, Path]) -> None:
     assert _on(spec, work, "compute001", f"cat {out}") == "compute002"
 
 
-def _login(work: Path, user: str, address: str, command: str) -> subprocess.CompletedProcess[str]:
-    """A user's own SSH login with their key."""
-    return subprocess.run(
-        ["ssh", "-i", str(work / user), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-         "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{user}@{address}",
-         command],
-        capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
-
-
 def test_users_log_in_to_the_login_node_and_not_to_the_heads(ha: tuple[Path, Path]) -> None:
     """With a login pool, the login nodes are the users' door: a user logs in there with their
     key and runs a 2-node job through the two controllers; the heads take no user's key, and
     plan says so."""
     spec, work = ha
     login = _on(spec, work, "head001", "getent hosts login001").split()[0]
-    ran = _login(work, "ana", login, "srun -N2 -p compute sh -c 'echo $(hostname) $(id -u)'")
+    ran = user_login(work, "ana", login, "srun -N2 -p compute sh -c 'echo $(hostname) $(id -u)'")
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert sorted(ran.stdout.splitlines()) == ["compute001 6001", "compute002 6001"], ran.stdout
     head = _on(spec, work, "head001", "getent hosts head001").split()[0]
-    refused = _login(work, "ana", head, "true")
+    refused = user_login(work, "ana", head, "true")
     assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused.stderr
     plan = provision("plan", str(spec), cwd=work)
     door = next(ln for ln in plan.stdout.splitlines() if "ssh (users)" in ln)

@@ -33,6 +33,7 @@ from ..conftest import COLLECTION, ROOT
 from ..conftest import run_provision as provision
 from ..fakesmtp import FakeRelay, Mail
 from ..test_monitoring import DASHBOARDS, panel_queries
+from .conftest import user_login
 from .directory import READER, SUFFIX, Directory, Person, ssh_key, start_directory
 
 NAME = "labtest"
@@ -662,7 +663,7 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
         + " >/dev/null && sort job.txt | uniq -c | tr -s ' '"
     )
     for user in USERS:
-        ran = _login(work, user, "10.76.0.11", job)
+        ran = user_login(work, user, "10.76.0.11", job)
         assert ran.returncode == 0, ran.stdout + ran.stderr
         assert ran.stdout.strip() == f"2 {user}", ran.stdout
     owners = "stat -c '%n %u:%g' /home/ana/from-compute001 /home/ana/from-compute002"
@@ -675,18 +676,18 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
     # a user's first distributed job: an MPI all-reduce over two nodes, Slurm's PMIx starting
     # Open MPI's ranks
     mpi = "srun --mpi=pmix -N2 --ntasks-per-node=1 /usr/local/libexec/provision/mpi-allreduce"
-    summed = _login(work, "ana", "10.76.0.11", mpi)
+    summed = user_login(work, "ana", "10.76.0.11", mpi)
     assert sorted(summed.stdout.split("\n")[:2]) == [
         "0 2 3 compute001", "1 2 3 compute002",
     ], summed.stdout + summed.stderr  # fmt: skip
-    refused = _login(work, "ana", "10.76.0.12", "true")
+    refused = user_login(work, "ana", "10.76.0.12", "true")
     assert refused.returncode == 255 and "Permission denied" in refused.stderr
     # logged in on the head, a user cannot reach Alertmanager on its loopback (the guard)
     silence = (
         'python3 -c "import socket; s = socket.socket(); s.settimeout(3); '
         "print(s.connect_ex(('127.0.0.1', 9093)))\""
     )
-    assert _login(work, "ana", "10.76.0.11", silence).stdout.strip() == "111"
+    assert user_login(work, "ana", "10.76.0.11", silence).stdout.strip() == "111"
 
     # Slurm: each job charged to its user's account; a job over its QoS' limit waits, naming
     # it; a user in no account is refused at submit
@@ -695,7 +696,7 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
         "ana|vision|normal|COMPLETED",
         "ben|speech|normal|COMPLETED",
     ]
-    wide = _login(work, "ana", "10.76.0.11", "sbatch --parsable -q small -N2 --wrap true")
+    wide = user_login(work, "ana", "10.76.0.11", "sbatch --parsable -q small -N2 --wrap true")
     job = wide.stdout.strip()
     try:
         reason = _until(spec, work, f"squeue -h -j {job} -o '%T %r'", "PENDING QOSGrpNodeLimit")
@@ -714,13 +715,13 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
     assert "running cluster: slurmdbd: account speech: users ben -> -" in plan.stdout
     r = provision("apply", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
-    locked = _login(work, "ben", "10.76.0.11", "true")
+    locked = user_login(work, "ben", "10.76.0.11", "true")
     assert locked.returncode == 255 and "Permission denied" in locked.stderr
     assert _on(spec, work, "head001", "getent passwd ben | cut -d: -f7; chage -l ben").startswith(
         "/usr/sbin/nologin"
     )
     assert _on(spec, work, "compute001", "cat /home/ben/job.txt").split() == ["ben", "ben"]
-    assert _login(work, "ana", "10.76.0.11", "id -un").stdout.strip() == "ana"
+    assert user_login(work, "ana", "10.76.0.11", "id -un").stdout.strip() == "ana"
     assert _on(spec, work, "head001", "sacctmgr -nP show assoc user=ben format=Account") == ""
 
 
@@ -760,36 +761,25 @@ def test_a_users_job_runs_in_an_oci_bundle_of_their_own(lab: tuple[Path, Path]) 
     code is the job's; a batch script runs inside too; the steps leave no container, runtime
     or directory behind."""
     spec, work = lab
-    made = _login(work, "ana", "10.76.0.11", BUNDLE + NESTED)
+    made = user_login(work, "ana", "10.76.0.11", BUNDLE + NESTED)
     assert made.returncode == 0, made.stdout + made.stderr
     inside = "srun -N2 --container=$HOME/bundle sh -c 'head -1 /etc/os-release; id -u; ls /'"
-    ran = _login(work, "ana", "10.76.0.11", inside)
+    ran = user_login(work, "ana", "10.76.0.11", inside)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     lines = ran.stdout.split("\n")
     assert lines.count('PRETTY_NAME="ana bundle"') == 2, ran.stdout  # not the node's Debian
     assert lines.count("0") == 2, ran.stdout
     assert lines.count("usr") == 2 and "home" not in lines, ran.stdout  # the bundle's root alone
-    failed = _login(work, "ana", "10.76.0.11", "srun -N2 --container=$HOME/bundle sh -c 'exit 3'")
+    exit3 = "srun -N2 --container=$HOME/bundle sh -c 'exit 3'"
+    failed = user_login(work, "ana", "10.76.0.11", exit3)
     assert failed.returncode == 3, failed.stdout + failed.stderr
     # a batch script runs inside too (Slurm binds it in), its output in ana's file
     batch = "cd && sbatch -W -o oci.txt --container=$HOME/bundle --wrap 'head -1 /etc/os-release'"
-    assert _login(work, "ana", "10.76.0.11", batch).returncode == 0
+    assert user_login(work, "ana", "10.76.0.11", batch).returncode == 0
     assert _on(spec, work, "head001", "cat /home/ana/oci.txt") == 'PRETTY_NAME="ana bundle"'
     left = "ls -d /var/spool/slurmd/oci-* 2>/dev/null; pgrep -c runc || true"
     for node in ("compute001", "compute002"):
         assert _on(spec, work, node, left) == "0", node
-
-
-def _login(
-    work: Path, user: str, address: str, command: str, key: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    """A user's own SSH login with their key (a new session each time)."""
-    return subprocess.run(
-        ["ssh", "-i", str(work / (key or user)), "-o", "BatchMode=yes", "-o", "ControlMaster=no",
-         "-o", "ControlPath=none", "-o", "StrictHostKeyChecking=no", "-o",
-         "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{user}@{address}", command],
-        capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
 
 
 def found_mpi(checks: list[dict]) -> str:  # type: ignore[type-arg]
@@ -1084,7 +1074,7 @@ def test_directory_users_log_in_where_allowed_and_their_jobs_outlive_the_directo
         + shlex.quote("srun sh -c 'id -u; touch ~/from-$(hostname)'")
         + " >/dev/null && sort job.txt | uniq -c | tr -s ' '"
     )
-    ran = _login(work, "dora", "10.76.0.11", job)  # her home made at this first login
+    ran = user_login(work, "dora", "10.76.0.11", job)  # her home made at this first login
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert ran.stdout.strip() == "2 5001", ran.stdout
     for node in ("compute001", "compute002"):
@@ -1095,14 +1085,14 @@ def test_directory_users_log_in_where_allowed_and_their_jobs_outlive_the_directo
         assert owner == "5001:5001", (node, owner)
     # eve's key is the directory's, but she is not in the allowed group: SSSD's access check
     # (PAM's account phase) ends the connection
-    refused = _login(work, "eve", "10.76.0.11", "true")
+    refused = user_login(work, "eve", "10.76.0.11", "true")
     assert refused.returncode == 255, refused.stdout
     denied = (
         "journalctl -u ssh --no-pager | grep -c 'pam_sss(sshd:account): Access denied for user eve'"
     )
     assert _on(spec, work, "head001", denied) == "1"
     # the directory's key for the local admin's name is never asked for
-    impostor = _login(work, f"{NAME}admin", "10.76.0.11", "true", key="mallory")
+    impostor = user_login(work, f"{NAME}admin", "10.76.0.11", "true", key="mallory")
     assert impostor.returncode == 255 and "Permission denied (publickey)" in impostor.stderr
     assert _on(spec, work, "head001", "stat -c '%a %U' /etc/sssd/conf.d/50-provision-bind.conf"
                ) == "600 root"  # fmt: skip
@@ -1146,7 +1136,7 @@ def test_directory_users_log_in_where_allowed_and_their_jobs_outlive_the_directo
     spec.write_text(_without_identity(spec.read_text()))
     r = provision("apply", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
-    gone = _login(work, "dora", "10.76.0.11", "true")
+    gone = user_login(work, "dora", "10.76.0.11", "true")
     assert gone.returncode == 255 and "Permission denied (publickey)" in gone.stderr
     left = (
         "systemctl is-active sssd; for f in /etc/sssd/sssd.conf /etc/sssd/conf.d/*provision* "
