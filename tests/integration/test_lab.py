@@ -659,7 +659,8 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
     spec, work = lab
     job = (
         "cd && sbatch --parsable -W -N2 -o job.txt --wrap "
-        + shlex.quote("srun sh -c 'id -un; touch ~/from-$(hostname)'")  # each node its name
+        # each node its name; 2 s, so that the job's usage is not 0 (sreport leaves 0 out)
+        + shlex.quote("srun sh -c 'id -un; touch ~/from-$(hostname); sleep 2'")
         + " >/dev/null && sort job.txt | uniq -c | tr -s ' '"
     )
     for user in USERS:
@@ -696,6 +697,13 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
         "ana|vision|normal|COMPLETED",
         "ben|speech|normal|COMPLETED",
     ]
+    # sreport: each user's usage under their account, from slurmdbd's hourly roll-up, which an
+    # admin's `sacctmgr rollup` makes at once
+    used = {
+        tuple(f[1:3]): int(f[4])
+        for f in (ln.split("|") for ln in _on(spec, work, "head001", SREPORT).splitlines())
+    }
+    assert used.get(("vision", "ana"), 0) > 0 and used.get(("speech", "ben"), 0) > 0, used
     wide = user_login(work, "ana", "10.76.0.11", "sbatch --parsable -q small -N2 --wrap true")
     job = wide.stdout.strip()
     try:
@@ -723,6 +731,21 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
     assert _on(spec, work, "compute001", "cat /home/ben/job.txt").split() == ["ben", "ben"]
     assert user_login(work, "ana", "10.76.0.11", "id -un").stdout.strip() == "ana"
     assert _on(spec, work, "head001", "sacctmgr -nP show assoc user=ben format=Account") == ""
+
+
+# The hour before this one and this one (the jobs may straddle the hour), rolled up and
+# reported one by one: sreport clamps a window's end to now and rounds both ends to the
+# nearest hour, so a window from the last hour to now leaves this hour out in its first half
+# (an empty report in CI once). A window that starts on this hour is stretched to a whole hour.
+SREPORT = r"""set -e
+now=$(date '+%F %H:00')
+last=$(date -d "$now 1 hour ago" +%FT%H:%M) this=$(date -d "$now" +%FT%H:%M)
+next=$(date -d "$now 1 hour" +%FT%H:%M)
+sacctmgr -i rollup "$last" "$next" >/dev/null
+report="sreport -n -P -t seconds cluster AccountUtilizationByUser"
+$report start="$last" end="$this"
+$report start="$this" end=now
+"""
 
 
 # A user's OCI bundle, made on the head in the shared /home: a root file system of a few of
