@@ -202,7 +202,7 @@ def test_heads_on_premises_keep_keepalived_and_no_redirect() -> None:
 
 def _rule_sets(files: dict[str, str], tmp_path: Path) -> dict[str, Path]:
     sets = tmp_path / "sets.nft"
-    sets.write_text(files["files/nftables/sets.nft"])
+    sets.write_text(files["files/nftables/address-sets.nft"])
     out = {}
     for pool in ("cp", "gpu"):
         path = tmp_path / f"{pool}.nft"
@@ -347,5 +347,5 @@ def test_burst_nodes_in_the_heads_cloud_join_its_private_address() -> None:
     config = json.loads(yaml.safe_load(text)["write_files"][0]["content"])
     assert config["controllers"] == [["head001", outputs["aws"]["head001"]["private"]]]
     assert config["tunnel_endpoint"] == ""  # no tunnel: the same network
-    sets = render(cluster)["files/nftables/sets.nft"]
+    sets = render(cluster)["files/nftables/address-sets.nft"]
     assert "10.40.0.0/16," in sets.split("set cluster_nodes")[1].split("set head_nodes")[0]

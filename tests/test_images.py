@@ -152,7 +152,7 @@ def test_a_pools_image_goes_stale_with_its_own_inputs_only(cluster: Cluster) -> 
     # what the builder is given changes it: the address sets, its own rules, NCCL's settings,
     # the cluster's variables, its pool's group in the inventory
     for rel in (
-        "files/nftables/sets.nft",
+        "files/nftables/address-sets.nft",
         f"files/nftables/{POOL}.nft",
         f"files/nccl/{POOL}.conf",
         "inventory/group_vars/all.yml",

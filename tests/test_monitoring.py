@@ -169,7 +169,7 @@ def test_the_dcgm_exporters_are_scraped_and_answer_the_monitoring_node_only() ->
             assert "dport 9090 " not in text and "dport 9093 " not in text, name
     watcher = Cluster(spec).monitoring_node
     assert watcher is not None and watcher.pool == "head"
-    sets = files["files/nftables/sets.nft"].split("set monitoring_nodes {")[1].split("}")[0]
+    sets = files["files/nftables/address-sets.nft"].split("set monitoring_nodes {")[1].split("}")[0]
     assert str(watcher.address) in sets and sets.count(",") == 1
 
 

@@ -181,7 +181,7 @@ def test_nftables_rules_parse(example: Path, tmp_path: Path) -> None:
         pytest.skip("nft is not installed (the README's test command installs it)")
     files = _render(example)
     sets = tmp_path / "sets.nft"
-    sets.write_text(files["files/nftables/sets.nft"])
+    sets.write_text(files["files/nftables/address-sets.nft"])
     checked: list[str] = []
     for rel, content in files.items():
         if not rel.startswith("files/nftables/") or rel.endswith("sets.nft"):
@@ -206,7 +206,7 @@ def test_firewall_admits_only_what_the_spec_allows() -> None:
     assert "ip saddr @head_nodes tcp dport 3306 accept" in head
     assert "6818" not in head and "6817" not in compute
     assert 'ip saddr @cluster_nodes tcp dport 6818 accept comment "slurmd"' in compute
-    sets = files["files/nftables/sets.nft"]
+    sets = files["files/nftables/address-sets.nft"]
     admin = sets.split("set admin {")[1].split("}")[0]
     assert "10.77.0.1/32" in admin and "10.77.0.11" not in admin
     cluster = sets.split("set cluster_nodes {")[1].split("}")[0]
@@ -328,7 +328,7 @@ def test_an_elastic_cloud_pools_network_is_admitted_before_its_nodes_exist(tmp_p
     assert sets["head_nodes"] == ["10.20.0.10"]
     files = render(cluster)
     nft = shutil.which("nft") or "/usr/sbin/nft"
-    (tmp_path / "sets.nft").write_text(files["files/nftables/sets.nft"])
+    (tmp_path / "sets.nft").write_text(files["files/nftables/address-sets.nft"])
     ruleset = files["files/nftables/head.nft"].replace(
         "/etc/nftables.d/provision-sets.nft", str(tmp_path / "sets.nft")
     )
@@ -340,3 +340,15 @@ def test_an_elastic_cloud_pools_network_is_admitted_before_its_nodes_exist(tmp_p
     # a lab pool's reserved addresses are listed, not a range
     lab = address_sets(Cluster(load_any(ROOT / "examples" / "lab-burst.yaml")))
     assert not any("/" in a for a in lab["cluster_nodes"])
+
+
+def test_a_pool_called_sets_has_rules_of_its_own_beside_the_address_sets(tmp_path: Path) -> None:
+    """The firewall's address sets are not named as a pool could be (pool names have no '-'):
+    a pool called `sets` once replaced them with its own rules."""
+    spec = tmp_path / "lab.yaml"
+    text = (ROOT / "examples" / "lab.yaml").read_text()
+    spec.write_text(text.replace("name: compute", "name: sets").replace("[compute]", "[sets]"))
+    files = render(Cluster(load_spec(spec)))
+    assert "# Pool sets (role compute)" in files["files/nftables/sets.nft"]
+    assert "set compute_nodes" not in files["files/nftables/sets.nft"]
+    assert "set compute_nodes {" in files["files/nftables/address-sets.nft"]

@@ -98,8 +98,8 @@ def test_cloud_nodes_join_at_their_private_addresses(tmp_path: Path) -> None:
     assert {"name": "gpu001", "address": "10.42.0.7"} in found["head01"]["tunnel_peers"]
     assert members(made) == ["head01", "far01", "far02", "gpu001"]
     # the firewall's sets hold the private address: what arrives through the tunnel
-    assert "10.42.0.7" in render(made)["files/nftables/sets.nft"]
-    assert "198.51.100.7" not in render(made)["files/nftables/sets.nft"]
+    assert "10.42.0.7" in render(made)["files/nftables/address-sets.nft"]
+    assert "198.51.100.7" not in render(made)["files/nftables/address-sets.nft"]
 
 
 def test_the_endpoint_and_port_come_from_the_spec(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ def render(cluster: Cluster) -> dict[str, str]:
             nodes=[n for n in cluster.nodes if n.address is not None],
             domain=cluster.spec.network.management.domain,
         ),
-        "files/nftables/sets.nft": template(
+        "files/nftables/address-sets.nft": template(
             "nftables-sets.nft.j2", header=header, sets=address_sets(cluster)
         ),
     }

@@ -106,7 +106,7 @@ def pool_digest(files: dict[str, str], view: PoolView, source: str) -> str:
         "pool inventory": _pool_inventory(files.get(INVENTORY, ""), name, view.nodes[0].name),
     }
     for rel in (
-        "files/nftables/sets.nft",
+        "files/nftables/address-sets.nft",
         f"files/nftables/{name}.nft",
         f"files/nccl/{name}.conf",
     ):
