@@ -1,15 +1,27 @@
-"""What the last full converge left on each node, to skip the converge of nodes nothing changed.
+"""What the last converge left on each node, to skip the converge of nodes nothing changed for.
 
 A converge that changes nothing still costs Ansible a second or more per task on every node. So
-after a full apply succeeds, provision records one fingerprint of everything Ansible was given
-(the rendered files, this package with its roles and the nodes' programs, the cluster's
-secrets) and, per node, what the roles left there: the checksum of each file they copied or
-templated, and each service they started. The next apply with the same fingerprint probes the
-nodes instead (preflight's SSH session: sha1sum and systemctl, milliseconds) and runs Ansible
-only on a node whose files or services drifted; `apply --full` converges every node anyway.
+after a converge succeeds, provision records for each node it converged a fingerprint of what
+Ansible gave that node, and what the roles left there: the checksum of each file they copied or
+templated, and each service they started. A fingerprint has two parts (`prints`):
+
+- what every node is given: this package with its roles and the nodes' programs, the cluster's
+  secrets, every rendered file not named for one pool or node (slurm.conf, the hosts file, the
+  firewall's address sets...), the inventory's groups with their members and addresses and the
+  cluster-wide variables (group_vars/all.yml, `all`'s own);
+- what the node's pool is given: the pool group's variables, its nodes' host variables, and the
+  rendered files the roles read by the pool's name (its nftables rules, health file, NCCL and
+  containerd configuration) or by one of its nodes' (etcd's environment).
+
+The next apply converges the nodes whose fingerprint changed (a change to one pool's variables
+or files: that pool's nodes; any other change: every node) and probes the others instead
+(preflight's SSH session: sha1sum and systemctl, milliseconds), running Ansible on one of them
+only if its files or services drifted; `apply --full` converges every node anyway. A role that
+read another pool's variables would break this: tests/test_converged.py holds the roles to
+reading other nodes' variables in the places it names alone.
 
 What the probe does not see (a package removed by hand, a user, a line in /etc/hosts, rules
-flushed with nft) is put right by the next full converge, or by any change of the spec.
+flushed with nft) is put right by the next full converge, or by any change that reaches the node.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from provision import __version__, assets
+from provision.changes import INVENTORY, inventory_document
 from provision.cluster import compress
 from provision.state import State
 
@@ -56,22 +69,120 @@ class Left:
         return "; ".join([*script, "exit $drift"])
 
 
-def fingerprint(rendered: Mapping[str, str], secrets: Path) -> str:
-    """One digest of all Ansible is given: the render, this package (roles, playbooks, the
-    programs the nodes run) and the secrets the roles copy (their digest only is kept)."""
+# The rendered files the roles read by a pool's name (firewall_rules_file, health_config_src,
+# nccl_conf_src, containerd_config_src in their defaults) and by a node's (etcd_env_src): the
+# pool's, in its nodes' fingerprints alone. Every other rendered file is every node's.
+POOL_FILES = (
+    "files/nftables/{}.nft",
+    "files/health/{}.json",
+    "files/nccl/{}.conf",
+    "files/kubernetes/containerd/{}.toml",
+)
+HOST_FILES = ("files/kubernetes/etcd/{}.env",)
+_POOL_GROUP = "pool_"
+
+
+@dataclass(frozen=True)
+class Prints:
+    """Each node's fingerprint, what every node is given (its digest) and each node's pool."""
+
+    shared: str
+    nodes: dict[str, str]
+    pools: dict[str, str]
+
+
+def prints(rendered: Mapping[str, str], secrets: Path) -> Prints:
+    """The fingerprint of what Ansible gives each node of the render (the module's docstring):
+    the render, this package, the secrets (their digest only is kept)."""
+    doc = inventory_document(rendered.get(INVENTORY, ""))
+    top: dict[str, Any] = _mapping(doc.get("all"))
+    children = _mapping(top.get("children"))
+    groups = {g: body if isinstance(body, dict) else {} for g, body in children.items()}
+    nested = any("children" in body for body in groups.values())
+    pool_of: dict[str, str] = {}
+    for group, body in groups.items():
+        if group.startswith(_POOL_GROUP):
+            for host in body.get("hosts") or {}:
+                pool_of.setdefault(str(host), group[len(_POOL_GROUP) :])
+    scoped: dict[str, dict[str, str]] = {}  # pool -> its files
+    if not nested:
+        for pool in set(pool_of.values()):
+            for pattern in POOL_FILES:
+                _claim(scoped, pool, pattern.format(pool), rendered)
+        for host, pool in pool_of.items():
+            for pattern in HOST_FILES:
+                _claim(scoped, pool, pattern.format(host), rendered)
+    claimed = {name for files in scoped.values() for name in files}
+
     h = hashlib.sha256(f"provision {__version__}\n".encode())
     for name in sorted(rendered):
-        h.update(f"render {name} {len(rendered[name])}\n".encode())
-        h.update(rendered[name].encode())
+        if name == INVENTORY and not nested:
+            continue  # below: its shape and `all`'s variables here, the pools' in their prints
+        if name not in claimed:
+            _add(h, f"render {name}", rendered[name].encode())
+    if not nested:
+        shape = {
+            # everything but the groups' bodies: `all`'s variables (and hosts, were any there)
+            "doc": {k: v for k, v in doc.items() if k != "all"},
+            "all": {k: v for k, v in top.items() if k != "children"},
+            "groups": {
+                g: {
+                    "vars": None if g.startswith(_POOL_GROUP) else body.get("vars"),
+                    "hosts": {
+                        str(host): (hv or {}).get("ansible_host") if isinstance(hv, dict) else None
+                        for host, hv in (body.get("hosts") or {}).items()
+                    },
+                }
+                for g, body in groups.items()
+            },
+        }
+        _add(h, "inventory", json.dumps(shape, sort_keys=True, default=str).encode())
     package = assets.package_dir()
     for path in sorted(p for p in package.rglob("*") if p.is_file() and _counted(p)):
-        h.update(f"package {path.relative_to(package)}\n".encode())
-        h.update(path.read_bytes())
+        _add(h, f"package {path.relative_to(package)}", path.read_bytes())
     # every file, in subdirectories too (the tunnel's keys: a rotated one must converge again)
     for path in sorted(p for p in secrets.rglob("*") if p.is_file()) if secrets.is_dir() else []:
-        h.update(f"secret {path.relative_to(secrets)}\n".encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
+        _add(h, f"secret {path.relative_to(secrets)}", path.read_bytes())
+    shared = h.hexdigest()
+
+    pool_prints: dict[str, str] = {}
+    for pool in sorted(set(pool_of.values())):
+        members = sorted(host for host, p in pool_of.items() if p == pool)
+        given = {
+            "vars": groups[_POOL_GROUP + pool].get("vars"),
+            # each member's host variables, wherever they are written (a role may read its
+            # pool peers': keepalived on the heads)
+            "hosts": {
+                host: [
+                    [g, (body.get("hosts") or {}).get(host)]
+                    for g, body in groups.items()
+                    if host in (body.get("hosts") or {})
+                ]
+                for host in members
+            },
+            "files": scoped.get(pool, {}),
+        }
+        digest = hashlib.sha256(f"{shared}\npool {pool}\n".encode())
+        digest.update(json.dumps(given, sort_keys=True, default=str).encode())
+        pool_prints[pool] = digest.hexdigest()
+    nodes = {host: pool_prints[pool] for host, pool in pool_of.items()}
+    return Prints(shared, nodes, dict(pool_of))
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _claim(
+    scoped: dict[str, dict[str, str]], pool: str, name: str, rendered: Mapping[str, str]
+) -> None:
+    if name in rendered:
+        scoped.setdefault(pool, {})[name] = rendered[name]
+
+
+def _add(h: Any, label: str, data: bytes) -> None:
+    h.update(f"{label} {len(data)}\n".encode())
+    h.update(data)
 
 
 def _counted(path: Path) -> bool:
@@ -114,7 +225,11 @@ def read_events(log_dir: Path) -> list[dict[str, Any]]:
 
 @dataclass
 class Record:
-    fingerprint: str
+    """What the last converges left: what every node was given (its digest), each node's
+    fingerprint, and what the roles left on each."""
+
+    shared: str
+    prints: dict[str, str]
     hosts: dict[str, Left]
 
 
@@ -123,18 +238,22 @@ def load(state: State) -> Record | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         hosts = {h: Left(dict(v["files"]), list(v["services"])) for h, v in data["hosts"].items()}
-        return Record(str(data["fingerprint"]), hosts)
+        prints = {h: str(v["print"]) for h, v in data["hosts"].items()}
+        return Record(str(data["shared"]), prints, hosts)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+        return None  # an older record (one fingerprint for all) too: every node converges
 
 
 def save(state: State, record: Record) -> None:
     path = state.dir / RECORD
     tmp = path.with_name(f".{RECORD}.new")
-    hosts = {h: {"files": v.files, "services": v.services} for h, v in sorted(record.hosts.items())}
+    hosts = {
+        h: {"print": record.prints[h], "files": v.files, "services": v.services}
+        for h, v in sorted(record.hosts.items())
+        if h in record.prints
+    }
     tmp.write_text(
-        json.dumps({"fingerprint": record.fingerprint, "hosts": hosts}, indent=1, sort_keys=True)
-        + "\n",
+        json.dumps({"shared": record.shared, "hosts": hosts}, indent=1, sort_keys=True) + "\n",
         encoding="utf-8",
     )
     tmp.replace(path)
@@ -145,15 +264,27 @@ def forget(state: State) -> None:
     (state.dir / RECORD).unlink(missing_ok=True)
 
 
-def unchanged(record: Record | None, print_: str, hosts: Iterable[str]) -> dict[str, Left]:
-    """The hosts the last full converge left, when nothing Ansible is given changed since."""
-    if record is None or record.fingerprint != print_:
+def unchanged(record: Record | None, now: Prints, hosts: Iterable[str]) -> dict[str, Left]:
+    """The hosts whose last converge is recorded with the fingerprint they have now."""
+    if record is None:
         return {}
-    return {h: record.hosts[h] for h in hosts if h in record.hosts}
+    return {
+        h: record.hosts[h]
+        for h in hosts
+        if h in record.hosts and h in now.nodes and record.prints.get(h) == now.nodes[h]
+    }
+
+
+def after(before: Record | None, now: Prints, ran: dict[str, Left]) -> Record:
+    """The record after a converge: the nodes it converged as they were left, and the
+    record's other nodes as it says while their fingerprint is unchanged."""
+    same = unchanged(before, now, before.hosts) if before is not None else {}
+    hosts = {**same, **{h: v for h, v in ran.items() if h in now.nodes}}
+    return Record(now.shared, {h: now.nodes[h] for h in hosts}, hosts)
 
 
 def skippable(
-    state: State, stamp: str, hosts: list[str], elastic: bool
+    state: State, now: Prints, hosts: list[str], elastic: bool
 ) -> tuple[dict[str, Left], str]:
     """The hosts a plain apply probes and skips when as left, and why the others converge
     (apply and plan both ask here)."""
@@ -162,8 +293,23 @@ def skippable(
     record = load(state)
     if record is None:
         return {}, "no converge recorded (a first apply, or the last one failed or was partial)"
-    left = unchanged(record, stamp, hosts)
-    if not left:
-        return {}, "the render, the roles or the secrets changed since the last converge"
-    new = [h for h in hosts if h not in left]
-    return left, f"new since the last converge: {compress(new)}" if new else ""
+    if record.shared != now.shared:
+        return {}, (
+            "what every node is given changed since the last converge (the render's shared "
+            "files or inventory, the roles or the secrets)"
+        )
+    left = unchanged(record, now, hosts)
+    changed: dict[str, list[str]] = {}
+    for h in hosts:
+        if h not in left and h in record.hosts:
+            changed.setdefault(now.pools.get(h, ""), []).append(h)
+    why = [
+        f"pool {pool}'s variables or files changed since the last converge: {compress(names)}"
+        if pool
+        else f"in no pool: {compress(names)}"
+        for pool, names in sorted(changed.items())
+    ]
+    new = [h for h in hosts if h not in left and h not in record.hosts]
+    if new:
+        why.append(f"new since the last converge: {compress(new)}")
+    return left, "; ".join(why)

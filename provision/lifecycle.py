@@ -289,15 +289,16 @@ def _apply(cluster: Cluster, applied: dict[str, str], run: _Run, verify: bool) -
     state, scope = run.state, run.scope
     made = _nodes_phase(cluster, run)
     key = private_key(cluster.spec, state)
-    # the nodes the last full converge left, when nothing Ansible is given changed since:
+    # the nodes the last converge left, when nothing Ansible gives them changed since:
     # preflight probes them, and Ansible runs only where something drifted
     known = inventory_nodes(applied.get(INVENTORY, ""))
     rolling = scope.batch is not None and bool(known)
-    stamp = converged.fingerprint(made.files, made.secrets_dir)
+    stamp = converged.prints(made.files, made.secrets_dir)
     left: dict[str, converged.Left] = {}
+    why = ""
     if not (scope.partial or rolling or scope.full):
         elastic = any(n.elastic for n in made.cluster.nodes)
-        left, _ = converged.skippable(state, stamp, run.hosts, elastic)
+        left, why = converged.skippable(state, stamp, run.hosts, elastic)
     drift = _preflight_phase(made.cluster, key, left, run)
     extra_vars, new_nodes, action = _converge_vars(made, applied, known, rolling, run)
     for c in drift.values():
@@ -306,8 +307,9 @@ def _apply(cluster: Cluster, applied: dict[str, str], run: _Run, verify: bool) -
     as_left = [h for h in run.hosts if h in drift and drift[h].passed]
     if as_left:
         run.say(
-            f"converge: {compress(as_left)} as the last apply left them (nothing Ansible is "
-            "given changed; their files and services as left): skipped; --full converges them"
+            f"converge: {compress(as_left)} as the last apply left them (nothing Ansible gives "
+            "them changed; their files and services as left): skipped; --full converges them"
+            + (f"; the others converge: {why}" if why else "")
         )
     to_converge = [h for h in run.hosts if h not in as_left]
     if rolling:
@@ -433,19 +435,19 @@ def _converge_and_record(
     run: _Run,
     extra_vars: dict[str, object],
     only: list[str] | None,
-    stamp: str,
+    stamp: converged.Prints,
 ) -> None:
     """Converge (only these nodes, or all), then record what each node was left with: the
-    nodes not converged keep the record's entries; none counts as converged meanwhile."""
+    nodes not converged keep the record's entries while their fingerprint is unchanged; none
+    counts as converged meanwhile."""
     state = run.state
-    before = converged.load(state) if only is not None else None
+    before = converged.load(state)
     converged.forget(state)
     _converge(cluster, key, run, extra_vars, only)
     if run.scope.partial or run.report.run is None or run.report.run.log_dir is None:
         return
     now = converged.from_events(converged.read_events(run.report.run.log_dir))
-    kept = before.hosts if before is not None and before.fingerprint == stamp else {}
-    converged.save(state, converged.Record(stamp, {**kept, **now}))
+    converged.save(state, converged.after(before, stamp, now))
 
 
 def _play(

@@ -165,7 +165,7 @@ def _skippable(cluster: Cluster, state: State, rendered: dict[str, str]) -> tupl
     others converge."""
     left, why = converged.skippable(
         state,
-        converged.fingerprint(rendered, state.secrets),
+        converged.prints(rendered, state.secrets),
         [n.name for n in cluster.lasting_nodes],
         any(n.elastic for n in cluster.nodes),
     )

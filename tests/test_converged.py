@@ -8,8 +8,10 @@ import os
 import subprocess
 from pathlib import Path
 
+import yaml
+
 from provision import converged
-from provision.converged import Left, Record
+from provision.converged import Left
 from provision.state import State
 
 
@@ -97,41 +99,194 @@ def test_what_a_run_left_comes_from_its_results() -> None:
     assert "h2" not in left
 
 
-def test_fingerprint_follows_the_render_and_the_secrets(tmp_path: Path) -> None:
+INVENTORY = """all:
+  vars:
+    ansible_user: root
+  children:
+    head:
+      hosts:
+        head001: {ansible_host: 10.0.0.1}
+    compute:
+      hosts:
+        cpu001: {ansible_host: 10.0.0.2}
+        cpu002: {ansible_host: 10.0.0.3}
+        gpu001: {ansible_host: 10.0.0.4}
+    tunnel:
+      hosts:
+        cpu001: {tunnel_role: routed}
+    pool_head:
+      vars: {provision_pool: head}
+      hosts: {head001: }
+    pool_cpu:
+      vars: {provision_pool: cpu, mounts_filesystems: []}
+      hosts: {cpu001: , cpu002: }
+    pool_gpu:
+      vars: {provision_pool: gpu}
+      hosts: {gpu001: }
+"""
+RENDER = {
+    "inventory/hosts.yml": INVENTORY,
+    "inventory/group_vars/all.yml": "provision_cluster: lab\n",
+    "files/slurm/slurm.conf": "A=1\n",
+    "files/nftables/address-sets.nft": "set compute {}\n",
+    "files/nftables/cpu.nft": "tcp dport 22 accept\n",
+    "files/nftables/gpu.nft": "tcp dport 22 accept\n",
+    "files/health/cpu.json": "{}\n",
+    "files/nccl/gpu.conf": "NCCL_DEBUG=WARN\n",
+}
+
+
+def _changed(before: converged.Prints, after: converged.Prints) -> list[str]:
+    return sorted(h for h in before.nodes if before.nodes[h] != after.nodes.get(h))
+
+
+def test_each_nodes_fingerprint_follows_what_its_pool_and_every_node_are_given(
+    tmp_path: Path,
+) -> None:
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     (secrets / "munge.key").write_bytes(b"k" * 32)
-    render = {"inventory/hosts.yml": "all: {}\n", "files/slurm/slurm.conf": "A=1\n"}
-    first = converged.fingerprint(render, secrets)
-    assert converged.fingerprint(dict(render), secrets) == first
-    assert converged.fingerprint({**render, "files/slurm/slurm.conf": "A=2\n"}, secrets) != first
+    first = converged.prints(RENDER, secrets)
+    assert first.pools == {"head001": "head", "cpu001": "cpu", "cpu002": "cpu", "gpu001": "gpu"}
+    assert converged.prints(dict(RENDER), secrets) == first
+    assert first.nodes["cpu001"] == first.nodes["cpu002"] != first.nodes["gpu001"]
+    everyone = sorted(first.nodes)
+
+    def after(**files: str) -> list[str]:
+        return _changed(first, converged.prints({**RENDER, **files}, secrets))
+
+    # one pool's variables, its nodes' host variables, its own files: that pool's nodes
+    cpu_mounts = INVENTORY.replace("mounts_filesystems: []", "mounts_filesystems: [/scratch]")
+    assert after(**{"inventory/hosts.yml": cpu_mounts}) == ["cpu001", "cpu002"]
+    routed = INVENTORY.replace("tunnel_role: routed", "tunnel_role: hub")
+    assert after(**{"inventory/hosts.yml": routed}) == ["cpu001", "cpu002"]
+    assert after(**{"files/nftables/gpu.nft": "tcp dport 2222 accept\n"}) == ["gpu001"]
+    assert after(**{"files/health/cpu.json": '{"gpus": 0}\n'}) == ["cpu001", "cpu002"]
+    assert after(**{"files/nccl/gpu.conf": "NCCL_DEBUG=INFO\n"}) == ["gpu001"]
+    # what every node is given: every node
+    assert after(**{"files/slurm/slurm.conf": "A=2\n"}) == everyone
+    assert after(**{"files/nftables/address-sets.nft": "set compute { 10.0.0.5 }\n"}) == everyone
+    assert after(**{"inventory/group_vars/all.yml": "provision_cluster: lab2\n"}) == everyone
+    moved = INVENTORY.replace("10.0.0.4", "10.0.0.9")  # an address: the hosts file, the sets
+    assert after(**{"inventory/hosts.yml": moved}) == everyone
+    user = INVENTORY.replace("ansible_user: root", "ansible_user: admin")
+    assert after(**{"inventory/hosts.yml": user}) == everyone
+    grown = INVENTORY.replace("hosts: {cpu001: , cpu002: }", "hosts: {cpu001: , cpu002: , x: }")
+    assert after(**{"inventory/hosts.yml": grown}) == everyone
+    # a file the render did not have before: every node's unless named for a pool
+    assert after(**{"files/slurm/plugstack.conf": "x\n"}) == everyone
+    assert after(**{"files/health/gpu.json": "{}\n"}) == ["gpu001"]
+
     (secrets / "munge.key").write_bytes(b"j" * 32)
-    second = converged.fingerprint(render, secrets)
-    assert second != first
-    assert "k" * 32 not in first
+    second = converged.prints(RENDER, secrets)
+    assert _changed(first, second) == everyone
+    assert "k" * 32 not in repr(first)
     # a key in a subdirectory (the tunnel's) counts as much: rotated, the nodes converge again
     (secrets / "wireguard").mkdir()
     (secrets / "wireguard" / "cpu1.key").write_bytes(b"w" * 45)
-    third = converged.fingerprint(render, secrets)
-    assert third != second
+    third = converged.prints(RENDER, secrets)
+    assert _changed(second, third) == everyone
     (secrets / "wireguard" / "cpu1.key").write_bytes(b"v" * 45)
-    assert converged.fingerprint(render, secrets) != third
+    assert _changed(third, converged.prints(RENDER, secrets)) == everyone
 
 
-def test_a_record_skips_only_its_hosts_and_only_for_its_fingerprint(tmp_path: Path) -> None:
+def test_an_inventory_it_cannot_split_makes_every_change_everyones(tmp_path: Path) -> None:
+    nested = INVENTORY.replace("    pool_gpu:\n", "    pool_gpu:\n      children: {}\n")
+    render = {**RENDER, "inventory/hosts.yml": nested}
+    first = converged.prints(render, tmp_path)
+    cpu_mounts = nested.replace("mounts_filesystems: []", "mounts_filesystems: [/scratch]")
+    changed = converged.prints({**render, "inventory/hosts.yml": cpu_mounts}, tmp_path)
+    assert _changed(first, changed) == ["cpu001", "cpu002", "gpu001", "head001"]
+    health = converged.prints({**render, "files/health/cpu.json": "[]\n"}, tmp_path)
+    assert _changed(first, health) == ["cpu001", "cpu002", "gpu001", "head001"]
+
+
+def test_the_pools_files_are_the_ones_the_roles_read_by_a_pool_or_node_name() -> None:
+    """converged.POOL_FILES and HOST_FILES are what the roles' defaults, variables, tasks and
+    the playbooks name with provision_pool or inventory_hostname under provision_files_dir,
+    no more and no fewer: a role that read a pool's file under another name would not see
+    that pool's changes."""
+    import jinja2
+
+    root = Path(__file__).resolve().parents[1]
+    named: dict[str, set[str]] = {"pool": set(), "host": set()}
+    env = jinja2.Environment(undefined=jinja2.ChainableUndefined)
+    marks = {"provision_files_dir": "files", "provision_pool": "\x00pool", "inventory_hostname":
+             "\x00host"}  # fmt: skip
+    paths = [*root.glob("roles/*/*/*.yml"), *root.glob("playbooks/*.yml")]
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if "provision_files_dir" not in line or "{{" not in line:
+                continue
+            value = line.split(":", 1)[1].strip().strip('"') if ":" in line else line
+            text = env.from_string(value).render(**marks)
+            for kind in named:
+                if f"\x00{kind}" in text:
+                    named[kind].add(text.replace(f"\x00{kind}", "{}"))
+    assert named["pool"] == set(converged.POOL_FILES)
+    assert named["host"] == set(converged.HOST_FILES)
+
+
+def test_the_roles_read_other_nodes_variables_only_within_their_pool() -> None:
+    """A node's fingerprint holds its own pool's variables and no other pool's: a role that
+    read another node's variables (hostvars[...]) would converge with stale values when that
+    node's pool changed alone. The one place they are read: keepalived's peers, the heads."""
+    root = Path(__file__).resolve().parents[1]
+    readers = sorted(
+        str(p.relative_to(root))
+        for p in [*root.glob("roles/**/*"), *root.glob("playbooks/**/*")]
+        if p.is_file() and "hostvars[" in p.read_text(errors="replace")
+    )
+    assert readers == ["roles/api_endpoint/templates/keepalived.conf.j2"]
+    # its peers are the play's hosts, and the play's are the heads (one pool)
+    assert "{% for head in _api_endpoint_heads " in (root / readers[0]).read_text()
+    peers = (root / "roles/api_endpoint/vars/main.yml").read_text()
+    assert '_api_endpoint_heads: "{{ ansible_play_hosts_all }}"' in peers
+    plays = yaml.safe_load((root / "playbooks/site.yml").read_text())
+    assert [p["hosts"] for p in plays if "api_endpoint" in str(p.get("tasks"))] == ["head"]
+
+
+def test_a_record_skips_only_its_hosts_and_only_for_their_fingerprint(tmp_path: Path) -> None:
     state = State(tmp_path, "lab")
     state.ensure()
     assert converged.load(state) is None
+    now = converged.prints(RENDER, tmp_path / "none")
     left = Left({"/etc/a": "c" * 40}, ["munge"])
-    converged.save(state, Record("f1", {"head001": left, "compute001": Left()}))
+    ran = {"head001": left, "cpu001": Left(), "cpu002": Left(), "gone": Left()}
+    converged.save(state, converged.after(None, now, ran))
     record = converged.load(state)
     assert record is not None and record.hosts["head001"] == left
-    assert converged.unchanged(record, "f1", ["head001", "compute002"]) == {"head001": left}
-    assert converged.unchanged(record, "f2", ["head001"]) == {}
+    assert sorted(record.hosts) == ["cpu001", "cpu002", "head001"]  # not in the render: not kept
+    assert converged.unchanged(record, now, ["head001", "gpu001"]) == {"head001": left}
+    left_, why = converged.skippable(state, now, ["head001", "cpu001", "cpu002", "gpu001"], False)
+    assert sorted(left_) == ["cpu001", "cpu002", "head001"]
+    assert why == "new since the last converge: gpu001"
+    assert converged.skippable(state, now, ["head001"], True) == (
+        {}, "elastic pools: their images are made in the converge",
+    )  # fmt: skip
+
+    # one pool changed: its nodes converge; after that converge the others are kept as left
+    cpu = INVENTORY.replace("mounts_filesystems: []", "mounts_filesystems: [/scratch]")
+    later = converged.prints({**RENDER, "inventory/hosts.yml": cpu}, tmp_path / "none")
+    left_, why = converged.skippable(state, later, ["head001", "cpu001", "cpu002"], False)
+    assert list(left_) == ["head001"]
+    assert why == "pool cpu's variables or files changed since the last converge: cpu[001-002]"
+    kept = converged.after(record, later, {"cpu001": Left({"/etc/fstab": "d" * 40}, [])})
+    assert sorted(kept.hosts) == ["cpu001", "head001"]  # cpu002 not converged: not kept
+    assert kept.hosts["head001"] == left and kept.prints["cpu001"] == later.nodes["cpu001"]
+
+    # what every node is given changed: every node converges, and says why
+    moved = {**RENDER, "files/slurm/slurm.conf": "A=2\n"}
+    left_, why = converged.skippable(state, converged.prints(moved, tmp_path), ["head001"], False)
+    assert left_ == {} and why.startswith("what every node is given changed")
+
     converged.forget(state)
     assert converged.load(state) is None
     (state.dir / converged.RECORD).write_text("{not json")
     assert converged.load(state) is None  # a broken record converges every node
+    old = '{"fingerprint": "f1", "hosts": {"head001": {"files": {}, "services": []}}}'
+    (state.dir / converged.RECORD).write_text(old)
+    assert converged.load(state) is None  # so does one of the single fingerprint before
 
 
 def test_a_hosts_failure_is_the_one_that_stopped_it() -> None:

@@ -205,17 +205,33 @@ def test_plan_says_which_nodes_apply_would_probe_and_skip(tmp_path: Path) -> Non
     state.ensure()
     plan = make_plan(cluster, state)
     assert plan.probed == [] and "no converge recorded" in plan.converge_why
-    stamp = converged.fingerprint(render(cluster), state.secrets)
+    stamp = converged.prints(render(cluster), state.secrets)
     hosts = {"head001": converged.Left(), "compute001": converged.Left()}
-    converged.save(state, converged.Record(stamp, hosts))
+    converged.save(state, converged.after(None, stamp, hosts))
     plan = make_plan(cluster, state)
     assert plan.probed == ["compute001", "head001"]
     assert plan.converge_why == "new since the last converge: compute002"
-    # any change of the render converges every node
+    converged.save(state, converged.after(None, stamp, {**hosts, "compute002": converged.Left()}))
+    # a change to one pool's files converges that pool's nodes alone: a port opened on the
+    # compute pool (its nftables rules)
+    jupyter = tmp_path / "jupyter.yaml"
+    jupyter.write_text(
+        spec_path.read_text().replace(
+            "security:\n",
+            "security:\n  firewall_rules: [{name: jupyter, port: 8888, sources: [admin], "
+            "pools: [compute]}]\n",
+        )
+    )
+    plan = make_plan(Cluster(load_spec(jupyter)), state)
+    assert plan.probed == ["head001"]
+    assert plan.converge_why == (
+        "pool compute's variables or files changed since the last converge: compute[001-002]"
+    )
+    # any change of what every node is given converges every node
     grown = tmp_path / "lab3.yaml"
     grown.write_text(spec_path.read_text().replace("count: 2", "count: 3"))
     plan = make_plan(Cluster(load_spec(grown)), state)
-    assert plan.probed == [] and "changed since the last converge" in plan.converge_why
+    assert plan.probed == [] and "what every node is given changed" in plan.converge_why
 
 
 def test_plan_says_how_a_kubernetes_release_moves(tmp_path: Path) -> None:

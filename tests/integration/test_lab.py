@@ -648,6 +648,30 @@ def test_apply_converges_only_the_nodes_that_drifted(lab: tuple[Path, Path]) -> 
     assert "converge: compute[001-002],head001 as the last apply left them" in r.stdout
 
 
+def test_a_port_opened_on_one_pool_converges_that_pool_alone(lab: tuple[Path, Path]) -> None:
+    """A change to one pool's files (its nftables rules) converges that pool's nodes and
+    probes the others; plan says so first. The rule stays (admins' port 8888 on compute)."""
+    spec, work = lab
+    rule = "  firewall_rules: [{name: jupyter, port: 8888, sources: [admin], pools: [compute]}]\n"
+    spec.write_text(spec.read_text().replace("security:\n", "security:\n" + rule, 1))
+    plan = provision("plan", str(spec), cwd=work)
+    assert (
+        "converge: head001 probed for drift and skipped if their files and services are as the "
+        "last apply left them (apply --full converges them); the others converge: pool "
+        "compute's variables or files changed since the last converge: compute[001-002]"
+    ) in " ".join(plan.stdout.split()), plan.stdout
+    r = provision("apply", str(spec), cwd=work)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert "converge: head001 as the last apply left them" in r.stdout, r.stdout
+    assert sorted(_report(work)["hosts"]) == ["compute001", "compute002"]
+    jupyter = "nft list ruleset | grep -c 'tcp dport 8888 accept' || true"
+    assert [_on(spec, work, n, jupyter) for n in ("compute001", "compute002", "head001")] == [
+        "1", "1", "0",
+    ]  # fmt: skip
+    r = provision("apply", str(spec), cwd=work)  # recorded: nothing left to converge
+    assert "converge: compute[001-002],head001 as the last apply left them" in r.stdout
+
+
 def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_locked_out(
     lab: tuple[Path, Path],
 ) -> None:
