@@ -1,6 +1,8 @@
 """Time `provision apply` on the lab, 3 and 12 nodes (image already built): a cold apply, a
-no-op re-apply (every node probed and skipped), and a no-op with --full (the roles run on every
-node and change nothing), with Mitogen's strategy (the default) and Ansible's own `linear`.
+no-op re-apply (every node probed and skipped), a no-op with --full (the roles run on every
+node and change nothing), and a change to one pool (a port opened on the head pool: its node
+converges, the others are probed and skipped), with Mitogen's strategy (the default) and
+Ansible's own `linear`. `bench/apply.py mitogen` leaves out the linear runs.
 
 For each run: wall time, Ansible's share, workstation CPU seconds per node (user + system of
 provision and everything it ran; Ansible's processes alone in brackets), and for the --full
@@ -87,7 +89,19 @@ def run(label: str, spec_path: Path, work: Path, nodes: int, strategy: str) -> l
         env["ANSIBLE_STRATEGY"] = strategy
     provision(["destroy", str(spec_path), "--yes"], work, env)
     rows = []
-    for kind, extra in (("cold", []), ("no-op", []), ("no-op --full", ["--full"])):
+    plain = spec_path.read_text()
+    opened = plain.replace(
+        "security:\n",
+        "security:\n  firewall_rules: [{name: bench, port: 8888, sources: [admin], "
+        "pools: [head]}]\n",
+    )
+    for kind, extra in (
+        ("cold", []),
+        ("no-op", []),
+        ("no-op --full", ["--full"]),
+        ("one pool", []),
+    ):
+        spec_path.write_text(opened if kind == "one pool" else plain)
         cpu: list[float] = []
         wall, report = provision(["apply", str(spec_path), *extra], work, env, cpu)
         phases = report["phases"]
@@ -96,6 +110,7 @@ def run(label: str, spec_path: Path, work: Path, nodes: int, strategy: str) -> l
         row = (
             f"{label:<26} {kind:<13} {wall:>6.1f}s {phases.get('ansible', 0):>7.1f}s"
             f" {cpu[0] / nodes:>6.2f} ({ansible_cpu / nodes:.2f}) {changed:>8}"
+            f" {len(report['hosts']):>10}"
         )
         rows.append(row)
         print(row, flush=True)
@@ -105,6 +120,7 @@ def run(label: str, spec_path: Path, work: Path, nodes: int, strategy: str) -> l
             for name, seconds in top:
                 print(f"  {seconds:6.2f}s  {name}")
     provision(["destroy", str(spec_path), "--yes"], work, env)
+    spec_path.write_text(plain)
     return rows
 
 
@@ -116,11 +132,12 @@ def main() -> int:
     twelve = spec(work, "bench12", "10.74.0.", 11)
     header = (
         f"{'cluster, strategy':<26} {'apply':<13} {'total':>7} {'Ansible':>8}"
-        f" {'CPU s/node (Ansible)':>20} {'changed':>8}"
+        f" {'CPU s/node (Ansible)':>20} {'changed':>8} {'converged':>10}"
     )
     print(header)
     rows = run("3 nodes, mitogen", three, work, 3, "mitogen")
-    rows += run("3 nodes, linear", three, work, 3, "linear")
+    if sys.argv[1:] != ["mitogen"]:
+        rows += run("3 nodes, linear", three, work, 3, "linear")
     rows += run("12 nodes, mitogen", twelve, work, 12, "mitogen")
     print()
     print(header)
