@@ -723,10 +723,10 @@ def test_users_log_in_run_jobs_as_themselves_and_one_dropped_from_the_spec_is_lo
     ]
     # sreport: each user's usage under their account, from slurmdbd's hourly roll-up, which an
     # admin's `sacctmgr rollup` makes at once
-    used = {
-        tuple(f[1:3]): int(f[4])
-        for f in (ln.split("|") for ln in _on(spec, work, "head001", SREPORT).splitlines())
-    }
+    used: dict[tuple[str, ...], int] = {}
+    for row in _on(spec, work, "head001", SREPORT).splitlines():  # the two windows' rows
+        fields = row.split("|")
+        used[tuple(fields[1:3])] = used.get(tuple(fields[1:3]), 0) + int(fields[4])
     assert used.get(("vision", "ana"), 0) > 0 and used.get(("speech", "ben"), 0) > 0, used
     wide = user_login(work, "ana", "10.76.0.11", "sbatch --parsable -q small -N2 --wrap true")
     job = wide.stdout.strip()
