@@ -225,8 +225,9 @@ class Changes:
         }
 
 
-class _Loader(yaml.SafeLoader):
-    """The rendered inventory: its `!unsafe` strings read as plain strings."""
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """The rendered inventory: its `!unsafe` strings read as plain strings (libyaml's parser
+    where PyYAML has it: a 10,000-node inventory in well under a second instead of seconds)."""
 
 
 def _unsafe(loader: yaml.SafeLoader, node: yaml.Node) -> str:
