@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from provision import converged
 from provision.cluster import Cluster
 from provision.render import render, write_render
 from provision.spec import load_spec
@@ -104,12 +105,16 @@ def main() -> int:
             print(f"files: {len(files)} ({len(kube)} of Kubernetes), {total_bytes / 1e6:.2f} MB")
             return 0
         slurm_lines = len(files["files/slurm/slurm.conf"].splitlines())
+        started = time.perf_counter()
+        converged.prints(files, work / "secrets")  # what plan and apply add to the render
+        fingerprints = time.perf_counter() - started
         print(f"nodes: {nodes} in {len(cluster.pools)} pools")
         print(f"load+validate+expand: {med[0]:.3f} s")
         print(f"render:               {med[1]:.3f} s")
         print(f"write:                {med[2]:.3f} s")
         print(f"total (median of 5):  {med[3]:.3f} s   target < 1 s")
         print(f"slurm.conf lines:     {slurm_lines}   target < 200")
+        print(f"fingerprints per node (plan, apply): {fingerprints:.3f} s")
         print(f"files: {len(files)}, {total_bytes / 1e6:.2f} MB in all")
         return 0 if med[3] < 1.0 and slurm_lines < 200 else 1
     finally:
