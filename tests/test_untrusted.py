@@ -22,7 +22,7 @@ from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 from provision.cluster import Cluster
 from provision.errors import SpecError
 from provision.render import render, write_render
-from provision.render.yamldata import Template, _resolves_to_other_type, yaml_value
+from provision.render.yamldata import Template, _quoted, _resolves_to_other_type, yaml_value
 from provision.spec import load_spec
 from provision.spec.models import Spec
 
@@ -412,3 +412,28 @@ def test_ansible_reads_every_rendered_string_back_as_the_same_string(text: str) 
     assert isinstance(loaded, str) and loaded == text
     if "{" in text:
         assert yaml_value(text).startswith("!unsafe ")
+
+
+def test_the_renderers_shortcuts_resolve_as_pyyaml_does() -> None:
+    """yaml_value decides without PyYAML's resolver for strings starting with a character no
+    pattern is filed under, and for dotted digits, and quotes printable ASCII without JSON:
+    each such answer is the resolver's, each quoted string JSON's."""
+    import json
+    import random
+    import string
+
+    import yaml
+
+    resolver = yaml.resolver.Resolver()
+    rng = random.Random(7)
+    samples = [
+        "10.0.0.1", "10.64.0.0/14", "550.90.07", "1.2", "1.2.3", "1.2.3e5", "1_0.2.3", "0.0.0.0",
+        "12:30.5.1", "1.2.3-4", "gpu00001", "head", "", " 1.2.3", "+1.2.3", "1..2", "1.2.",
+    ]  # fmt: skip
+    for _ in range(3000):
+        alphabet = rng.choice([string.digits + ".", string.digits + "./:-_eE+", string.printable])
+        samples.append("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 14))))
+    for text in samples:
+        tag = resolver.resolve(yaml.ScalarNode, text, (True, False))
+        assert _resolves_to_other_type(text) == (tag != "tag:yaml.org,2002:str"), text
+        assert _quoted(text) == json.dumps(text, ensure_ascii=False) or not text.isprintable()

@@ -29,6 +29,8 @@ _ESCAPE = re.compile(f"{NOT_ONE_LINE.pattern}|[\ud800-\udfff]")
 
 
 def _quoted(text: str) -> str:
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return f'"{text}"'  # what JSON writes for it, in a tenth of the time
     quoted = json.dumps(text, ensure_ascii=False)
     if not _ESCAPE.search(quoted):
         return quoted
@@ -37,11 +39,21 @@ def _quoted(text: str) -> str:
 
 _RESOLVER = yaml.resolver.Resolver()
 _STR = "tag:yaml.org,2002:str"
+# The resolver tries the patterns filed under a scalar's first character (and those for any
+# character, and the path resolvers: PyYAML has none): a string starting with no such character
+# is a string, without the call (a 10,000-node inventory writes 90,000 strings)
+_STARTS = frozenset(k for k in _RESOLVER.yaml_implicit_resolvers if k)
+_ONLY_BY_START = None not in _RESOLVER.yaml_implicit_resolvers and not _RESOLVER.yaml_path_resolvers
+# and digits with two dots or more (addresses, networks, versions) are strings too: YAML 1.1's
+# numbers have one dot at most, its timestamps dashes
+_DOTTED = re.compile(r"[0-9]+(?:\.[0-9]+){2,}(?:/[0-9]+)?")
 
 
 def _resolves_to_other_type(text: str) -> bool:
     """What Ansible's `!unsafe` constructor does: resolve the scalar's type as if it were plain
     (YAML 1.1's rules, PyYAML's resolver, which Ansible uses)."""
+    if _ONLY_BY_START and text and (text[0] not in _STARTS or _DOTTED.fullmatch(text)):
+        return False
     tag: str = _RESOLVER.resolve(yaml.ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
     return tag != _STR
 
