@@ -12,6 +12,7 @@ separate processes and slurmctld saves its state).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -238,13 +239,21 @@ def _unsafe(loader: yaml.SafeLoader, node: yaml.Node) -> str:
 _Loader.add_constructor("!unsafe", _unsafe)
 
 
+@functools.lru_cache(maxsize=4)
 def inventory_document(text: str) -> dict[str, Any]:
-    """A rendered inventory/hosts.yml as data (its `!unsafe` strings plain)."""
+    """A rendered inventory/hosts.yml as data (its `!unsafe` strings plain). Read once per
+    text (plan reads the old and the new render's several times, apply and the fingerprints
+    again: a 10,000-node inventory takes a second or more): callers read it, never change it."""
     return dict(yaml.load(text, Loader=_Loader) or {})
 
 
 def inventory_nodes(text: str) -> dict[str, InventoryNode]:
     """Lasting node -> its pool, role and provider, from a rendered inventory/hosts.yml."""
+    return dict(_inventory_nodes(text))
+
+
+@functools.lru_cache(maxsize=4)
+def _inventory_nodes(text: str) -> dict[str, InventoryNode]:
     doc = inventory_document(text)
     children = (doc.get("all") or {}).get("children") or {}
 

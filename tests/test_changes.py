@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from provision.changes import (
     DriverChange,
     InventoryNode,
@@ -148,3 +150,25 @@ def test_a_new_slurm_version_restarts_the_daemons(tmp_path: Path) -> None:
         ("software.slurm: the source's newest -> 22.05 (the packages change: a restart)",),
     )
     assert slurm_change(pinned, pinned).action == "none"
+
+
+def test_a_rendered_inventory_is_parsed_once_however_often_it_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """plan reads the old and new inventories in several places, apply and the fingerprints
+    again: each text is parsed once, and each caller gets the nodes in a dict of its own."""
+    import yaml
+
+    from provision import changes
+
+    text = render(Cluster(load_spec(ROOT / "examples" / "lab.yaml")))["inventory/hosts.yml"]
+    text += "# read here alone\n"  # a text no other test has parsed
+    parsed = []
+    real = yaml.load
+    monkeypatch.setattr(yaml, "load", lambda *a, **k: parsed.append(1) or real(*a, **k))
+    first = changes.inventory_nodes(text)
+    first.pop("head001")
+    again = changes.inventory_nodes(text)
+    assert sorted(again) == ["compute001", "compute002", "head001"]
+    assert changes.inventory_document(text) is changes.inventory_document(text)
+    assert len(parsed) == 1
