@@ -84,11 +84,22 @@ _POOL_GROUP = "pool_"
 
 @dataclass(frozen=True)
 class Prints:
-    """Each node's fingerprint, what every node is given (its digest) and each node's pool."""
+    """Each node's fingerprint and pool, and the digests of the parts they are made of: what
+    every node is given (`shared`) and what each pool is (`pools`), by name (a rendered file's
+    path, or what else it is), so that plan can say what changed."""
 
-    shared: str
+    shared: dict[str, str]
+    pools: dict[str, dict[str, str]]
     nodes: dict[str, str]
-    pools: dict[str, str]
+    pool_of: dict[str, str]
+
+
+# the parts that are not rendered files, by the name plan gives them
+INVENTORY_PART = "the inventory's groups, members, addresses or cluster-wide variables"
+PACKAGE_PART = "provision, its roles or the nodes' programs"
+SECRETS_PART = "the cluster's secrets"
+POOL_VARS_PART = "the pool's variables"
+HOST_VARS_PART = "its nodes' host variables"
 
 
 def prints(rendered: Mapping[str, str], secrets: Path) -> Prints:
@@ -114,12 +125,13 @@ def prints(rendered: Mapping[str, str], secrets: Path) -> Prints:
                 _claim(scoped, pool, pattern.format(host), rendered)
     claimed = {name for files in scoped.values() for name in files}
 
-    h = hashlib.sha256(f"provision {__version__}\n".encode())
-    for name in sorted(rendered):
-        if name == INVENTORY and not nested:
-            continue  # below: its shape and `all`'s variables here, the pools' in their prints
-        if name not in claimed:
-            _add(h, f"render {name}", rendered[name].encode())
+    shared = {
+        name: _digest(text.encode())
+        for name, text in rendered.items()
+        # the inventory below when it can be split: its shape and `all`'s variables here, the
+        # pools' in their parts
+        if name not in claimed and not (name == INVENTORY and not nested)
+    }
     if not nested:
         shape = {
             # everything but the groups' bodies: `all`'s variables (and hosts, were any there)
@@ -136,37 +148,53 @@ def prints(rendered: Mapping[str, str], secrets: Path) -> Prints:
                 for g, body in groups.items()
             },
         }
-        _add(h, "inventory", json.dumps(shape, sort_keys=True, default=str).encode())
+        shared[INVENTORY_PART] = _digest(_json(shape))
     package = assets.package_dir()
+    h = hashlib.sha256(f"provision {__version__}\n".encode())
     for path in sorted(p for p in package.rglob("*") if p.is_file() and _counted(p)):
         _add(h, f"package {path.relative_to(package)}", path.read_bytes())
+    shared[PACKAGE_PART] = h.hexdigest()
     # every file, in subdirectories too (the tunnel's keys: a rotated one must converge again)
+    h = hashlib.sha256()
     for path in sorted(p for p in secrets.rglob("*") if p.is_file()) if secrets.is_dir() else []:
         _add(h, f"secret {path.relative_to(secrets)}", path.read_bytes())
-    shared = h.hexdigest()
+    shared[SECRETS_PART] = h.hexdigest()
+    everyone = _digest(_json(shared))
 
-    pool_prints: dict[str, str] = {}
+    pools: dict[str, dict[str, str]] = {}
     for pool in sorted(set(pool_of.values())):
         members = sorted(host for host, p in pool_of.items() if p == pool)
-        given = {
-            "vars": groups[_POOL_GROUP + pool].get("vars"),
-            # each member's host variables, wherever they are written (a role may read its
-            # pool peers': keepalived on the heads)
-            "hosts": {
-                host: [
-                    [g, (body.get("hosts") or {}).get(host)]
-                    for g, body in groups.items()
-                    if host in (body.get("hosts") or {})
-                ]
-                for host in members
-            },
-            "files": scoped.get(pool, {}),
+        # each member's host variables, wherever they are written (a role may read its pool
+        # peers': keepalived on the heads)
+        host_vars = {
+            host: [
+                [g, (body.get("hosts") or {}).get(host)]
+                for g, body in groups.items()
+                if host in (body.get("hosts") or {})
+            ]
+            for host in members
         }
-        digest = hashlib.sha256(f"{shared}\npool {pool}\n".encode())
-        digest.update(json.dumps(given, sort_keys=True, default=str).encode())
-        pool_prints[pool] = digest.hexdigest()
-    nodes = {host: pool_prints[pool] for host, pool in pool_of.items()}
-    return Prints(shared, nodes, dict(pool_of))
+        pools[pool] = {
+            POOL_VARS_PART: _digest(_json(groups[_POOL_GROUP + pool].get("vars"))),
+            HOST_VARS_PART: _digest(_json(host_vars)),
+            **{name: _digest(text.encode()) for name, text in scoped.get(pool, {}).items()},
+        }
+    by_pool = {pool: _digest(_json([everyone, pool, parts])) for pool, parts in pools.items()}
+    nodes = {host: by_pool[pool] for host, pool in pool_of.items()}
+    return Prints(shared, pools, nodes, dict(pool_of))
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _json(value: object) -> bytes:
+    return json.dumps(value, sort_keys=True, default=str).encode()
+
+
+def changed_parts(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    """The parts whose digest differs, or that one side has alone, by name."""
+    return sorted(k for k in {*before, *now} if before.get(k) != now.get(k))
 
 
 def _mapping(value: object) -> dict[str, Any]:
@@ -225,10 +253,11 @@ def read_events(log_dir: Path) -> list[dict[str, Any]]:
 
 @dataclass
 class Record:
-    """What the last converges left: what every node was given (its digest), each node's
-    fingerprint, and what the roles left on each."""
+    """What the last converges left: the parts every node was given and each pool's, by name
+    with their digests, each node's fingerprint, and what the roles left on each node."""
 
-    shared: str
+    shared: dict[str, str]
+    pools: dict[str, dict[str, str]]
     prints: dict[str, str]
     hosts: dict[str, Left]
 
@@ -239,7 +268,9 @@ def load(state: State) -> Record | None:
         data = json.loads(path.read_text(encoding="utf-8"))
         hosts = {h: Left(dict(v["files"]), list(v["services"])) for h, v in data["hosts"].items()}
         prints = {h: str(v["print"]) for h, v in data["hosts"].items()}
-        return Record(str(data["shared"]), prints, hosts)
+        pools = {p: {str(k): str(d) for k, d in v.items()} for p, v in data["pools"].items()}
+        shared = {str(k): str(d) for k, d in data["shared"].items()}
+        return Record(shared, pools, prints, hosts)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # an older record (one fingerprint for all) too: every node converges
 
@@ -252,10 +283,8 @@ def save(state: State, record: Record) -> None:
         for h, v in sorted(record.hosts.items())
         if h in record.prints
     }
-    tmp.write_text(
-        json.dumps({"shared": record.shared, "hosts": hosts}, indent=1, sort_keys=True) + "\n",
-        encoding="utf-8",
-    )
+    data = {"shared": record.shared, "pools": record.pools, "hosts": hosts}
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     tmp.replace(path)
 
 
@@ -280,14 +309,14 @@ def after(before: Record | None, now: Prints, ran: dict[str, Left]) -> Record:
     record's other nodes as it says while their fingerprint is unchanged."""
     same = unchanged(before, now, before.hosts) if before is not None else {}
     hosts = {**same, **{h: v for h, v in ran.items() if h in now.nodes}}
-    return Record(now.shared, {h: now.nodes[h] for h in hosts}, hosts)
+    return Record(now.shared, now.pools, {h: now.nodes[h] for h in hosts}, hosts)
 
 
 def skippable(
     state: State, now: Prints, hosts: list[str], elastic: bool
 ) -> tuple[dict[str, Left], str]:
-    """The hosts a plain apply probes and skips when as left, and why the others converge
-    (apply and plan both ask here)."""
+    """The hosts a plain apply probes and skips when as left, and why the others converge,
+    naming what changed (apply and plan both ask here)."""
     if elastic:
         return {}, "elastic pools: their images are made in the converge"
     record = load(state)
@@ -295,16 +324,19 @@ def skippable(
         return {}, "no converge recorded (a first apply, or the last one failed or was partial)"
     if record.shared != now.shared:
         return {}, (
-            "what every node is given changed since the last converge (the render's shared "
-            "files or inventory, the roles or the secrets)"
+            "what every node is given changed since the last converge ("
+            + _names(changed_parts(record.shared, now.shared))
+            + ")"
         )
     left = unchanged(record, now, hosts)
     changed: dict[str, list[str]] = {}
     for h in hosts:
         if h not in left and h in record.hosts:
-            changed.setdefault(now.pools.get(h, ""), []).append(h)
+            changed.setdefault(now.pool_of.get(h, ""), []).append(h)
     why = [
-        f"pool {pool}'s variables or files changed since the last converge: {compress(names)}"
+        f"pool {pool}: "
+        + _names(changed_parts(record.pools.get(pool, {}), now.pools.get(pool, {})))
+        + f" changed since the last converge: {compress(names)}"
         if pool
         else f"in no pool: {compress(names)}"
         for pool, names in sorted(changed.items())
@@ -313,3 +345,8 @@ def skippable(
     if new:
         why.append(f"new since the last converge: {compress(new)}")
     return left, "; ".join(why)
+
+
+def _names(parts: list[str], most: int = 3) -> str:
+    shown = ", ".join(parts[:most])
+    return shown + (f" and {len(parts) - most} more" if len(parts) > most else "")

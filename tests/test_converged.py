@@ -147,7 +147,7 @@ def test_each_nodes_fingerprint_follows_what_its_pool_and_every_node_are_given(
     secrets.mkdir()
     (secrets / "munge.key").write_bytes(b"k" * 32)
     first = converged.prints(RENDER, secrets)
-    assert first.pools == {"head001": "head", "cpu001": "cpu", "cpu002": "cpu", "gpu001": "gpu"}
+    assert first.pool_of == {"head001": "head", "cpu001": "cpu", "cpu002": "cpu", "gpu001": "gpu"}
     assert converged.prints(dict(RENDER), secrets) == first
     assert first.nodes["cpu001"] == first.nodes["cpu002"] != first.nodes["gpu001"]
     everyone = sorted(first.nodes)
@@ -270,15 +270,18 @@ def test_a_record_skips_only_its_hosts_and_only_for_their_fingerprint(tmp_path: 
     later = converged.prints({**RENDER, "inventory/hosts.yml": cpu}, tmp_path / "none")
     left_, why = converged.skippable(state, later, ["head001", "cpu001", "cpu002"], False)
     assert list(left_) == ["head001"]
-    assert why == "pool cpu's variables or files changed since the last converge: cpu[001-002]"
+    assert why == "pool cpu: the pool's variables changed since the last converge: cpu[001-002]"
     kept = converged.after(record, later, {"cpu001": Left({"/etc/fstab": "d" * 40}, [])})
     assert sorted(kept.hosts) == ["cpu001", "head001"]  # cpu002 not converged: not kept
     assert kept.hosts["head001"] == left and kept.prints["cpu001"] == later.nodes["cpu001"]
 
     # what every node is given changed: every node converges, and says why
     moved = {**RENDER, "files/slurm/slurm.conf": "A=2\n"}
-    left_, why = converged.skippable(state, converged.prints(moved, tmp_path), ["head001"], False)
-    assert left_ == {} and why.startswith("what every node is given changed")
+    left_, why = converged.skippable(
+        state, converged.prints(moved, tmp_path / "none"), ["head001"], False
+    )
+    assert (left_, why) == ({}, "what every node is given changed since the last converge "
+                             "(files/slurm/slurm.conf)")  # fmt: skip
 
     converged.forget(state)
     assert converged.load(state) is None

@@ -225,7 +225,7 @@ def test_plan_says_which_nodes_apply_would_probe_and_skip(tmp_path: Path) -> Non
     plan = make_plan(Cluster(load_spec(jupyter)), state)
     assert plan.probed == ["head001"]
     assert plan.converge_why == (
-        "pool compute's variables or files changed since the last converge: compute[001-002]"
+        "pool compute: files/nftables/compute.nft changed since the last converge: compute[001-002]"
     )
     # any change of what every node is given converges every node
     grown = tmp_path / "lab3.yaml"

@@ -658,7 +658,7 @@ def test_a_port_opened_on_one_pool_converges_that_pool_alone(lab: tuple[Path, Pa
     assert (
         "converge: head001 probed for drift and skipped if their files and services are as the "
         "last apply left them (apply --full converges them); the others converge: pool "
-        "compute's variables or files changed since the last converge: compute[001-002]"
+        "compute: files/nftables/compute.nft changed since the last converge: compute[001-002]"
     ) in " ".join(plan.stdout.split()), plan.stdout
     r = provision("apply", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
