@@ -328,3 +328,34 @@ def test_a_hosts_result_names_the_tasks_that_changed_something() -> None:
     for kind, data in events:
         _count(result, {"event": kind, "event_data": {"host": "cp001", **data}})
     assert result.hosts["cp001"].changed_tasks == ["chrony : Write chrony.conf", "Restart chrony"]
+
+
+def test_on_an_example_a_mount_of_some_pools_converges_those_pools_and_mig_everyone(
+    tmp_path: Path,
+) -> None:
+    """dgx-superpod-ha as rendered: new options for the scratch mount of the gpu and mig
+    pools reach those pools' fingerprints alone; a new MIG layout is in slurm.conf, so it
+    reaches every node's."""
+    from provision.cluster import Cluster
+    from provision.render import render
+    from provision.spec import load_spec
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    text = (examples / "dgx-superpod-ha.yaml").read_text()
+    ca = "directory-ca.pem"
+    (tmp_path / ca).write_bytes((examples / ca).read_bytes())
+
+    def prints(spec_text: str) -> converged.Prints:
+        path = tmp_path / "cluster.yaml"
+        path.write_text(spec_text)
+        return converged.prints(render(Cluster(load_spec(path))), tmp_path / "none")
+
+    first = prints(text)
+    scratch = "path: /scratch, pools: [gpu, mig]"
+    assert scratch in text
+    mounted = prints(text.replace(scratch, scratch + ', options: "_netdev,noatime"'))
+    assert sorted({first.pool_of[h] for h in _changed(first, mounted)}) == ["gpu", "mig"]
+    mig = "mig: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb]"
+    assert mig in text
+    layout = prints(text.replace(mig, "mig: [2g.20gb, 2g.20gb, 2g.20gb]"))
+    assert _changed(first, layout) == sorted(first.nodes)
