@@ -422,6 +422,10 @@ def test_installed_counts_only_packages_the_facts_name() -> None:
     assert installed("munge", facts) and installed(["munge", "chrony"], facts)
     assert not installed(["munge", "slurmd"], facts)
     assert not installed("munge", {})  # no package facts read: install as ever
+    # the names alone (installed_packages), which win over package_facts' dictionary
+    names = {"provision_packages": ["chrony", "munge"], **facts}
+    assert installed(["munge", "chrony"], names) and not installed("slurmd", names)
+    assert not installed("munge", {"provision_packages": [], **facts})
 
 
 @pytest.mark.parametrize("kubernetes", [False, True])

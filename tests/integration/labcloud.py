@@ -176,7 +176,7 @@ SEAL_PLAY = """- name: An elastic cloud pool's image, as its builder's last play
       ansible.builtin.apt:
         update_cache: true
     - name: Read the installed packages
-      ansible.builtin.package_facts:
+      gpu_provision.cluster.installed_packages:
   tasks:
     - name: Role burst, the image's part
       ansible.builtin.include_role:
