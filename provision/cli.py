@@ -9,6 +9,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, ParamSpec
 
@@ -69,7 +70,16 @@ SpecArg = Annotated[
         help="cluster spec (YAML); default: the embedded lab, examples/lab.yaml", show_default=False
     ),
 ]
+
+
 # the spec as an option, for verbs whose argument is something else (a node, a hostlist)
+class ConvergeMode(StrEnum):
+    """How the roles reach the nodes (apply --mode)."""
+
+    push = "push"
+    pull = "pull"
+
+
 SpecOpt = Annotated[Path, typer.Option("--spec", "-f", help="cluster spec", show_default=False)]
 NodesArg = Annotated[
     str, typer.Argument(help="compute nodes (a hostlist) or a pool name", show_default=False)
@@ -283,6 +293,15 @@ def apply(
             "apply (by default those are probed for drift and skipped)",
         ),
     ] = False,
+    mode: Annotated[
+        ConvergeMode | None,
+        typer.Option(
+            "--mode",
+            help="push: this machine runs every node's tasks; pull: the heads by push, then "
+            "the compute and login nodes run the roles themselves (default: the spec's "
+            "converge.mode)",
+        ),
+    ] = None,
 ) -> None:
     """Create the nodes, render, run the roles (gpu_provision.cluster.site) and verify."""
     from provision.lifecycle import Leaving, Scope
@@ -298,7 +317,13 @@ def apply(
             reports,
             verify=not no_verify,
             leaving=Leaving(timeout=drain_timeout, force=force),
-            scope=Scope(limit=limit, tags=tags, batch=batch, full=full),
+            scope=Scope(
+                limit=limit,
+                tags=tags,
+                batch=batch,
+                full=full,
+                mode=mode.value if mode is not None else None,
+            ),
         )
     finally:
         reports.close()
@@ -309,7 +334,13 @@ def apply(
     out.print(
         f"apply: done ({changes} change(s)) in {sum(report.phases.values()):.0f}s: "
         + ", ".join(f"{k} {v:.1f}s" for k, v in report.phases.items())
-        + (f" (Ansible's CPU {report.run.cpu_seconds:.1f}s)" if report.run else "")
+        + (f" (Ansible's CPU {report.run.cpu_seconds:.1f}s" if report.run else "")
+        + (
+            f"; the nodes' own {report.run.node_cpu_seconds:.1f}s"
+            if report.run and report.run.node_cpu_seconds
+            else ""
+        )
+        + (")" if report.run else "")
     )
 
 

@@ -31,6 +31,7 @@ from provision.providers.cloud import refuse_api_address, refuse_recarve
 from provision.render import read_render, render, write_render
 from provision.render.tunnel import members
 from provision.rolling import batch_size, roll
+from provision.run import pull
 from provision.run.ansible import HostResult, RunResult, playbook_tags, run_playbook
 from provision.run.report import PlayEnded, PlayEvent, PlayStarted, Reporter, quiet
 from provision.run.wheel import build_wheel
@@ -38,9 +39,11 @@ from provision.secrets import directory_secrets, ensure_cluster_secrets, monitor
 from provision.spec import Spec
 from provision.spec.checks.identity import ca_file_problem
 from provision.spec.models import PROVIDER_ORDER
+from provision.spec.nodes import login_user
 from provision.sshkeys import private_key
 from provision.state import State, command_line
 from provision.verify import CheckResult, verify_cluster
+from provision.verify.remote import Remote
 
 REPORT = "last-apply.json"
 
@@ -61,6 +64,8 @@ class ApplyReport:
                     "phases": {k: round(v, 2) for k, v in self.phases.items()},
                     "status": self.run.status if self.run else "not run",
                     "ansible_cpu_seconds": round(self.run.cpu_seconds, 2) if self.run else 0.0,
+                    # pull mode: the nodes' own, where they have a cgroup v2 to read it from
+                    "node_cpu_seconds": round(self.run.node_cpu_seconds, 2) if self.run else 0.0,
                     "log_dir": str(self.run.log_dir.resolve())
                     if self.run and self.run.log_dir
                     else "",
@@ -122,6 +127,7 @@ class Scope:
     tags: str | None = None  # Ansible's tags: only these roles' tasks
     batch: str | None = None  # roll through the compute nodes: a count or a percentage
     full: bool = False  # converge every node, even those nothing changed for (converged.py)
+    mode: str | None = None  # push or pull, over the spec's converge.mode (run/pull.py)
 
     @property
     def partial(self) -> bool:
@@ -162,6 +168,8 @@ def apply(
                 f"--tags {scope.tags!r}: {', '.join(map(repr, unknown)) or 'empty'} is no tag of "
                 f"the roles (they are: {', '.join(known)})"
             )
+    if scope.mode == "pull" and (why := pull.refusal(spec)) is not None:
+        raise UsageError(f"--mode pull: {why}")
     head = Handle(spec_path, spec, cluster, state)  # the scheduler's commands run there
     with state.locked(command_line()):
         report = ApplyReport()
@@ -472,6 +480,11 @@ def _play(
         extra_vars=extra_vars,
         extra_inventory=[made.inventory for made in builds or []] or None,
     )
+    return _ran(run, result)
+
+
+def _ran(run: _Run, result: RunResult) -> RunResult:
+    """A run reported and added to the apply's; OperationError if it failed."""
     run.say(PlayEnded(result))
     run.report.run = result if run.report.run is None else _merged(run.report.run, result)
     if result.rc != 0:
@@ -508,6 +521,7 @@ def _merged(a: RunResult, b: RunResult) -> RunResult:
         a.seconds + b.seconds,
         b.log_dir,
         a.cpu_seconds + b.cpu_seconds,
+        a.node_cpu_seconds + b.node_cpu_seconds,
     )
 
 
@@ -523,13 +537,67 @@ def _converge(
     state = run.state
     builds = [] if run.scope.partial else _start_image_builds(cluster, state, run.say)
     limit = run.hosts if run.scope.limit is not None else only
+    hosts = limit if limit is not None else run.hosts
+    selves = []
+    if pull.converge_mode(cluster.spec, run.scope.mode) == "pull":
+        selves = pull.pulled(cluster.nodes, hosts)
     ok = False
     try:
         with _Phase(run.report, "ansible"):
-            _play(key, run, limit, extra_vars, builds)
+            if not selves:
+                _play(key, run, limit, extra_vars, builds)
+            else:
+                pushed = [h for h in hosts if h not in selves]
+                run.say(
+                    f"converge: pull: {compress(selves)} converge themselves"
+                    + (f", after {compress(pushed)} by push" if pushed else "")
+                )
+                log_dir = None
+                if pushed or builds:
+                    builders = [h for made in builds for h in made.hosts]
+                    log_dir = _play(key, run, pushed + builders, extra_vars, builds).log_dir
+                _pull(cluster, key, run, selves, extra_vars, log_dir)
         ok = True
     finally:
         _finish_builds(run, builds, ok)
+
+
+def _pull(
+    cluster: Cluster,
+    key: Path | None,
+    run: _Run,
+    hosts: list[str],
+    extra_vars: dict[str, object],
+    log_dir: Path | None,
+) -> RunResult:
+    """These nodes converge themselves (run/pull.py); their events join the push run's log
+    folder where there was one. OperationError if any failed."""
+    spec, state = cluster.spec, run.state
+    if log_dir is None:
+        log_dir = state.logs / (time.strftime("%Y%m%d-%H%M%S") + "-site-pull")
+    nodes = [
+        pull.Node(n.name, str(n.login_address), login_user(spec, n.provider))
+        for n in cluster.nodes
+        if n.name in hosts
+    ]
+
+    def connect(node: pull.Node) -> Remote:
+        remote = Remote(node.name, node.address, node.user, spec.ssh.port, key, state.known_hosts)
+        remote.connect()
+        return remote
+
+    run.say(PlayStarted("site.yml (pull)", hosts))
+    result = pull.pull(
+        nodes,
+        state,
+        connect,
+        Path(str(extra_vars["provision_secrets_dir"])),
+        extra_vars,
+        log_dir,
+        on_event=lambda event: run.say(PlayEvent(event)),
+        tags=run.scope.tags,
+    )
+    return _ran(run, result)
 
 
 def _finish_builds(run: _Run, builds: list[ImageBuilds], ok: bool) -> None:

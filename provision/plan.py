@@ -16,6 +16,7 @@ from provision.errors import ProvisionError
 from provision.providers import ProviderPlan, get_provider
 from provision.render import read_render, render
 from provision.render.firewall import OpenRule, Reach, admin_reach, internet_rules
+from provision.run import pull
 from provision.spec.models import PROVIDER_ORDER
 from provision.state import State
 
@@ -84,6 +85,9 @@ class Plan:
     # the others converge
     probed: list[str] = field(default_factory=list)
     converge_why: str = ""
+    # converge.mode: push, or pull with the nodes that would converge themselves
+    mode: str = "push"
+    pulled: list[str] = field(default_factory=list)
     reach: list[Reach] = field(default_factory=list)  # who reaches SSH and the monitoring
 
     @property
@@ -144,6 +148,8 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
         if v.profile.price is not None
     ]
     probed, why = _skippable(cluster, state, new)
+    mode = pull.converge_mode(cluster.spec)
+    pulled = pull.pulled(cluster.nodes, [n.name for n in cluster.lasting_nodes])
     return Plan(
         providers,
         groups,
@@ -156,6 +162,8 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
         changes(old, new) if old else None,
         probed=probed,
         converge_why=why,
+        mode=mode,
+        pulled=pulled if mode == "pull" else [],
         reach=admin_reach(cluster),
     )
 
@@ -181,7 +189,12 @@ def plan_json(plan: Plan, cluster: Cluster) -> dict[str, Any]:
         "groups": plan.groups,
         "files": [{"path": c.path, "change": c.kind} for c in plan.changes],
         "files_unchanged": plan.unchanged,
-        "converge": {"probed": plan.probed, "others_because": plan.converge_why},
+        "converge": {
+            "probed": plan.probed,
+            "others_because": plan.converge_why,
+            "mode": plan.mode,
+            "converge_themselves": plan.pulled,
+        },
         "running_cluster": {
             **plan.running.to_json(),
             "jobs_on_nodes_removed": plan.leaving_jobs,

@@ -187,6 +187,14 @@ def print_plan(plan: Plan, cluster: Cluster, console: Console, diff: bool = Fals
         )
     else:
         console.print(f"converge: every node ({plan.converge_why})", markup=False)
+    if plan.pulled:
+        console.print(
+            f"converge mode: pull: {compress(plan.pulled)} run the roles themselves, the others "
+            "first by push",
+            markup=False,
+        )
+    else:
+        console.print("converge mode: push: this machine runs every node's tasks", markup=False)
     _running(plan, cluster, console)
 
     if plan.exposed:

@@ -295,14 +295,14 @@ def test_a_record_skips_only_its_hosts_and_only_for_their_fingerprint(tmp_path: 
 def test_a_hosts_failure_is_the_one_that_stopped_it() -> None:
     """A failure its block rescued is followed by the rescue's own (a message naming what to
     do): the host's result, and apply's last line, show that one."""
-    from provision.run.ansible import RunResult, _count
+    from provision.run.ansible import RunResult, count_event
 
     result = RunResult(rc=2, status="failed")
     fetch = {"task": "Fetch the signing key", "res": {"msg": "Request failed: <urlopen error>"}}
     say = {"task": "Say which repository", "res": {"msg": "cp001 cannot reach https://repo/"}}
     for data in (fetch, say):
-        _count(result, {"event": "runner_on_failed", "event_data": {"host": "cp001", **data}})
-    _count(
+        count_event(result, {"event": "runner_on_failed", "event_data": {"host": "cp001", **data}})
+    count_event(
         result,
         {
             "event": "runner_on_failed",
@@ -316,7 +316,7 @@ def test_a_hosts_failure_is_the_one_that_stopped_it() -> None:
 def test_a_hosts_result_names_the_tasks_that_changed_something() -> None:
     """The record of an apply says which tasks changed each host, in order, with their role;
     an ok that changed nothing and a failure are not among them."""
-    from provision.run.ansible import RunResult, _count
+    from provision.run.ansible import RunResult, count_event
 
     result = RunResult(rc=0, status="successful")
     events = [
@@ -326,7 +326,7 @@ def test_a_hosts_result_names_the_tasks_that_changed_something() -> None:
         ("runner_on_ok", {"task": "Restart chrony", "res": {"changed": True}}),
     ]
     for kind, data in events:
-        _count(result, {"event": kind, "event_data": {"host": "cp001", **data}})
+        count_event(result, {"event": kind, "event_data": {"host": "cp001", **data}})
     assert result.hosts["cp001"].changed_tasks == ["chrony : Write chrony.conf", "Restart chrony"]
 
 

@@ -52,6 +52,7 @@ class RunResult:
     seconds: float = 0.0
     log_dir: Path | None = None
     cpu_seconds: float = 0.0  # user + system CPU of this workstation while Ansible ran
+    node_cpu_seconds: float = 0.0  # pull mode: the CPU the nodes' own Ansible used, summed
 
     @property
     def failed_hosts(self) -> list[str]:
@@ -150,7 +151,7 @@ def run_playbook(
     result = RunResult(rc=-1, status="starting")
 
     def handle(event: dict[str, Any]) -> bool:
-        _count(result, event)
+        count_event(result, event)
         if on_event is not None:
             on_event(event)
         return True
@@ -240,7 +241,8 @@ def _stats(runner: Any) -> dict[str, dict[str, int]]:
     return out
 
 
-def _count(result: RunResult, event: dict[str, Any]) -> None:
+def count_event(result: RunResult, event: dict[str, Any]) -> None:
+    """A host's changed tasks and its failure, from one event."""
     kind = event.get("event", "")
     data = event.get("event_data", {})
     host = data.get("host")

@@ -1153,6 +1153,17 @@ class SshAccess(Model):
     )
 
 
+class Converge(Model):
+    mode: Literal["auto", "push", "pull"] = Field(
+        default="auto",
+        description="how the roles reach the nodes: push (this workstation runs every node's "
+        "tasks over SSH), pull (the heads by push, then each compute and login node runs the "
+        "same roles with its own Ansible, which provision sends it: the workstation's work no "
+        "longer grows with the nodes; Slurm clusters on debian12 and ubuntu24.04), auto (pull "
+        "from 50 compute and login nodes where pull is supported, else push)",
+    )
+
+
 class ExportClient(Model):
     """Who may mount an export, and how: the nodes of some pools, or a network."""
 
@@ -1357,6 +1368,9 @@ class Spec(Model):
     )
     security: Security = Field(description="who may reach the nodes, and how")
     ssh: SshAccess = Field(default=SshAccess(), description="how Ansible logs in to the nodes")
+    converge: Converge = Field(
+        default=Converge(), description="how the roles reach the nodes: push or pull"
+    )
     storage: Storage = Field(
         default=Storage(), description="NFS exports the cluster serves, and what nodes mount"
     )

@@ -49,12 +49,42 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
         )
     if spec.scheduler == "kubernetes":
         problems.extend(_kubernetes(spec))
+    if spec.converge.mode == "pull":
+        problems.extend(pull_problems(spec))
     if spec.monitoring is not None and spec.os == "rocky9":
         problems.append(
             (
                 ("monitoring",),
                 "not supported yet: monitoring on rocky9 (Prometheus comes from Debian's and "
                 "Ubuntu's packages; Rocky has none); leave monitoring out",
+            )
+        )
+    return problems
+
+
+# the Python each OS ships: pull mode runs Ansible 2.19 on the nodes, which needs 3.11
+PYTHON = {"debian12": (3, 11), "ubuntu22.04": (3, 10), "ubuntu24.04": (3, 12), "rocky9": (3, 9)}
+PULL_PYTHON = (3, 11)
+
+
+def pull_problems(spec: Spec) -> list[Problem]:
+    """Why the nodes cannot converge themselves (converge.mode pull), if they cannot."""
+    problems: list[Problem] = []
+    if spec.scheduler == "kubernetes":
+        problems.append(
+            (
+                ("converge", "mode"),
+                "not supported yet: pull with Kubernetes (a worker's join needs the control "
+                "plane's token, which only a run that reaches both has); use push",
+            )
+        )
+    if PYTHON[spec.os] < PULL_PYTHON:
+        problems.append(
+            (
+                ("converge", "mode"),
+                f"not supported yet: pull on {spec.os} (its Python "
+                f"{'.'.join(map(str, PYTHON[spec.os]))} is older than the 3.11 Ansible needs on "
+                "the nodes); use push",
             )
         )
     return problems

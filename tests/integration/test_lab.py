@@ -648,6 +648,34 @@ def test_apply_converges_only_the_nodes_that_drifted(lab: tuple[Path, Path]) -> 
     assert "converge: compute[001-002],head001 as the last apply left them" in r.stdout
 
 
+def test_a_drifted_compute_node_converges_itself_in_pull_mode(lab: tuple[Path, Path]) -> None:
+    """apply --mode pull: the node runs the roles with its own Ansible (sent by the
+    workstation), its events reach the same report and record, and it keeps no secret of
+    the run and none that is not its own."""
+    spec, work = lab
+    _on(spec, work, "compute001", "echo '# a hand edit' >> /etc/chrony/chrony.conf")
+    r = provision("apply", str(spec), "--mode", "pull", cwd=work)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert "converge: pull: compute001 converge themselves" in r.stdout, r.stdout
+    assert "ansible: playbooks/site.yml (pull) on 1 host(s)" in r.stdout
+    assert "verify: 42 passed, 0 failed" in r.stdout
+    report = _report(work)
+    assert sorted(report["hosts"]) == ["compute001"]
+    assert (
+        "common : Write the chrony configuration" in report["hosts"]["compute001"]["changed_tasks"]
+    )
+    assert "# a hand edit" not in _on(spec, work, "compute001", "cat /etc/chrony/chrony.conf")
+    events = Path(report["log_dir"]) / "job_events"
+    assert list(events.glob("pull-compute001-*.json"))
+    # the runtime and the content, kept for the next run; the run's secrets gone
+    kept = _on(spec, work, "compute001", "cd /var/lib/provision/pull && stat -c %a . && ls")
+    assert kept.split()[0] == "700", kept
+    assert sorted(n.split("-")[0] for n in kept.split()[1:]) == ["content", "home", "runtime"]
+    # the record holds what the node's own run left: the next apply probes and skips it
+    r = provision("apply", str(spec), cwd=work)
+    assert "converge: compute[001-002],head001 as the last apply left them" in r.stdout, r.stdout
+
+
 def test_a_port_opened_on_one_pool_converges_that_pool_alone(lab: tuple[Path, Path]) -> None:
     """A change to one pool's files (its nftables rules) converges that pool's nodes and
     probes the others; plan says so first. The rule stays (admins' port 8888 on compute)."""
