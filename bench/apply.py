@@ -1,15 +1,22 @@
-"""Time `provision apply` on the lab, 3 and 12 nodes (image already built): a cold apply, a
-no-op re-apply (every node probed and skipped), a no-op with --full (the roles run on every
-node and change nothing), and a change to one pool (a port opened on the head pool: its node
-converges, the others are probed and skipped), with Mitogen's strategy (the default) and
-Ansible's own `linear`. `bench/apply.py mitogen` leaves out the linear runs.
+"""Time `provision apply` on the lab at 3, 12 and 40 nodes (image already built), push and pull.
 
-For each run: wall time, Ansible's share, workstation CPU seconds per node (user + system of
-provision and everything it ran; Ansible's processes alone in brackets), and for the --full
-no-op the tasks per node and the ten tasks that took longest (their time summed over nodes).
+For each size, one cluster: a cold apply (push), a no-op re-apply (every node probed and
+skipped), a no-op with --full (the roles run on every node and change nothing) pushed, then the
+same pulled (the head pushed, the compute nodes converging themselves), a change to the head
+pool (a port opened there: its node converges by push, the others are probed and skipped), and
+a change to the compute pool (another port: its nodes converge) pushed, then pulled. At 12
+nodes, a second cluster's cold apply pulled.
 
-Run as root with podman (make bench). It creates and destroys its own clusters (bench3,
-bench12) on 10.75.0.0/24 and 10.74.0.0/24; it takes about 15 minutes.
+For each run: wall time, Ansible's share, this workstation's CPU seconds per node of the
+cluster (user + system of provision and everything it ran; Ansible's processes alone in
+brackets), the whole machine's CPU seconds per node (the lab's nodes are containers on this
+machine: in pull mode their own Ansible is here too), changes and nodes converged; and for the
+--full push, the tasks per node and the ten tasks that took longest (their time summed over
+nodes).
+
+`bench/apply.py 3 12` runs those sizes alone; `ANSIBLE_STRATEGY=linear` compares Ansible's own
+strategy. Run as root with podman (make bench). It creates and destroys its own clusters
+(bench3, bench12, bench40, bench12p) on 10.75-10.72.0.0/24; it takes about 50 minutes.
 """
 
 from __future__ import annotations
@@ -83,34 +90,50 @@ def top_tasks(log_dir: str, count: int = 10) -> tuple[dict[str, int], list[tuple
     return dict(per_host), sorted(took.items(), key=lambda kv: -kv[1])[:count]
 
 
-def run(label: str, spec_path: Path, work: Path, nodes: int, strategy: str) -> list[str]:
+def _machine_cpu() -> float:
+    """CPU seconds this whole machine has spent so far (every container's too)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def _port(text: str, port: int, pool: str) -> str:
+    rule = f"{{name: p{port}, port: {port}, sources: [admin], pools: [{pool}]}}"
+    if "  firewall_rules: [" in text:
+        return text.replace("  firewall_rules: [", f"  firewall_rules: [{rule}, ", 1)
+    return text.replace("security:\n", f"security:\n  firewall_rules: [{rule}]\n", 1)
+
+
+RUNS = (
+    ("cold", [], None),
+    ("no-op", [], None),
+    ("no-op --full", ["--full", "--mode", "push"], None),
+    ("no-op --full, pull", ["--full", "--mode", "pull"], None),
+    ("head pool", [], (8801, "head")),
+    ("compute pool", ["--mode", "push"], (8802, "compute")),
+    ("compute pool, pull", ["--mode", "pull"], (8803, "compute")),
+)
+
+
+def run(label: str, spec_path: Path, work: Path, nodes: int, runs: tuple = RUNS) -> list[str]:  # type: ignore[type-arg]
     env = dict(os.environ)
-    if strategy != "mitogen":
-        env["ANSIBLE_STRATEGY"] = strategy
     provision(["destroy", str(spec_path), "--yes"], work, env)
     rows = []
     plain = spec_path.read_text()
-    opened = plain.replace(
-        "security:\n",
-        "security:\n  firewall_rules: [{name: bench, port: 8888, sources: [admin], "
-        "pools: [head]}]\n",
-    )
-    for kind, extra in (
-        ("cold", []),
-        ("no-op", []),
-        ("no-op --full", ["--full"]),
-        ("one pool", []),
-    ):
-        spec_path.write_text(opened if kind == "one pool" else plain)
+    for kind, extra, change in runs:
+        if change is not None:
+            spec_path.write_text(_port(spec_path.read_text(), *change))
         cpu: list[float] = []
+        machine = _machine_cpu()
         wall, report = provision(["apply", str(spec_path), *extra], work, env, cpu)
+        machine = _machine_cpu() - machine
         phases = report["phases"]
         changed = sum(h["changed"] for h in report["hosts"].values())
         ansible_cpu = report.get("ansible_cpu_seconds", 0.0)
         row = (
-            f"{label:<26} {kind:<13} {wall:>6.1f}s {phases.get('ansible', 0):>7.1f}s"
-            f" {cpu[0] / nodes:>6.2f} ({ansible_cpu / nodes:.2f}) {changed:>8}"
-            f" {len(report['hosts']):>10}"
+            f"{label:<10} {kind:<20} {wall:>6.1f}s {phases.get('ansible', 0):>7.1f}s"
+            f" {cpu[0] / nodes:>6.2f} ({ansible_cpu / nodes:.2f}) {machine / nodes:>8.2f}"
+            f" {changed:>8} {len(report['hosts']):>10}"
         )
         rows.append(row)
         print(row, flush=True)
@@ -127,18 +150,22 @@ def run(label: str, spec_path: Path, work: Path, nodes: int, strategy: str) -> l
 def main() -> int:
     if os.geteuid() != 0:
         raise SystemExit("bench/apply.py needs root (the lab provider does)")
+    sizes = [int(a) for a in sys.argv[1:]] or [3, 12, 40]
     work = Path(tempfile.mkdtemp(prefix="provision-bench-apply-"))
-    three = spec(work, "bench3", "10.75.0.", 2)
-    twelve = spec(work, "bench12", "10.74.0.", 11)
     header = (
-        f"{'cluster, strategy':<26} {'apply':<13} {'total':>7} {'Ansible':>8}"
-        f" {'CPU s/node (Ansible)':>20} {'changed':>8} {'converged':>10}"
+        f"{'cluster':<10} {'apply':<20} {'total':>7} {'Ansible':>8}"
+        f" {'CPU s/node (Ansible)':>20} {'machine':>8} {'changed':>8} {'converged':>10}"
     )
     print(header)
-    rows = run("3 nodes, mitogen", three, work, 3, "mitogen")
-    if sys.argv[1:] != ["mitogen"]:
-        rows += run("3 nodes, linear", three, work, 3, "linear")
-    rows += run("12 nodes, mitogen", twelve, work, 12, "mitogen")
+    rows = []
+    prefixes = {3: "10.75.0.", 12: "10.74.0.", 40: "10.73.0."}
+    for size in sizes:
+        path = spec(work, f"bench{size}", prefixes.get(size, "10.72.0."), size - 1)
+        rows += run(f"{size} nodes", path, work, size)
+        if size == 12:
+            pulled = spec(work, "bench12p", "10.72.0.", size - 1)
+            cold = (("cold, pull", ["--mode", "pull"], None),)
+            rows += run(f"{size} nodes", pulled, work, size, cold)
     print()
     print(header)
     print("\n".join(rows))
