@@ -91,7 +91,7 @@ def strategy_env() -> dict[str, str]:
     return {"ANSIBLE_STRATEGY_PLUGINS": str(plugins), "ANSIBLE_STRATEGY": "mitogen_linear"}
 
 
-def _cpu_seconds() -> float:
+def cpu_seconds() -> float:
     """CPU used so far by this process and the children it has waited for."""
     total = 0.0
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
@@ -156,7 +156,7 @@ def run_playbook(
             on_event(event)
         return True
 
-    started, cpu_started = time.monotonic(), _cpu_seconds()
+    started, cpu_started = time.monotonic(), cpu_seconds()
     private_data_dir = state.dir / "runner"
     private_data_dir.mkdir(mode=0o700, exist_ok=True)
     os.chmod(state.logs, 0o700)  # run logs may hold host details: keep them to the owner
@@ -192,7 +192,7 @@ def run_playbook(
     result.rc = runner.rc
     result.status = runner.status
     result.seconds = time.monotonic() - started
-    result.cpu_seconds = _cpu_seconds() - cpu_started
+    result.cpu_seconds = cpu_seconds() - cpu_started
     result.log_dir = state.logs / ident
     if runner.rc != 0 and not result.hosts and not _stats(runner):
         raise OperationError(

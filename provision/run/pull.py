@@ -30,7 +30,6 @@ import io
 import json
 import os
 import re
-import resource
 import shlex
 import tarfile
 import threading
@@ -42,7 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from provision import assets
-from provision.run.ansible import EventHandler, HostResult, RunResult, count_event
+from provision.run.ansible import (
+    EventHandler,
+    HostResult,
+    RunResult,
+    count_event,
+    cpu_seconds,
+)
 from provision.secrets import MUNGE_KEY, write_private
 from provision.spec.models import Spec
 from provision.spec.nodes import Node as SpecNode
@@ -383,14 +388,6 @@ class Node:
     user: str
 
 
-def _cpu_seconds() -> float:
-    total = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        total += usage.ru_utime + usage.ru_stime
-    return total
-
-
 def pull(
     nodes: list[Node],
     state: State,
@@ -404,7 +401,7 @@ def pull(
     """Have these nodes converge themselves, all at once; their events go to on_event and into
     log_dir, their outcome into the result (rc 0 when every node's run went well). connect:
     an SSH session to a node, opened (verify's Remote: run, client, user, close)."""
-    started, cpu_started = time.monotonic(), _cpu_seconds()
+    started, cpu_started = time.monotonic(), cpu_seconds()
     wheel_var = extra_vars.get("provision_wheel")
     wheel = Path(str(wheel_var)) if wheel_var else None
     runtime = runtime_archive(state)
@@ -449,7 +446,7 @@ def pull(
     result.rc = 2 if any(r.status != "ok" for r in result.hosts.values()) else 0
     result.status = "failed" if result.rc else "successful"
     result.seconds = time.monotonic() - started
-    result.cpu_seconds = _cpu_seconds() - cpu_started
+    result.cpu_seconds = cpu_seconds() - cpu_started
     result.node_cpu_seconds = sum(events.node_cpu.values())
     return result
 
