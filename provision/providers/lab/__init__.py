@@ -30,6 +30,9 @@ from provision.state import State
 
 LABEL = LAB_LABEL
 SSH_WAIT_S = 90
+# and this much more per container: they boot their systemd at once on this machine's cores (40
+# on 2 cores took over 90 s)
+SSH_WAIT_PER_NODE_S = 3
 
 
 def container_name(cluster: str, node: str) -> str:
@@ -168,7 +171,9 @@ class LabProvider(Defaults):
                     podman.podman("start", name)
         for node in created:
             forget_host_key(state, str(node.address))  # a new container has new host keys
-        _wait_for_ssh([str(n.address) for n in nodes], SSH_WAIT_S)
+        _wait_for_ssh(
+            [str(n.address) for n in nodes], SSH_WAIT_S + SSH_WAIT_PER_NODE_S * len(nodes)
+        )
         return {n.name: n.address for n in nodes if n.address is not None}
 
     def _require_api_mount(self, container: str, node: str) -> None:
