@@ -4,6 +4,7 @@ replaced beside a running cluster (a new state would make new keys and secrets a
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 from pathlib import Path
 
@@ -126,3 +127,28 @@ def test_a_running_lab_is_never_given_new_keys(
     with pytest.raises(UsageError, match=r"lab: cluster 'lab' runs \(provision-lab-head001\)"):
         lab.create(expand_nodes(spec), state)
     assert not (state.keys / "id_ed25519").exists()
+
+
+def test_the_lab_raises_the_inotify_limit_its_containers_need_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each container's systemd holds about 5 inotify instances: at Debian's 128 the 26th
+    container of a 40-node lab never started sshd. The limit is raised, said, never lowered."""
+    import subprocess
+
+    from provision.providers.lab import podman
+
+    said: list[str] = []
+    lab = LabProvider("lab", ipaddress.IPv4Network("10.77.0.0/24"), log=said.append)
+    ran = subprocess.CompletedProcess(["podman"], 0, stdout=b"a1\nb2\n", stderr=b"")
+    monkeypatch.setattr(podman, "podman", lambda *args, **kw: ran)
+    limit = tmp_path / "max_user_instances"
+    limit.write_text("128\n")
+    lab._ensure_inotify(39, limit)  # 2 running, 39 new
+    assert limit.read_text() == f"{128 + 8 * 41}\n"
+    assert said == [
+        "lab: fs.inotify.max_user_instances raised from 128 to 456 for 41 containers (each "
+        "one's systemd holds several)"
+    ]
+    lab._ensure_inotify(3, limit)  # enough already: left as it is
+    assert limit.read_text() == "456\n" and len(said) == 1

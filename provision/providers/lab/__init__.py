@@ -33,6 +33,12 @@ SSH_WAIT_S = 90
 # and this much more per container: they boot their systemd at once on this machine's cores (40
 # on 2 cores took over 90 s)
 SSH_WAIT_PER_NODE_S = 3
+# each container's systemd (PID 1, journald, logind) holds about 5 inotify instances, all root's
+# on this machine; Debian's default limit of 128 stops the 26th container's systemd halfway
+# (its path units fail, sshd never starts)
+INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
+INOTIFY_PER_CONTAINER = 8
+INOTIFY_SPARE = 128  # the workstation's own
 
 
 def container_name(cluster: str, node: str) -> str:
@@ -147,6 +153,9 @@ class LabProvider(Defaults):
         if seconds:
             self.log(f"image: built in {seconds:.0f}s")
         self._ensure_network()
+        self._ensure_inotify(
+            len([n for n in nodes if container_name(self.cluster, n.name) not in existing])
+        )
         api = burst.ensure_api_service(state, self.log) if self.burst_pools else None
         self._ensure_volumes()
         created = []
@@ -175,6 +184,29 @@ class LabProvider(Defaults):
             [str(n.address) for n in nodes], SSH_WAIT_S + SSH_WAIT_PER_NODE_S * len(nodes)
         )
         return {n.name: n.address for n in nodes if n.address is not None}
+
+    def _ensure_inotify(self, new: int, limit: Path = INOTIFY_LIMIT) -> None:
+        """Enough inotify instances for every running container's systemd and the new ones':
+        raised (root runs the lab) and said, where the machine's limit is lower."""
+        if not new or not limit.exists():
+            return
+        running = len(podman.podman("ps", "--quiet").stdout.split())
+        needed = INOTIFY_SPARE + INOTIFY_PER_CONTAINER * (running + new)
+        current = int(limit.read_text().strip())
+        if current >= needed:
+            return
+        try:
+            limit.write_text(f"{needed}\n")
+        except OSError as exc:
+            raise OperationError(
+                f"lab: {running + new} containers need about {needed} inotify instances "
+                f"(fs.inotify.max_user_instances is {current}): run `sysctl -w "
+                f"fs.inotify.max_user_instances={needed}` ({exc.strerror})"
+            ) from None
+        self.log(
+            f"lab: fs.inotify.max_user_instances raised from {current} to {needed} for "
+            f"{running + new} containers (each one's systemd holds several)"
+        )
 
     def _require_api_mount(self, container: str, node: str) -> None:
         """A head made before the spec had an elastic pool cannot reach podman: say so."""
