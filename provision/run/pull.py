@@ -1,7 +1,7 @@
 """Pull mode: the compute and login nodes converge themselves, with the same roles.
 
 In push mode the workstation runs every task of every node: Ansible's controller forks a worker
-for each task and host, so its CPU grows with the node count (about 4 CPU-seconds a node for a
+for each task and host, so its CPU grows with the node count (4 to 6 CPU-seconds a node for a
 run that changes nothing, docs/speed.md). In pull mode the heads converge first by push (the
 nodes need their controller, NFS server and directory up), then every compute and login node
 runs the playbook itself, all at once, with `connection: local`; the workstation only sends
@@ -95,7 +95,7 @@ host_key_checking = false
 """
 
 
-# auto: pull from this many compute and login nodes (push costs the workstation about 4
+# auto: pull from this many compute and login nodes (push costs the workstation 4 to 6
 # CPU-seconds a node for a run that changes nothing; pull about a tenth of one: docs/speed.md)
 PULL_FROM = 50
 PULLED_ROLES = ("compute", "login")
