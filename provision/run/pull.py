@@ -295,14 +295,12 @@ def run_command(host: str, runtime: Archive, content: Archive, tags: str | None)
         "HOME": "/root",
         "LANG": "C.UTF-8",
         "PYTHONPATH": f"{PULL_ROOT}/{runtime.name}",
-        "PYTHONDONTWRITEBYTECODE": "",
         "ANSIBLE_CONFIG": f"{here}/ansible.cfg",
         "ANSIBLE_COLLECTIONS_PATH": f"{here}/collections:{PULL_ROOT}/{runtime.name}",
         "ANSIBLE_HOME": f"{PULL_ROOT}/home",
         "ANSIBLE_STRATEGY_PLUGINS": f"{PULL_ROOT}/{runtime.name}/ansible_mitogen/plugins/strategy",
         "ANSIBLE_STRATEGY": "mitogen_linear",
     }
-    env.pop("PYTHONDONTWRITEBYTECODE")
     argv = [
         "python3", "-m", "ansible", "playbook",
         "-i", f"{here}/build/inventory/hosts.yml",
