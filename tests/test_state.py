@@ -152,3 +152,29 @@ def test_the_lab_raises_the_inotify_limit_its_containers_need_and_says_so(
     ]
     lab._ensure_inotify(3, limit)  # enough already: left as it is
     assert limit.read_text() == "456\n" and len(said) == 1
+
+
+def test_a_limit_the_lab_cannot_raise_is_said_with_the_command_and_the_lab_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    from provision.providers.lab import podman
+
+    class ReadOnly(type(tmp_path)):  # type: ignore[misc]
+        def write_text(self, *args: object, **kwargs: object) -> int:
+            raise PermissionError(30, "Read-only file system")
+
+    said: list[str] = []
+    lab = LabProvider("lab", ipaddress.IPv4Network("10.77.0.0/24"), log=said.append)
+    ran = subprocess.CompletedProcess(["podman"], 0, stdout=b"", stderr=b"")
+    monkeypatch.setattr(podman, "podman", lambda *args, **kw: ran)
+    limit = tmp_path / "max_user_instances"
+    limit.write_text("128\n")
+    lab._ensure_inotify(3, ReadOnly(limit))
+    assert said == [
+        "lab: 3 containers may need about 152 inotify instances and "
+        "fs.inotify.max_user_instances is 128 (Read-only file system); if a container's SSH "
+        "never answers, run `sysctl -w fs.inotify.max_user_instances=152`"
+    ]
+    assert limit.read_text() == "128\n"

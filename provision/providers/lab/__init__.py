@@ -197,12 +197,14 @@ class LabProvider(Defaults):
             return
         try:
             limit.write_text(f"{needed}\n")
-        except OSError as exc:
-            raise OperationError(
-                f"lab: {running + new} containers need about {needed} inotify instances "
-                f"(fs.inotify.max_user_instances is {current}): run `sysctl -w "
-                f"fs.inotify.max_user_instances={needed}` ({exc.strerror})"
-            ) from None
+        except OSError as exc:  # the estimate is generous: the containers may still start
+            self.log(
+                f"lab: {running + new} containers may need about {needed} inotify instances "
+                f"and fs.inotify.max_user_instances is {current} ({exc.strerror}); if a "
+                f"container's SSH never answers, run `sysctl -w "
+                f"fs.inotify.max_user_instances={needed}`"
+            )
+            return
         self.log(
             f"lab: fs.inotify.max_user_instances raised from {current} to {needed} for "
             f"{running + new} containers (each one's systemd holds several)"
