@@ -129,21 +129,30 @@ def test_a_running_lab_is_never_given_new_keys(
     assert not (state.keys / "id_ed25519").exists()
 
 
-def test_the_lab_raises_the_inotify_limit_its_containers_need_and_says_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each container's systemd holds about 5 inotify instances: at Debian's 128 the 26th
-    container of a 40-node lab never started sshd. The limit is raised, said, never lowered."""
+def _lab_with_running(
+    running: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[LabProvider, list[str], Path]:
+    """A lab provider whose `podman ps` lists these containers, what it says, and a stand-in
+    for the inotify limit at Debian's 128."""
     import subprocess
 
     from provision.providers.lab import podman
 
     said: list[str] = []
     lab = LabProvider("lab", ipaddress.IPv4Network("10.77.0.0/24"), log=said.append)
-    ran = subprocess.CompletedProcess(["podman"], 0, stdout=b"a1\nb2\n", stderr=b"")
+    ran = subprocess.CompletedProcess(["podman"], 0, stdout=running, stderr=b"")
     monkeypatch.setattr(podman, "podman", lambda *args, **kw: ran)
     limit = tmp_path / "max_user_instances"
     limit.write_text("128\n")
+    return lab, said, limit
+
+
+def test_the_lab_raises_the_inotify_limit_its_containers_need_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each container's systemd holds about 5 inotify instances: at Debian's 128 the 26th
+    container of a 40-node lab never started sshd. The limit is raised, said, never lowered."""
+    lab, said, limit = _lab_with_running(b"a1\nb2\n", tmp_path, monkeypatch)
     lab._ensure_inotify(39, limit)  # 2 running, 39 new
     assert limit.read_text() == f"{128 + 8 * 41}\n"
     assert said == [
@@ -157,20 +166,11 @@ def test_the_lab_raises_the_inotify_limit_its_containers_need_and_says_so(
 def test_a_limit_the_lab_cannot_raise_is_said_with_the_command_and_the_lab_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import subprocess
-
-    from provision.providers.lab import podman
-
     class ReadOnly(type(tmp_path)):  # type: ignore[misc]
         def write_text(self, *args: object, **kwargs: object) -> int:
             raise PermissionError(30, "Read-only file system")
 
-    said: list[str] = []
-    lab = LabProvider("lab", ipaddress.IPv4Network("10.77.0.0/24"), log=said.append)
-    ran = subprocess.CompletedProcess(["podman"], 0, stdout=b"", stderr=b"")
-    monkeypatch.setattr(podman, "podman", lambda *args, **kw: ran)
-    limit = tmp_path / "max_user_instances"
-    limit.write_text("128\n")
+    lab, said, limit = _lab_with_running(b"", tmp_path, monkeypatch)
     lab._ensure_inotify(3, ReadOnly(limit))
     assert said == [
         "lab: 3 containers may need about 152 inotify instances and "

@@ -113,7 +113,8 @@ def converge_mode(spec: Spec, override: str | None = None) -> str:
     wanted = override or spec.converge.mode
     if wanted != "auto":
         return wanted
-    fleet = [n for n in expand_nodes(spec) if n.role in PULLED_ROLES and not n.elastic]
+    nodes = expand_nodes(spec)
+    fleet = pulled(nodes, [n.name for n in nodes])
     return "pull" if len(fleet) >= PULL_FROM and refusal(spec) is None else "push"
 
 
