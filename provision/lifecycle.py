@@ -302,30 +302,35 @@ def _apply(cluster: Cluster, applied: dict[str, str], run: _Run, verify: bool) -
     known = inventory_nodes(applied.get(INVENTORY, ""))
     rolling = scope.batch is not None and bool(known)
     stamp = converged.prints(made.files, made.secrets_dir)
-    left: dict[str, converged.Left] = {}
-    why = ""
+    decision = converged.Decision({}, dict.fromkeys(run.hosts), "")
     if not (scope.partial or rolling or scope.full):
         elastic = any(n.elastic for n in made.cluster.nodes)
-        left, why = converged.skippable(state, stamp, run.hosts, elastic)
-    drift = _preflight_phase(made.cluster, key, left, run)
+        decision = converged.decide(state, stamp, run.hosts, elastic)
+    drift = _preflight_phase(made.cluster, key, decision.left, run)
     extra_vars, new_nodes, action = _converge_vars(made, applied, known, rolling, run)
     for c in drift.values():
         if not c.passed:
             run.say(f"drift: {c.target}: {c.evidence}")
-    as_left = [h for h in run.hosts if h in drift and drift[h].passed]
+    # a node that drifted runs every role; one as left runs the roles whose inputs changed
+    roles: dict[str, tuple[str, ...] | None] = {
+        h: decision.roles[h] if h in drift and drift[h].passed else None for h in run.hosts
+    }
+    as_left = [h for h in run.hosts if roles[h] == ()]
     if as_left:
         run.say(
             f"converge: {compress(as_left)} as the last apply left them (nothing Ansible gives "
             "them changed; their files and services as left): skipped; --full converges them"
-            + (f"; the others converge: {why}" if why else "")
+            + (f"; the others converge: {decision.why}" if decision.why else "")
         )
-    to_converge = [h for h in run.hosts if h not in as_left]
+    elif decision.why and any(roles.values()):
+        run.say(f"converge: {decision.why}")
     if rolling:
         converged.forget(state)
         _roll(made.cluster, key, run, extra_vars, new_nodes, action)
-    elif to_converge:
-        only = to_converge if as_left else None
-        _converge_and_record(made.cluster, key, run, extra_vars, only, stamp)
+    elif len(as_left) < len(run.hosts):
+        everything = not as_left and all(r is None for r in roles.values())
+        runs = _runs(made.cluster, roles, everything)
+        _converge_and_record(made.cluster, key, run, extra_vars, runs, stamp)
     if scope.partial:
         run.say(
             "apply: a partial apply (--limit/--tags) is not recorded as the last apply: plan "
@@ -340,10 +345,15 @@ def _apply(cluster: Cluster, applied: dict[str, str], run: _Run, verify: bool) -
         )
     elif verify:
         _verify_phase(made.cluster, key, run)
-        if as_left and any(not c.passed for c in run.report.checks):
+        # the nodes some or all roles skipped
+        skipped = [h for h in run.hosts if roles.get(h) is not None]
+        if skipped and any(not c.passed for c in run.report.checks):
             # a skip is trusted only as far as verify agrees: what the probe cannot see
-            run.say(f"verify: checks failed with {compress(as_left)} skipped: converging them too")
-            _converge_and_record(made.cluster, key, run, extra_vars, as_left, stamp)
+            run.say(
+                f"verify: checks failed with roles skipped on {compress(skipped)}: every role "
+                "runs there too"
+            )
+            _converge_and_record(made.cluster, key, run, extra_vars, [(skipped, None)], stamp)
             _verify_phase(made.cluster, key, run)
 
 
@@ -437,25 +447,58 @@ def _verify_phase(cluster: Cluster, key: Path | None, run: _Run) -> None:
         run.report.checks = verify_cluster(cluster, run.state, key)
 
 
+# the order a change reaches nodes in when it runs in several parts: the servers first (the
+# controller before the slurmds, the NFS servers before their mounts)
+_ORDER = ("head", "storage", "login", "compute")
+
+
+def _runs(
+    cluster: Cluster, roles: dict[str, tuple[str, ...] | None], everything: bool
+) -> list[tuple[list[str] | None, tuple[str, ...] | None]]:
+    """The converge's runs: (these nodes (None: all), these roles (None: all)) for each set
+    of roles some nodes need, the servers' first."""
+    if everything:
+        return [(None, None)]
+    kind = {n.name: n.role for n in cluster.lasting_nodes}
+    groups: dict[tuple[str, ...] | None, list[str]] = {}
+    for host, wanted in roles.items():
+        if wanted != ():
+            groups.setdefault(wanted, []).append(host)
+
+    def first(item: tuple[tuple[str, ...] | None, list[str]]) -> tuple[int, int]:
+        wanted, hosts = item
+        rank = min(_ORDER.index(kind[h]) if kind.get(h) in _ORDER else len(_ORDER) for h in hosts)
+        return rank, 0 if wanted is None else 1
+
+    return [(hosts, wanted) for wanted, hosts in sorted(groups.items(), key=first)]
+
+
 def _converge_and_record(
     cluster: Cluster,
     key: Path | None,
     run: _Run,
     extra_vars: dict[str, object],
-    only: list[str] | None,
+    runs: list[tuple[list[str] | None, tuple[str, ...] | None]],
     stamp: converged.Prints,
 ) -> None:
-    """Converge (only these nodes, or all), then record what each node was left with: the
-    nodes not converged keep the record's entries while their fingerprint is unchanged; none
-    counts as converged meanwhile."""
+    """Converge, run by run (these nodes, or all; these roles, or all), then record what each
+    node was left with: the nodes not converged keep the record's entries while nothing they
+    are given changed, those that ran some roles keep what the others left; none counts as
+    converged meanwhile."""
     state = run.state
     before = converged.load(state)
     converged.forget(state)
-    _converge(cluster, key, run, extra_vars, only)
-    if run.scope.partial or run.report.run is None or run.report.run.log_dir is None:
+    logs = []
+    for hosts, roles in runs:
+        if roles is not None:
+            run.say(f"converge: {compress(hosts or [])}: roles {', '.join(roles)}")
+        logs += _converge(cluster, key, run, extra_vars, hosts, roles)
+    if run.scope.partial or run.report.run is None:
         return
-    now = converged.from_events(converged.read_events(run.report.run.log_dir))
-    converged.save(state, converged.after(before, stamp, now))
+    events = [event for log_dir in dict.fromkeys(logs) for event in converged.read_events(log_dir)]
+    now = converged.from_events(events)
+    some = [h for hosts, roles in runs if roles is not None for h in hosts or []]
+    converged.save(state, converged.after(before, stamp, now, some))
 
 
 def _play(
@@ -464,9 +507,10 @@ def _play(
     limit: list[str] | None,
     extra_vars: dict[str, object],
     builds: list[ImageBuilds] | None = None,
+    tags: str | None = None,
 ) -> RunResult:
     """One run of playbooks/site.yml, its progress and summary reported; OperationError if it
-    failed. limit: these hosts only (None: all)."""
+    failed. limit: these hosts only (None: all); tags: these roles only (None: the apply's)."""
     hosts = limit if limit is not None else run.hosts
     builders = [host for made in builds or [] for host in made.hosts]
     run.say(PlayStarted("site.yml", [*hosts, *builders]))
@@ -476,7 +520,7 @@ def _play(
         key,
         on_event=lambda event: run.say(PlayEvent(event)),
         limit=",".join(limit) if limit is not None else None,
-        tags=run.scope.tags,
+        tags=tags or run.scope.tags,
         extra_vars=extra_vars,
         extra_inventory=[made.inventory for made in builds or []] or None,
     )
@@ -531,21 +575,25 @@ def _converge(
     run: _Run,
     extra_vars: dict[str, object],
     only: list[str] | None = None,
-) -> None:
+    roles: tuple[str, ...] | None = None,
+) -> list[Path]:
     """All the chosen nodes at once (and the elastic pools' images, in a full apply); only:
-    these of them (the others are as the last converge left them)."""
+    these of them (the others are as the last converge left them); roles: these roles alone
+    (their tags), where nothing else changed. The runs' log folders."""
     state = run.state
-    builds = [] if run.scope.partial else _start_image_builds(cluster, state, run.say)
+    tags = ",".join(roles) if roles is not None else None
+    builds = [] if run.scope.partial or tags else _start_image_builds(cluster, state, run.say)
     limit = run.hosts if run.scope.limit is not None else only
     hosts = limit if limit is not None else run.hosts
     selves = []
     if pull.converge_mode(cluster.spec, run.scope.mode) == "pull":
         selves = pull.pulled(cluster.nodes, hosts)
     ok = False
+    logs: list[Path | None] = []
     try:
         with _Phase(run.report, "ansible"):
             if not selves:
-                _play(key, run, limit, extra_vars, builds)
+                logs.append(_play(key, run, limit, extra_vars, builds, tags).log_dir)
             else:
                 pushed = [h for h in hosts if h not in selves]
                 run.say(
@@ -555,11 +603,12 @@ def _converge(
                 log_dir = None
                 if pushed or builds:
                     builders = [h for made in builds for h in made.hosts]
-                    log_dir = _play(key, run, pushed + builders, extra_vars, builds).log_dir
-                _pull(cluster, key, run, selves, extra_vars, log_dir)
+                    log_dir = _play(key, run, pushed + builders, extra_vars, builds, tags).log_dir
+                logs.append(_pull(cluster, key, run, selves, extra_vars, log_dir, tags).log_dir)
         ok = True
     finally:
         _finish_builds(run, builds, ok)
+    return [log for log in logs if log is not None]
 
 
 def _pull(
@@ -569,6 +618,7 @@ def _pull(
     hosts: list[str],
     extra_vars: dict[str, object],
     log_dir: Path | None,
+    tags: str | None = None,
 ) -> RunResult:
     """These nodes converge themselves (run/pull.py); their events join the push run's log
     folder where there was one. OperationError if any failed."""
@@ -595,7 +645,7 @@ def _pull(
         extra_vars,
         log_dir,
         on_event=lambda event: run.say(PlayEvent(event)),
-        tags=run.scope.tags,
+        tags=tags or run.scope.tags,
     )
     return _ran(run, result)
 

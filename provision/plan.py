@@ -85,6 +85,8 @@ class Plan:
     # the others converge
     probed: list[str] = field(default_factory=list)
     converge_why: str = ""
+    # the others: node -> the roles that would run there (None: all of them)
+    roles: dict[str, list[str] | None] = field(default_factory=dict)
     # converge.mode: push, or pull with the nodes that would converge themselves
     mode: str = "push"
     pulled: list[str] = field(default_factory=list)
@@ -147,7 +149,7 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
         for v in cluster.pools
         if v.profile.price is not None
     ]
-    probed, why = _skippable(cluster, state, new)
+    decision = _decide(cluster, state, new)
     mode = pull.converge_mode(cluster.spec)
     pulled = pull.pulled(cluster.nodes, [n.name for n in cluster.lasting_nodes])
     return Plan(
@@ -160,24 +162,23 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
         cost,
         internet_rules(cluster),
         changes(old, new) if old else None,
-        probed=probed,
-        converge_why=why,
+        probed=sorted(h for h, roles in decision.roles.items() if roles == ()),
+        converge_why=decision.why,
+        roles={h: None if r is None else list(r) for h, r in decision.roles.items() if r != ()},
         mode=mode,
         pulled=pulled if mode == "pull" else [],
         reach=admin_reach(cluster),
     )
 
 
-def _skippable(cluster: Cluster, state: State, rendered: dict[str, str]) -> tuple[list[str], str]:
-    """The nodes a plain apply would probe and skip when as left (converged.py); why the
-    others converge."""
-    left, why = converged.skippable(
+def _decide(cluster: Cluster, state: State, rendered: dict[str, str]) -> converged.Decision:
+    """What a plain apply would run on each node (converged.py), and why."""
+    return converged.decide(
         state,
         converged.prints(rendered, state.secrets),
         [n.name for n in cluster.lasting_nodes],
         any(n.elastic for n in cluster.nodes),
     )
-    return sorted(left), why
 
 
 def plan_json(plan: Plan, cluster: Cluster) -> dict[str, Any]:
@@ -192,6 +193,7 @@ def plan_json(plan: Plan, cluster: Cluster) -> dict[str, Any]:
         "converge": {
             "probed": plan.probed,
             "others_because": plan.converge_why,
+            "roles": {h: r if r is not None else "all" for h, r in plan.roles.items()},
             "mode": plan.mode,
             "converge_themselves": plan.pulled,
         },

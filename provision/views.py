@@ -185,6 +185,8 @@ def print_plan(plan: Plan, cluster: Cluster, console: Console, diff: bool = Fals
             + (f"; the others converge: {plan.converge_why}" if plan.converge_why else ""),
             markup=False,
         )
+    elif any(roles is not None for roles in plan.roles.values()):
+        console.print(f"converge: {plan.converge_why}", markup=False)
     else:
         console.print(f"converge: every node ({plan.converge_why})", markup=False)
     if plan.pulled:

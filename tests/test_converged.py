@@ -3,14 +3,18 @@ with a stand-in systemctl) and the fingerprint that decides whether a node may b
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
-from provision import converged
+from provision import converged, roleinputs
 from provision.converged import Left
 from provision.state import State
 
@@ -111,6 +115,8 @@ INVENTORY = """all:
         cpu001: {ansible_host: 10.0.0.2}
         cpu002: {ansible_host: 10.0.0.3}
         gpu001: {ansible_host: 10.0.0.4}
+    gpu:
+      hosts: {gpu001: }
     tunnel:
       hosts:
         cpu001: {tunnel_role: routed}
@@ -126,7 +132,8 @@ INVENTORY = """all:
 """
 RENDER = {
     "inventory/hosts.yml": INVENTORY,
-    "inventory/group_vars/all.yml": "provision_cluster: lab\n",
+    "inventory/group_vars/all.yml": "provision_cluster: lab\nprovision_scheduler: slurm\n",
+    "files/hosts": "10.0.0.1 head001\n",
     "files/slurm/slurm.conf": "A=1\n",
     "files/nftables/address-sets.nft": "set compute {}\n",
     "files/nftables/cpu.nft": "tcp dport 22 accept\n",
@@ -134,103 +141,185 @@ RENDER = {
     "files/health/cpu.json": "{}\n",
     "files/nccl/gpu.conf": "NCCL_DEBUG=WARN\n",
 }
+HOSTS = ["cpu001", "cpu002", "gpu001", "head001"]
+Runs = dict[str, "tuple[str, ...] | None"]
 
 
-def _changed(before: converged.Prints, after: converged.Prints) -> list[str]:
-    return sorted(h for h in before.nodes if before.nodes[h] != after.nodes.get(h))
+def _recorded(state: State, render: dict[str, str], secrets: Path) -> converged.Prints:
+    """A record of every node converged with this render."""
+    now = converged.prints(render, secrets)
+    converged.save(state, converged.after(None, now, {h: Left() for h in now.hosts}))
+    return now
 
 
-def test_each_nodes_fingerprint_follows_what_its_pool_and_every_node_are_given(
-    tmp_path: Path,
-) -> None:
+def _runs(state: State, render: dict[str, str], secrets: Path) -> Runs:
+    """What a plain apply would run on each node: (): nothing, None: every role."""
+    return converged.decide(state, converged.prints(render, secrets), HOSTS, False).roles
+
+
+def _only(runs: Runs) -> dict[str, tuple[str, ...] | None]:
+    return {h: r for h, r in runs.items() if r != ()}
+
+
+def test_each_change_runs_the_roles_it_reaches_on_the_nodes_it_reaches(tmp_path: Path) -> None:
+    """A pool's file or variable: that role on that pool's nodes; what every node is given
+    (the hosts file, the firewall's address sets, slurm.conf, a cluster-wide variable, a
+    secret): the roles that read it, on every node they run on; a node's own variables or
+    groups: every role there; a change no role claims: everything everywhere."""
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     (secrets / "munge.key").write_bytes(b"k" * 32)
-    first = converged.prints(RENDER, secrets)
+    state = State(tmp_path, "lab")
+    state.ensure()
+    first = _recorded(state, RENDER, secrets)
     assert first.pool_of == {"head001": "head", "cpu001": "cpu", "cpu002": "cpu", "gpu001": "gpu"}
     assert converged.prints(dict(RENDER), secrets) == first
-    assert first.nodes["cpu001"] == first.nodes["cpu002"] != first.nodes["gpu001"]
-    everyone = sorted(first.nodes)
+    assert first.pools["cpu"] != first.pools["gpu"]
+    assert "nvidia_driver" in first.pools["gpu"] and "nvidia_driver" not in first.pools["cpu"]
+    assert _runs(state, RENDER, secrets) == dict.fromkeys(HOSTS, ())
 
-    def after(**files: str) -> list[str]:
-        return _changed(first, converged.prints({**RENDER, **files}, secrets))
+    def runs(**files: str) -> dict[str, tuple[str, ...] | None]:
+        return _only(_runs(state, {**RENDER, **files}, secrets))
 
-    # one pool's variables, its nodes' host variables, its own files: that pool's nodes
-    cpu_mounts = INVENTORY.replace("mounts_filesystems: []", "mounts_filesystems: [/scratch]")
-    assert after(**{"inventory/hosts.yml": cpu_mounts}) == ["cpu001", "cpu002"]
-    routed = INVENTORY.replace("tunnel_role: routed", "tunnel_role: hub")
-    assert after(**{"inventory/hosts.yml": routed}) == ["cpu001", "cpu002"]
-    assert after(**{"files/nftables/gpu.nft": "tcp dport 2222 accept\n"}) == ["gpu001"]
-    assert after(**{"files/health/cpu.json": '{"gpus": 0}\n'}) == ["cpu001", "cpu002"]
-    assert after(**{"files/nccl/gpu.conf": "NCCL_DEBUG=INFO\n"}) == ["gpu001"]
-    # what every node is given: every node
-    assert after(**{"files/slurm/slurm.conf": "A=2\n"}) == everyone
-    assert after(**{"files/nftables/address-sets.nft": "set compute { 10.0.0.5 }\n"}) == everyone
-    assert after(**{"inventory/group_vars/all.yml": "provision_cluster: lab2\n"}) == everyone
-    moved = INVENTORY.replace("10.0.0.4", "10.0.0.9")  # an address: the hosts file, the sets
-    assert after(**{"inventory/hosts.yml": moved}) == everyone
+    inventory = "inventory/hosts.yml"
+    mounts = INVENTORY.replace("mounts_filesystems: []", "mounts_filesystems: [/scratch]")
+    assert runs(**{inventory: mounts}) == dict.fromkeys(["cpu001", "cpu002"], ("mounts",))
+    assert runs(**{"files/nftables/gpu.nft": "tcp dport 2222 accept\n"}) == {
+        "gpu001": ("firewall",)
+    }
+    assert runs(**{"files/health/cpu.json": '{"gpus": 0}\n'}) == {
+        "cpu001": ("health",),
+        "cpu002": ("health",),
+    }
+    assert runs(**{"files/nccl/gpu.conf": "NCCL_DEBUG=INFO\n"}) == {"gpu001": ("nccl",)}
+    # what every node is given: on every node, the roles that read it alone
+    assert runs(**{"files/hosts": "10.0.0.1 head001 h\n"}) == dict.fromkeys(HOSTS, ("common",))
+    sets = {"files/nftables/address-sets.nft": "set compute { 10.0.0.5 }\n"}
+    assert runs(**sets) == dict.fromkeys(HOSTS, ("firewall",))
+    assert runs(**{"files/slurm/slurm.conf": "A=2\n"}) == dict.fromkeys(HOSTS, ("slurm",))
+    renamed = {
+        "inventory/group_vars/all.yml": "provision_cluster: lab2\nprovision_scheduler: slurm\n"
+    }
+    assert set(runs(**renamed)) == set(HOSTS)
+    assert all(r and "common" in r and "slurm" in r and "firewall" not in r
+               for r in runs(**renamed).values())  # fmt: skip
+    # a node's own variables (or address): every role there, and the roles that read the
+    # inventory's groups (or their pool's host variables) elsewhere
+    routed = runs(**{inventory: INVENTORY.replace("tunnel_role: routed", "tunnel_role: hub")})
+    assert routed["cpu001"] is None and "gpu001" not in routed and "head001" not in routed
+    moved = runs(**{inventory: INVENTORY.replace("10.0.0.4", "10.0.0.9")})
+    assert moved["gpu001"] is None and "slurm" in (moved["head001"] or ())
+    # how Ansible reaches every node: every role, everywhere
     user = INVENTORY.replace("ansible_user: root", "ansible_user: admin")
-    assert after(**{"inventory/hosts.yml": user}) == everyone
-    grown = INVENTORY.replace("hosts: {cpu001: , cpu002: }", "hosts: {cpu001: , cpu002: , x: }")
-    assert after(**{"inventory/hosts.yml": grown}) == everyone
-    # a file the render did not have before: every node's unless named for a pool
-    assert after(**{"files/slurm/plugstack.conf": "x\n"}) == everyone
-    assert after(**{"files/health/gpu.json": "{}\n"}) == ["gpu001"]
+    assert runs(**{inventory: user}) == dict.fromkeys(HOSTS)
+    # a file no role claims: everything, everywhere
+    assert runs(**{"files/unknown/x.conf": "x\n"}) == dict.fromkeys(HOSTS)
 
     (secrets / "munge.key").write_bytes(b"j" * 32)
-    second = converged.prints(RENDER, secrets)
-    assert _changed(first, second) == everyone
-    assert "k" * 32 not in repr(first)
-    # a key in a subdirectory (the tunnel's) counts as much: rotated, the nodes converge again
+    munge = _only(_runs(state, RENDER, secrets))
+    assert munge == {h: ("munge",) for h in HOSTS}
+    assert "k" * 32 not in repr(first) and "j" * 32 not in repr(converged.prints(RENDER, secrets))
+    # a key in a subdirectory (the tunnel's): the tunnel's role, everywhere it runs
+    (secrets / "munge.key").write_bytes(b"k" * 32)
     (secrets / "wireguard").mkdir()
     (secrets / "wireguard" / "cpu1.key").write_bytes(b"w" * 45)
-    third = converged.prints(RENDER, secrets)
-    assert _changed(second, third) == everyone
-    (secrets / "wireguard" / "cpu1.key").write_bytes(b"v" * 45)
-    assert _changed(third, converged.prints(RENDER, secrets)) == everyone
+    assert _only(_runs(state, RENDER, secrets)) == {h: ("tunnel",) for h in HOSTS}
+    (secrets / "other.key").write_bytes(b"o")  # a secret no role claims: everything
+    assert _only(_runs(state, RENDER, secrets)) == dict.fromkeys(HOSTS)
+
+
+def test_a_change_to_one_role_runs_that_role_alone(tmp_path: Path, monkeypatch: Any) -> None:
+    """The role's files are in its fingerprint (in a checkout as in a wheel): an edited role
+    runs alone, where it runs."""
+    state = State(tmp_path, "lab")
+    state.ensure()
+    _recorded(state, RENDER, tmp_path / "none")
+    catalog = roleinputs.catalog()
+    edited = {**catalog, "nccl": dataclasses.replace(catalog["nccl"], digest="edited")}
+    monkeypatch.setattr(roleinputs, "catalog", lambda: edited)
+    decision = converged.decide(state, converged.prints(RENDER, tmp_path / "none"), HOSTS, False)
+    assert _only(decision.roles) == {"gpu001": ("nccl",)}
+    assert decision.why == (
+        "gpu001: nccl (the role's files) changed since the last converge: that role alone runs"
+    )
 
 
 def test_an_inventory_it_cannot_split_makes_every_change_everyones(tmp_path: Path) -> None:
     nested = INVENTORY.replace("    pool_gpu:\n", "    pool_gpu:\n      children: {}\n")
     render = {**RENDER, "inventory/hosts.yml": nested}
-    first = converged.prints(render, tmp_path)
+    state = State(tmp_path, "lab")
+    state.ensure()
+    _recorded(state, render, tmp_path)
     cpu_mounts = nested.replace("mounts_filesystems: []", "mounts_filesystems: [/scratch]")
-    changed = converged.prints({**render, "inventory/hosts.yml": cpu_mounts}, tmp_path)
-    assert _changed(first, changed) == ["cpu001", "cpu002", "gpu001", "head001"]
-    health = converged.prints({**render, "files/health/cpu.json": "[]\n"}, tmp_path)
-    assert _changed(first, health) == ["cpu001", "cpu002", "gpu001", "head001"]
+    assert _only(_runs(state, {**render, "inventory/hosts.yml": cpu_mounts}, tmp_path)) == (
+        dict.fromkeys(HOSTS)
+    )
 
 
-def test_the_pools_files_are_the_ones_the_roles_read_by_a_pool_or_node_name() -> None:
-    """converged.POOL_FILES and HOST_FILES are what the roles' defaults, variables, tasks and
-    the playbooks name with provision_pool or inventory_hostname under provision_files_dir,
-    no more and no fewer: a role that read a pool's file under another name would not see
-    that pool's changes."""
-    import jinja2
-
+def test_the_catalog_finds_what_the_roles_read() -> None:
+    """What each role reads by path comes from the roles' own text: the files named for a
+    pool or a node, the folders, the secrets; every file any example renders is some role's."""
+    catalog = roleinputs.catalog()
+    assert catalog["firewall"].files == (
+        "files/nftables/address-sets.nft",
+        "files/nftables/{pool}.nft",
+    )
+    assert catalog["nccl"].files == ("files/nccl/{pool}.conf",)
+    assert catalog["etcd"].files == ("files/kubernetes/etcd/{host}.env",)
+    assert catalog["slurm"].files == ("files/slurm",)
+    assert catalog["tunnel"].secrets == ("wireguard",)
+    assert catalog["monitoring"].secrets == ("smtp-*.password",)
+    assert catalog["munge"].secrets == ("munge.key",)
+    assert [r for r in catalog if catalog[r].wheel] == ["burst", "health", "node_exporter"]
+    assert catalog["kubernetes_node"].hosts == ("head", "compute:login")
+    # a role reads no other role's rendered file or secret by that role's variable
     root = Path(__file__).resolve().parents[1]
-    named: dict[str, set[str]] = {"pool": set(), "host": set()}
-    env = jinja2.Environment(undefined=jinja2.ChainableUndefined)
-    marks = {"provision_files_dir": "files", "provision_pool": "\x00pool", "inventory_hostname":
-             "\x00host"}  # fmt: skip
-    paths = [*root.glob("roles/*/*/*.yml"), *root.glob("playbooks/*.yml")]
-    for path in paths:
-        for line in path.read_text().splitlines():
-            if "provision_files_dir" not in line or "{{" not in line:
-                continue
-            value = line.split(":", 1)[1].strip().strip('"') if ":" in line else line
-            text = env.from_string(value).render(**marks)
-            for kind in named:
-                if f"\x00{kind}" in text:
-                    named[kind].add(text.replace(f"\x00{kind}", "{}"))
-    assert named["pool"] == set(converged.POOL_FILES)
-    assert named["host"] == set(converged.HOST_FILES)
+    own = {
+        name: roleinputs.words(
+            "\n".join(
+                p.read_text()
+                for r in {name, *_drawn(root, name)}
+                for p in (root / "roles" / r).rglob("*")
+                if p.is_file() and "molecule" not in p.parts
+            )
+        )
+        for name in catalog
+    }
+    for other in root.glob("roles/*/defaults/main.yml"):
+        paths = {
+            k
+            for k, v in (yaml.safe_load(other.read_text()) or {}).items()
+            if "provision_files_dir" in str(v) or "provision_secrets_dir" in str(v)
+        }
+        for name in catalog:
+            if other.parts[-3] not in {name, *_drawn(root, name)}:
+                assert not paths & own[name], (name, other.parts[-3], paths & own[name])
+
+
+def _drawn(root: Path, role: str) -> set[str]:
+    """The roles a role includes (their files are its own)."""
+    text = "\n".join(p.read_text() for p in (root / "roles" / role).rglob("*.yml"))
+    return {m.split(".")[-1] for m in re.findall(r"include_role:\s*\n\s*name:\s*(\S+)", text)}
+
+
+@pytest.mark.parametrize("example", ["lab.yaml", "dgx-superpod-ha.yaml", "lab-k8s.yaml"])
+def test_every_rendered_file_of_an_example_is_read_by_some_role(
+    example: str, tmp_path: Path
+) -> None:
+    rendered = _render_example(example, tmp_path)
+    catalog = roleinputs.catalog().values()
+    unread = [
+        name
+        for name in rendered
+        if name.startswith("files/") and not any(r.claims_file(name) for r in catalog)
+    ]
+    assert unread == []
 
 
 def test_the_roles_read_other_nodes_variables_only_within_their_pool() -> None:
-    """A node's fingerprint holds its own pool's variables and no other pool's: a role that
-    read another node's variables (hostvars[...]) would converge with stale values when that
-    node's pool changed alone. The one place they are read: keepalived's peers, the heads."""
+    """A role's parts hold its own pool's host variables and no other pool's: a role that
+    read another pool's node's variables (hostvars[...]) would converge with stale values when
+    that node's changed alone. The one place they are read: keepalived's peers, the heads."""
     root = Path(__file__).resolve().parents[1]
     readers = sorted(
         str(p.relative_to(root))
@@ -244,52 +333,66 @@ def test_the_roles_read_other_nodes_variables_only_within_their_pool() -> None:
     assert '_api_endpoint_heads: "{{ ansible_play_hosts_all }}"' in peers
     plays = yaml.safe_load((root / "playbooks/site.yml").read_text())
     assert [p["hosts"] for p in plays if "api_endpoint" in str(p.get("tasks"))] == ["head"]
+    assert converged.PEERS_PART in converged.prints(
+        {**RENDER, "inventory/hosts.yml": INVENTORY.replace("head:\n", "head:\n", 1)}, root / "x"
+    ).pools["head"].get("api_endpoint", {converged.PEERS_PART: ""})
 
 
-def test_a_record_skips_only_its_hosts_and_only_for_their_fingerprint(tmp_path: Path) -> None:
+def test_a_record_keeps_what_the_roles_that_did_not_run_left(tmp_path: Path) -> None:
     state = State(tmp_path, "lab")
     state.ensure()
     assert converged.load(state) is None
-    now = converged.prints(RENDER, tmp_path / "none")
+    none = tmp_path / "none"
+    now = converged.prints(RENDER, none)
     left = Left({"/etc/a": "c" * 40}, ["munge"])
     ran = {"head001": left, "cpu001": Left(), "cpu002": Left(), "gone": Left()}
     converged.save(state, converged.after(None, now, ran))
     record = converged.load(state)
     assert record is not None and record.hosts["head001"] == left
     assert sorted(record.hosts) == ["cpu001", "cpu002", "head001"]  # not in the render: not kept
-    assert converged.unchanged(record, now, ["head001", "gpu001"]) == {"head001": left}
-    left_, why = converged.skippable(state, now, ["head001", "cpu001", "cpu002", "gpu001"], False)
-    assert sorted(left_) == ["cpu001", "cpu002", "head001"]
-    assert why == "new since the last converge: gpu001"
-    assert converged.skippable(state, now, ["head001"], True) == (
-        {}, "elastic pools: their images are made in the converge",
-    )  # fmt: skip
+    decision = converged.decide(state, now, HOSTS, False)
+    assert sorted(decision.left) == ["cpu001", "cpu002", "head001"]
+    assert decision.roles["gpu001"] is None
+    assert decision.why == "new since the last converge: gpu001"
+    assert converged.decide(state, now, ["head001"], True) == converged.Decision(
+        {}, {"head001": None}, "elastic pools: their images are made in the converge"
+    )
 
-    # one pool changed: its nodes converge; after that converge the others are kept as left
-    cpu = INVENTORY.replace("mounts_filesystems: []", "mounts_filesystems: [/scratch]")
-    later = converged.prints({**RENDER, "inventory/hosts.yml": cpu}, tmp_path / "none")
-    left_, why = converged.skippable(state, later, ["head001", "cpu001", "cpu002"], False)
-    assert list(left_) == ["head001"]
-    assert why == "pool cpu: the pool's variables changed since the last converge: cpu[001-002]"
-    kept = converged.after(record, later, {"cpu001": Left({"/etc/fstab": "d" * 40}, [])})
-    assert sorted(kept.hosts) == ["cpu001", "head001"]  # cpu002 not converged: not kept
-    assert kept.hosts["head001"] == left and kept.prints["cpu001"] == later.nodes["cpu001"]
+    # one role changed on every node: what the other roles left is kept, and the new files
+    slurm = {**RENDER, "files/slurm/slurm.conf": "A=2\n"}
+    later = converged.prints(slurm, none)
+    decision = converged.decide(state, later, ["head001", "cpu001"], False)
+    assert decision.roles == {"head001": ("slurm",), "cpu001": ("slurm",)}
+    assert decision.why == (
+        "cpu001,head001: slurm (files/slurm/slurm.conf) changed since the last converge: that "
+        "role alone runs"
+    )
+    newer = Left({"/etc/slurm/slurm.conf": "d" * 40}, ["slurmctld"])
+    kept = converged.after(record, later, {"head001": newer}, some=["head001"])
+    assert kept.hosts["head001"] == Left(
+        {"/etc/a": "c" * 40, "/etc/slurm/slurm.conf": "d" * 40}, ["munge", "slurmctld"]
+    )
+    assert sorted(kept.hosts) == ["head001"]  # the others were not converged for slurm.conf
+    converged.save(state, kept)
+    assert converged.decide(state, later, ["head001"], False).roles == {"head001": ()}
 
     # what every node is given changed: every node converges, and says why
-    moved = {**RENDER, "files/slurm/slurm.conf": "A=2\n"}
-    left_, why = converged.skippable(
-        state, converged.prints(moved, tmp_path / "none"), ["head001"], False
+    (none / "x").mkdir(parents=True)
+    (none / "x" / "other").write_bytes(b"o")
+    decision = converged.decide(state, converged.prints(slurm, none), ["head001"], False)
+    assert (decision.roles, decision.why) == (
+        {"head001": None},
+        "what every node is given changed since the last converge (secret x/other)",
     )
-    assert (left_, why) == ({}, "what every node is given changed since the last converge "
-                             "(files/slurm/slurm.conf)")  # fmt: skip
 
     converged.forget(state)
     assert converged.load(state) is None
     (state.dir / converged.RECORD).write_text("{not json")
     assert converged.load(state) is None  # a broken record converges every node
-    old = '{"fingerprint": "f1", "hosts": {"head001": {"files": {}, "services": []}}}'
+    host = '{"print": "p", "files": {}, "services": []}'
+    old = f'{{"shared": {{}}, "pools": {{}}, "hosts": {{"head001": {host}}}}}'
     (state.dir / converged.RECORD).write_text(old)
-    assert converged.load(state) is None  # so does one of the single fingerprint before
+    assert converged.load(state) is None  # so does one of a fingerprint per node, before
 
 
 def test_a_hosts_failure_is_the_one_that_stopped_it() -> None:
@@ -330,32 +433,145 @@ def test_a_hosts_result_names_the_tasks_that_changed_something() -> None:
     assert result.hosts["cp001"].changed_tasks == ["chrony : Write chrony.conf", "Restart chrony"]
 
 
-def test_on_an_example_a_mount_of_some_pools_converges_those_pools_and_mig_everyone(
-    tmp_path: Path,
-) -> None:
-    """dgx-superpod-ha as rendered: new options for the scratch mount of the gpu and mig
-    pools reach those pools' fingerprints alone; a new MIG layout is in slurm.conf, so it
-    reaches every node's."""
+def _render_example(
+    name: str, tmp_path: Path, change: tuple[str, str] = ("", "")
+) -> dict[str, str]:
     from provision.cluster import Cluster
     from provision.render import render
     from provision.spec import load_spec
 
     examples = Path(__file__).resolve().parents[1] / "examples"
-    text = (examples / "dgx-superpod-ha.yaml").read_text()
+    text = (examples / name).read_text()
+    assert change[0] in text
     ca = "directory-ca.pem"
     (tmp_path / ca).write_bytes((examples / ca).read_bytes())
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text.replace(*change))
+    return render(Cluster(load_spec(path)))
 
-    def prints(spec_text: str) -> converged.Prints:
-        path = tmp_path / "cluster.yaml"
-        path.write_text(spec_text)
-        return converged.prints(render(Cluster(load_spec(path))), tmp_path / "none")
 
-    first = prints(text)
+def test_on_an_example_a_mount_of_some_pools_runs_mounts_there_and_mig_everyones_slurm(
+    tmp_path: Path,
+) -> None:
+    """dgx-superpod-ha as rendered: new options for the scratch mount of the gpu and mig
+    pools run the mounts role on those pools alone; a new MIG layout runs the MIG role on the
+    MIG pool, and is in slurm.conf, so it runs Slurm's role on every node."""
+    state = State(tmp_path, "x")
+    state.ensure()
+    none = tmp_path / "none"
+    first = _recorded(state, _render_example("dgx-superpod-ha.yaml", tmp_path), none)
+    hosts = sorted(first.hosts)
+
+    def runs(old: str, new: str) -> dict[str, tuple[str, ...] | None]:
+        rendered = _render_example("dgx-superpod-ha.yaml", tmp_path, (old, new))
+        return _only(converged.decide(state, converged.prints(rendered, none), hosts, False).roles)
+
     scratch = "path: /scratch, pools: [gpu, mig]"
-    assert scratch in text
-    mounted = prints(text.replace(scratch, scratch + ', options: "_netdev,noatime"'))
-    assert sorted({first.pool_of[h] for h in _changed(first, mounted)}) == ["gpu", "mig"]
+    mounted = runs(scratch, scratch + ', options: "_netdev,noatime"')
+    assert {first.pool_of[h] for h in mounted} == {"gpu", "mig"}
+    assert set(mounted.values()) == {("mounts",)}
     mig = "mig: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb]"
-    assert mig in text
-    layout = prints(text.replace(mig, "mig: [2g.20gb, 2g.20gb, 2g.20gb]"))
-    assert _changed(first, layout) == sorted(first.nodes)
+    layout = runs(mig, "mig: [2g.20gb, 2g.20gb, 2g.20gb]")
+    slurm_nodes = [h for h in hosts if "slurm" in first.pools[first.pool_of[h]]]
+    assert sorted(layout) == slurm_nodes
+    assert all("slurm" in (r or ()) for r in layout.values())
+    assert {first.pool_of[h] for h, r in layout.items() if "nvidia_mig" in (r or ())} == {"mig"}
+
+
+def test_on_the_lab_a_new_compute_node_runs_on_the_others_what_names_every_node(
+    tmp_path: Path,
+) -> None:
+    """lab.yaml with a third compute node: it runs every role; the others run the roles that
+    read what names every node (the hosts file, the address sets, slurm.conf, Prometheus'
+    targets) and those that read the inventory's groups, and no other."""
+    state = State(tmp_path, "lab")
+    state.ensure()
+    none = tmp_path / "none"
+    first = _recorded(state, _render_example("lab.yaml", tmp_path), none)
+    old = sorted(first.hosts)
+    grown = _render_example("lab.yaml", tmp_path, ("count: 2", "count: 3"))
+    now = converged.prints(grown, none)
+    decision = converged.decide(state, now, sorted(now.hosts), False)
+    added = sorted(set(now.hosts) - set(old))
+    assert len(added) == 1 and decision.roles[added[0]] is None
+    for host in old:
+        roles = set(decision.roles[host] or ())
+        assert {"common", "firewall", "slurm"} <= roles, (host, roles)
+        assert not roles & {"munge", "mounts", "sssd", "tunnel"}, (host, roles)
+    head = next(h for h in old if first.pool_of[h] == "head")
+    assert "monitoring" in (decision.roles[head] or ())
+
+
+def test_apply_runs_each_set_of_roles_once_the_servers_first_and_records_them_all(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Nodes that need different roles run one set after another (the heads' first, by those
+    roles' tags; every role where one needs all, without tags); the record after them holds
+    every run's results, and what the roles that did not run left."""
+    import json
+
+    from provision import lifecycle
+    from provision.cluster import Cluster
+    from provision.head import Handle
+    from provision.run.ansible import RunResult
+    from provision.spec import load_spec
+
+    spec_path = Path(__file__).resolve().parents[1] / "examples" / "lab.yaml"
+    cluster = Cluster(load_spec(spec_path))
+    state = State(tmp_path, "lab")
+    state.ensure()
+    none = tmp_path / "none"
+    rendered = _render_example("lab.yaml", tmp_path)
+    before = converged.prints(rendered, none)
+    left = Left({"/etc/chrony/chrony.conf": "a" * 40}, ["chrony"])
+    converged.save(state, converged.after(None, before, dict.fromkeys(before.hosts, left)))
+    roles: dict[str, tuple[str, ...] | None] = {
+        "head001": ("slurm",), "compute001": None, "compute002": ("slurm",),
+    }  # fmt: skip
+    runs = lifecycle._runs(cluster, roles, everything=False)
+    assert runs == [(["head001", "compute002"], ("slurm",)), (["compute001"], None)]
+    assert lifecycle._runs(cluster, dict.fromkeys(roles), everything=True) == [(None, None)]
+    assert lifecycle._runs(cluster, {**roles, "head001": ()}, everything=False) == [
+        (["compute001"], None), (["compute002"], ("slurm",)),
+    ]  # fmt: skip
+
+    plays: list[tuple[list[str] | None, str | None]] = []
+
+    def play(_key, run, limit, _extra, _builds=None, tags=None):  # type: ignore[no-untyped-def]
+        plays.append((limit, tags))
+        log_dir = tmp_path / f"log{len(plays)}"
+        (log_dir / "job_events").mkdir(parents=True)
+        for n, host in enumerate(limit or []):
+            event = {
+                "event": "runner_on_ok",
+                "event_data": {
+                    "host": host,
+                    "resolved_action": "ansible.builtin.template",
+                    "res": {"dest": f"/etc/{tags or 'all'}.conf", "checksum": "b" * 40},
+                },
+            }
+            (log_dir / "job_events" / f"{n}.json").write_text(json.dumps(event))
+        return lifecycle._ran(run, RunResult(0, "successful", log_dir=log_dir))
+
+    monkeypatch.setattr(lifecycle, "_play", play)
+    run = lifecycle._Run(
+        Handle(spec_path, cluster.spec, cluster, state),
+        lambda _m: None,
+        lifecycle.ApplyReport(),
+        lifecycle.Leaving(),
+        lifecycle.Scope(),
+        [n.name for n in cluster.lasting_nodes],
+    )
+    later = converged.prints({**rendered, "files/slurm/slurm.conf": "changed\n"}, none)
+    lifecycle._converge_and_record(cluster, None, run, {}, runs, later)
+    assert plays == [(["head001", "compute002"], "slurm"), (["compute001"], None)]
+    record = converged.load(state)
+    assert record is not None
+    assert record.hosts["head001"].files == {
+        "/etc/chrony/chrony.conf": "a" * 40,
+        "/etc/slurm.conf": "b" * 40,
+    }  # what the other roles left is kept
+    assert record.hosts["compute001"].files == {"/etc/all.conf": "b" * 40}
+    assert converged.decide(state, later, sorted(later.hosts), False).roles == dict.fromkeys(
+        later.hosts, ()
+    )

@@ -11,7 +11,7 @@ from .conftest import ROOT
 PACKAGE = ROOT / "provision"
 # lowest first; a module may import from its own layer and the ones before it
 LAYERS: list[set[str]] = [
-    {"errors", "assets", "state", "secrets", "burst", "parsers", "health"},
+    {"errors", "assets", "state", "secrets", "burst", "parsers", "health", "roleinputs"},
     {"spec"},
     {"cluster", "sshkeys", "pki"},
     {"render", "changes", "converged"},

@@ -198,6 +198,7 @@ def test_plan_says_which_gpu_nodes_a_driver_change_reboots(tmp_path: Path) -> No
 
 def test_plan_says_which_nodes_apply_would_probe_and_skip(tmp_path: Path) -> None:
     from provision import converged
+    from provision.plan import plan_json
 
     spec_path = ROOT / "examples" / "lab.yaml"
     cluster = Cluster(load_spec(spec_path))
@@ -225,13 +226,19 @@ def test_plan_says_which_nodes_apply_would_probe_and_skip(tmp_path: Path) -> Non
     plan = make_plan(Cluster(load_spec(jupyter)), state)
     assert plan.probed == ["head001"]
     assert plan.converge_why == (
-        "pool compute: files/nftables/compute.nft changed since the last converge: compute[001-002]"
+        "compute[001-002]: firewall (files/nftables/compute.nft) changed since the last "
+        "converge: that role alone runs"
     )
-    # any change of what every node is given converges every node
+    assert plan.roles == {"compute001": ["firewall"], "compute002": ["firewall"]}
+    # a new node: every role there; on the others, the roles that read what names it
     grown = tmp_path / "lab3.yaml"
     grown.write_text(spec_path.read_text().replace("count: 2", "count: 3"))
     plan = make_plan(Cluster(load_spec(grown)), state)
-    assert plan.probed == [] and "what every node is given changed" in plan.converge_why
+    assert plan.probed == [] and plan.roles["compute003"] is None
+    assert "new since the last converge: compute003" in plan.converge_why
+    assert "slurm" in (plan.roles["compute001"] or []), plan.converge_why
+    doc = plan_json(plan, Cluster(load_spec(grown)))
+    assert doc["converge"]["roles"]["compute003"] == "all"
 
 
 def test_plan_says_how_a_kubernetes_release_moves(tmp_path: Path) -> None:

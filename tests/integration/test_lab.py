@@ -25,6 +25,7 @@ import jinja2
 import pytest
 import yaml
 
+from provision import converged
 from provision.burst.config import LAB_LABEL, lab_network
 from provision.parsers.dcgm import DIAG_TIMEOUT_S
 from provision.providers.lab import podman
@@ -677,21 +678,34 @@ def test_a_drifted_compute_node_converges_itself_in_pull_mode(lab: tuple[Path, P
 
 
 def test_a_port_opened_on_one_pool_converges_that_pool_alone(lab: tuple[Path, Path]) -> None:
-    """A change to one pool's files (its nftables rules) converges that pool's nodes and
-    probes the others; plan says so first. The rule stays (admins' port 8888 on compute)."""
+    """A change to one pool's files (its nftables rules) runs the role that reads them (the
+    firewall's) on that pool's nodes alone and probes the others; plan says so first. The
+    rule stays (admins' port 8888 on compute)."""
     spec, work = lab
     rule = "  firewall_rules: [{name: jupyter, port: 8888, sources: [admin], pools: [compute]}]\n"
     spec.write_text(spec.read_text().replace("security:\n", "security:\n" + rule, 1))
     plan = provision("plan", str(spec), cwd=work)
     assert (
         "converge: head001 probed for drift and skipped if their files and services are as the "
-        "last apply left them (apply --full converges them); the others converge: pool "
-        "compute: files/nftables/compute.nft changed since the last converge: compute[001-002]"
+        "last apply left them (apply --full converges them); the others converge: "
+        "compute[001-002]: firewall (files/nftables/compute.nft) changed since the last "
+        "converge: that role alone runs"
     ) in " ".join(plan.stdout.split()), plan.stdout
     r = provision("apply", str(spec), cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     assert "converge: head001 as the last apply left them" in r.stdout, r.stdout
-    assert sorted(_report(work)["hosts"]) == ["compute001", "compute002"]
+    assert "converge: compute[001-002]: roles firewall" in r.stdout, r.stdout
+    report = _report(work)
+    assert sorted(report["hosts"]) == ["compute001", "compute002"]
+    # the firewall's tasks alone ran (and the facts every run reads; Ansible checks the
+    # arguments of every role of the play whatever the tags)
+    ran = {
+        (e["event_data"].get("role") or "", e["event_data"].get("task") or "")
+        for e in converged.read_events(Path(report["log_dir"]))
+        if e.get("event") == "runner_on_ok"
+    }
+    checks = "Validating arguments against arg spec"
+    assert {role for role, task in ran if not task.startswith(checks)} == {"", "firewall"}, ran
     jupyter = "nft list ruleset | grep -c 'tcp dport 8888 accept' || true"
     assert [_on(spec, work, n, jupyter) for n in ("compute001", "compute002", "head001")] == [
         "1", "1", "0",
