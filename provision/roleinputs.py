@@ -14,7 +14,8 @@ that names one only makes the role run more often, never less. For each role:
 - the secrets it reads under provision_secrets_dir (a name with `{{ }}` in it is a pattern);
 - whether it installs this package's wheel (the nodes' programs are this package's code);
 - whether it reads the inventory's groups or other hosts (groups, hostvars, the play's hosts);
-- the plays it is in (their hosts patterns) and its tag: what a run limited to it names.
+- the plays it is in (their hosts patterns); site.yml tags each role with its name, which is
+  what a run of that role alone names.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ class Role:
 
 
 def _under(path: str, pattern: str) -> bool:
-    return path == pattern or path.startswith(pattern + "/")
+    """The file itself (a pattern where the path named another variable), or in the folder."""
+    return fnmatch.fnmatchcase(path, pattern) or path.startswith(pattern + "/")
 
 
 def words(text: str) -> set[str]:
@@ -200,11 +202,6 @@ def _placed(path: str) -> str:
 def catalog() -> dict[str, Role]:
     """Each role site.yml runs, by name, as the installed collection has it."""
     return _catalog(assets.collection_dir())
-
-
-def tags(role: str) -> list[str]:
-    """The tags site.yml gives a role: --tags ROLE runs it (and the roles sharing the tag)."""
-    return _site(assets.collection_dir())[role][0]
 
 
 def hosts_in(

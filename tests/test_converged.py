@@ -272,8 +272,12 @@ def test_the_catalog_finds_what_the_roles_read() -> None:
     assert catalog["munge"].secrets == ("munge.key",)
     assert [r for r in catalog if catalog[r].wheel] == ["burst", "health", "node_exporter"]
     assert catalog["kubernetes_node"].hosts == ("head", "compute:login")
-    # a role reads no other role's rendered file or secret by that role's variable
+    # apply runs a role alone by its name: every role carries it as a tag in site.yml
     root = Path(__file__).resolve().parents[1]
+    site = roleinputs._site(root)
+    assert sorted(site) == sorted(catalog)
+    assert [name for name, (tags, _, _) in site.items() if name not in tags] == []
+    # a role reads no other role's rendered file or secret by that role's variable
     own = {
         name: roleinputs.words(
             "\n".join(
