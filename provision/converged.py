@@ -469,6 +469,7 @@ def decide(state: State, now: Prints, hosts: list[str], elastic: bool) -> Decisi
     roles: dict[str, tuple[str, ...] | None] = {}
     new, moved = [], []
     said: dict[str, list[str]] = {}  # why -> the nodes it is said of
+    by_pool: dict[str, list[str]] = {}  # pool -> its changed roles
     for h in hosts:
         if h not in record.hosts:
             roles[h] = None
@@ -480,7 +481,9 @@ def decide(state: State, now: Prints, hosts: list[str], elastic: bool) -> Decisi
             continue
         left[h] = record.hosts[h]  # probed: one that drifted runs every role
         pool = now.pool_of[h]
-        changed = changed_roles(record, now, pool)
+        if pool not in by_pool:  # once a pool, not once a node
+            by_pool[pool] = changed_roles(record, now, pool)
+        changed = by_pool[pool]
         if changed and set(changed) == set(now.pools[pool]):
             roles[h] = None  # all of them: no tags to filter by
             said.setdefault(_why(record, now, pool, changed) + ": every role runs", []).append(h)
