@@ -5,11 +5,10 @@
 # Each scenario's log is .molecule-<scenario>.log; a failure's tail is printed, and the exit code
 # is 1 if any scenario failed.
 set -uo pipefail
-# Mitogen's strategy, as apply runs the roles: one Python interpreter per container for a whole
-# playbook instead of one per task, through `podman exec` (mitogen_podman)
-if strategy=$(python3 -c 'import ansible_mitogen, os; print(os.path.join(os.path.dirname(ansible_mitogen.__file__), "plugins", "strategy"))' 2>/dev/null); then
-  export ANSIBLE_STRATEGY_PLUGINS=$strategy ANSIBLE_STRATEGY=mitogen_linear
-fi
+# The collection's strategy, as apply runs the roles: Mitogen's linear (one Python interpreter per
+# container for a whole playbook instead of one per task, through `podman exec`: mitogen_podman),
+# with false conditions and includes answered without forking a worker (plugins/strategy/lean.py)
+export ANSIBLE_STRATEGY=gpu_provision.cluster.lean
 lane() {
   local failed=0
   for s in "$@"; do

@@ -19,6 +19,9 @@ from provision.secrets import write_private
 from provision.sshkeys import host_key_options
 from provision.state import State
 
+# plugins/strategy/lean.py, the collection's strategy (push here, and pull on the nodes)
+LEAN_STRATEGY = "gpu_provision.cluster.lean"
+
 EventHandler = Callable[[dict[str, Any]], None]
 
 
@@ -77,18 +80,15 @@ def playbook_tags(playbook: str) -> list[str]:
 
 
 def strategy_env() -> dict[str, str]:
-    """Mitogen's linear strategy: one Python interpreter per host for the whole run, instead
-    of a new one (and a new module upload) per task; a converge that changes nothing takes
-    less than half the time. ANSIBLE_STRATEGY in the environment wins (bench/apply.py compares
-    it with Ansible's own linear strategy)."""
+    """The collection's `lean` strategy: Mitogen's linear (one Python interpreter per host for
+    the whole run, instead of a new one and a new module upload per task; Ansible's own linear
+    where Mitogen is not installed), with a task whose condition is false, and an include,
+    answered by the controller instead of a forked worker (plugins/strategy/lean.py).
+    ANSIBLE_STRATEGY in the environment wins (bench/apply.py compares it with Ansible's own
+    linear strategy)."""
     if "ANSIBLE_STRATEGY" in os.environ:
         return {}
-    try:
-        import ansible_mitogen
-    except ImportError:  # an install without it still works, at Ansible's own speed
-        return {}
-    plugins = Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"
-    return {"ANSIBLE_STRATEGY_PLUGINS": str(plugins), "ANSIBLE_STRATEGY": "mitogen_linear"}
+    return {"ANSIBLE_STRATEGY": LEAN_STRATEGY}
 
 
 def cpu_seconds() -> float:

@@ -42,6 +42,7 @@ from typing import Any
 
 from provision import assets
 from provision.run.ansible import (
+    LEAN_STRATEGY,
     EventHandler,
     HostResult,
     RunResult,
@@ -87,6 +88,7 @@ stdout_callback = gpu_provision.cluster.events
 forks = 5
 gathering = smart
 gather_subset = !all,min
+inject_facts_as_vars = false
 interpreter_python = auto_silent
 retry_files_enabled = false
 deprecation_warnings = false
@@ -299,8 +301,7 @@ def run_command(host: str, runtime: Archive, content: Archive, tags: str | None)
         "ANSIBLE_CONFIG": f"{here}/ansible.cfg",
         "ANSIBLE_COLLECTIONS_PATH": f"{here}/collections:{PULL_ROOT}/{runtime.name}",
         "ANSIBLE_HOME": f"{PULL_ROOT}/home",
-        "ANSIBLE_STRATEGY_PLUGINS": f"{PULL_ROOT}/{runtime.name}/ansible_mitogen/plugins/strategy",
-        "ANSIBLE_STRATEGY": "mitogen_linear",
+        "ANSIBLE_STRATEGY": LEAN_STRATEGY,
     }
     argv = [
         "python3", "-m", "ansible", "playbook",

@@ -1,0 +1,125 @@
+"""Mitogen's linear strategy (Ansible's own where Mitogen is missing), with a task whose
+condition is false, and an include, answered by the controller instead of a worker.
+
+Ansible forks a worker process for every task and host, also for a task its `when` skips (the
+worker works out the condition and sends back "skipped") and for an include (the worker reads
+its arguments and sends them back for the controller to expand). In a converge of this
+collection's roles about half of a node's task runs are such skips, and each fork of the
+controller costs it tens of milliseconds of CPU. This strategy works them out where the task is
+queued, with the variables the worker would use (the play context's as well), and hands the
+result to the same results queue, so callbacks, `register`, includes and the counts see what the
+worker would have sent. It does so only where the answer cannot differ from the worker's: no
+loop (its condition is per item), no delegation (other variables), no `run_once`; whatever
+fails to evaluate, and every other task, goes to a worker as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible import constants as C
+from ansible._internal._templating._engine import TemplateEngine
+from ansible.executor.task_result import _RawTaskResult
+
+try:
+    from ansible_mitogen.plugins.strategy.mitogen_linear import StrategyModule as _Base
+except ImportError:  # Ansible's own linear strategy, at its speed
+    from ansible.plugins.strategy.linear import StrategyModule as _Base
+
+DOCUMENTATION = """
+name: lean
+short_description: linear, with false conditions and includes answered without a worker
+description:
+  - Runs like Mitogen's linear strategy (Ansible's linear where Mitogen is not installed).
+  - A task without a loop, delegation or run_once whose condition is false for a host is
+    reported skipped by the controller, and such an include expanded, without forking a
+    worker for it.
+author: provision
+"""
+
+
+class StrategyModule(_Base):  # type: ignore[misc]
+    """Linear, with false conditions and includes answered in the controller."""
+
+    def _queue_task(
+        self, host: Any, task: Any, task_vars: dict[str, Any], play_context: Any
+    ) -> None:
+        answer = self._answer_here(host, task, task_vars, play_context)
+        if answer is None:
+            super()._queue_task(host, task, task_vars, play_context)
+            return
+        result, fields = answer
+        # what a worker does: the start callback, then the result through the results queue
+        # (the results thread and _process_pending_results take it from there)
+        self._queued_task_cache[(host.name, task._uuid)] = {
+            "host": host,
+            "task": task,
+            "task_vars": task_vars,
+            "play_context": play_context,
+        }
+        self._tqm.send_callback("v2_runner_on_start", host, task)
+        self._final_q.send_task_result(
+            _RawTaskResult(host=host, task=task, return_data=result, task_fields=fields)
+        )
+        self._pending_results += 1
+
+    def _answer_here(
+        self, host: Any, task: Any, task_vars: dict[str, Any], play_context: Any
+    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The worker's result and task fields where the controller can tell them (a false
+        condition; an include, whose worker only reads its arguments for the controller to
+        expand); None where a worker must run the task (or may: when in doubt, the worker
+        decides, as it always did)."""
+        include = task.action in C._ACTION_INCLUDE_TASKS or task.action in C._ACTION_INCLUDE_ROLE
+        if not (task.when or include) or task.loop_with or task.loop is not None:
+            return None
+        if task.delegate_to or task.run_once:
+            return None
+        try:
+            # the worker's variables: the task's search path; the play context's for the condition
+            job_vars = dict(task_vars)
+            search_path = task.get_search_path()
+            if self._loader.get_basedir() not in search_path:
+                search_path.append(self._loader.get_basedir())
+            job_vars["ansible_search_path"] = search_path
+            templar = TemplateEngine(loader=self._loader, variables=job_vars)
+            variables = job_vars.copy()
+            context = play_context.set_task_and_variable_override(
+                task=task, variables=job_vars, templar=templar
+            )
+            context.post_validate(templar=templar)
+            if not context.remote_addr:
+                context.remote_addr = host.address
+            context.update_vars(variables)
+            found: dict[str, Any] = {}
+            if task.when and not task._resolve_conditional(
+                task.when, variables, result_context=found
+            ):
+                result: dict[str, Any] = {
+                    "changed": False,
+                    "skipped": True,
+                    "skip_reason": "Conditional result was False",
+                    **found,
+                }
+                fields = task.dump_attrs()
+                task.update_result_no_log(templar, result)
+                return result, fields
+            if not include:
+                return None
+            # as the worker: the task's fields made final with these variables (on a copy:
+            # the worker's is its own), then its arguments handed back
+            final = task.copy()
+            templar.available_variables = variables
+            final.post_validate(templar=templar)
+            arguments = final.args.copy()
+            if task.action in C._ACTION_INCLUDE_TASKS:
+                name = arguments.pop("_raw_params", None)
+                if not name:
+                    return None
+                result = {"include": name, "include_args": arguments, "changed": False}
+            else:
+                result = {"include_args": arguments, "changed": False}
+            final.update_result_no_log(templar, result)
+            return result, final.dump_attrs()
+        except Exception:  # the worker reports it, as it always did
+            return None

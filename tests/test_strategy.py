@@ -1,0 +1,215 @@
+"""The collection's strategy (plugins/strategy/lean.py), run by a real ansible-playbook on this
+machine against Mitogen's linear strategy it builds on: the same events, results and registered
+values, with the skips it can decide in the controller made without forking a worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ansible_mitogen
+import pytest
+
+from provision import assets
+from provision.run import pull
+from provision.run.ansible import LEAN_STRATEGY, strategy_env
+
+# one play on two hosts: node001 runs what node002 skips
+PLAY = """- name: Conditions
+  hosts: all
+  gather_facts: false
+  vars:
+    here: "{{ inventory_hostname == 'node001' }}"
+  handlers:
+    - name: Said
+      ansible.builtin.debug:
+        msg: handled
+      when: here | bool
+  tasks:
+    - name: Runs on node001 alone
+      ansible.builtin.command: "true"
+      changed_when: true
+      notify: Said
+      when: here | bool
+    - name: Skipped everywhere, registered
+      ansible.builtin.debug:
+        msg: never
+      register: never
+      when: not here | bool and here | bool
+    - name: The skip was registered
+      ansible.builtin.assert:
+        that:
+          - never is skipped
+          - never.false_condition == "not here | bool and here | bool"
+    - name: A secret, skipped
+      ansible.builtin.debug:
+        msg: s3cret
+      no_log: true
+      when: false
+    - name: The play context's variables in a condition (local connection)
+      ansible.builtin.debug:
+        msg: remote
+      when: ansible_connection != 'local' and 'mitogen' not in ansible_connection
+    - name: A loop, its condition per item (the worker's)
+      ansible.builtin.debug:
+        msg: "{{ item }}"
+      loop: [1, 2, 3]
+      when: item != 2
+    - name: Delegated (the worker's)
+      ansible.builtin.debug:
+        msg: delegated
+      delegate_to: localhost
+      when: false
+    - name: A condition that fails to evaluate (the worker reports it)
+      ansible.builtin.debug:
+        msg: undefined
+      when: no_such_variable | bool
+      ignore_errors: true
+    - name: Skipped tasks of a block
+      when: not here | bool
+      block:
+        - name: First of the block
+          ansible.builtin.debug:
+            msg: block one
+        - name: Second of the block
+          ansible.builtin.debug:
+            msg: block two
+    - name: An include, skipped
+      ansible.builtin.include_tasks: missing.yml
+      when: false
+    - name: An include on node001
+      ansible.builtin.include_tasks: included.yml
+      when: here | bool
+    - name: An include everywhere
+      ansible.builtin.include_tasks:
+        file: included.yml
+    - name: A role on node001
+      ansible.builtin.include_role:
+        name: tiny
+      when: here | bool
+"""
+INCLUDED = """- name: Included
+  ansible.builtin.debug:
+    msg: "included on {{ inventory_hostname }}"
+"""
+# task runs the strategy answers without a worker: on both hosts the registered skip, the
+# secret, the play context's, the skipped include, the two includes and the role (skipped on
+# node002); node002's first task; node001's two of the block
+HERE = 2 * 7 + 1 + 2
+
+# counts the forks of ansible-playbook's own process (the workers, Mitogen's multiplexer)
+SITECUSTOMIZE = """import atexit, os, sys
+if sys.argv and sys.argv[0].endswith("ansible-playbook"):
+    _forks = [0]
+    _pid = os.getpid()
+    os.register_at_fork(after_in_parent=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+    def _write():
+        if os.getpid() == _pid:
+            with open(os.environ["FORKS_OUT"], "w") as out:
+                out.write(str(_forks[0]))
+
+    atexit.register(_write)
+"""
+
+
+def _play(tmp_path: Path, name: str, strategy: dict[str, str]) -> tuple[list[dict], int]:
+    run = tmp_path / name
+    run.mkdir()
+    (run / "site").mkdir()
+    (run / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    played = run / "play.yml"
+    played.write_text(PLAY)
+    (run / "included.yml").write_text(INCLUDED)
+    (run / "roles" / "tiny" / "tasks").mkdir(parents=True)
+    (run / "roles" / "tiny" / "tasks" / "main.yml").write_text(INCLUDED)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")},
+        **strategy,
+        "ANSIBLE_STDOUT_CALLBACK": "gpu_provision.cluster.events",
+        "ANSIBLE_COLLECTIONS_PATH": str(assets.collections_path()),
+        "ANSIBLE_HOME": str(run / "home"),
+        "ANSIBLE_LOCALHOST_WARNING": "false",
+        "ANSIBLE_INJECT_FACT_VARS": "false",
+        "PYTHONPATH": str(run / "site"),
+        "FORKS_OUT": str(run / "forks"),
+    }
+    bindir = Path(sys.executable).parent
+    r = subprocess.run(
+        [
+            str(bindir / "ansible-playbook"), "-i", "node001,node002,", "-c", "local",
+            "-e", f"ansible_python_interpreter={sys.executable}", str(played),
+        ],
+        capture_output=True, text=True, check=False, env=env, cwd=run,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    events = [
+        json.loads(line[len(pull.EVENT_PREFIX) :])
+        for line in r.stdout.splitlines()
+        if line.startswith(pull.EVENT_PREFIX)
+    ]
+    return events, int((run / "forks").read_text())
+
+
+def _seen(events: list[dict]) -> list[tuple]:
+    """What a reader of the events sees, less what differs between any two runs (times, ids)."""
+    seen = []
+    for event in events:
+        data = event["event_data"]
+        res = data.get("res") or {}
+        if not event["event"].startswith("runner_"):
+            continue
+        seen.append(
+            (
+                event["event"], data.get("host"), data.get("task"), data.get("item"),
+                res.get("changed"), res.get("skipped"), res.get("false_condition"),
+                res.get("censored"), res.get("msg") if event["event"] != "runner_on_failed"
+                else "no_such_variable' is undefined" in str(res.get("msg")),
+            )
+        )  # fmt: skip
+    return sorted(seen, key=repr)
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[dict], int]]:
+    tmp = tmp_path_factory.mktemp("strategy")
+    mitogen = Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"
+    return {
+        "mitogen": _play(
+            tmp,
+            "mitogen",
+            {"ANSIBLE_STRATEGY_PLUGINS": str(mitogen), "ANSIBLE_STRATEGY": "mitogen_linear"},
+        ),
+        "lean": _play(tmp, "lean", {"ANSIBLE_STRATEGY": LEAN_STRATEGY}),
+    }
+
+
+def test_the_same_events_as_mitogens_linear(both: dict) -> None:
+    lean, mitogen = _seen(both["lean"][0]), _seen(both["mitogen"][0])
+    assert lean == mitogen
+    skipped = [(s[1], s[2]) for s in lean if s[0] == "runner_on_skipped"]
+    assert ("node002", "Runs on node001 alone") in skipped
+    assert ("node001", "Runs on node001 alone") not in skipped
+    ran = [(s[1], s[2]) for s in lean if s[0] == "runner_on_ok"]
+    assert ("node001", "Second of the block") in skipped and ("node001", "Said") in ran
+    # the included tasks ran where their includes were answered: the file on both, twice on
+    # node001; the role's on node001
+    assert ran.count(("node001", "Included")) == 3 and ran.count(("node002", "Included")) == 1
+    # the secret's skip is censored as the worker's is; the failing condition reported as failed
+    assert "s3cret" not in json.dumps(both["lean"][0])
+    assert any(s[0] == "runner_on_failed" and s[-1] is True for s in lean)
+
+
+def test_skips_and_includes_answered_in_the_controller_fork_no_worker(both: dict) -> None:
+    assert both["mitogen"][1] - both["lean"][1] == HERE
+
+
+def test_apply_and_pull_run_the_lean_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANSIBLE_STRATEGY", raising=False)
+    assert strategy_env() == {"ANSIBLE_STRATEGY": "gpu_provision.cluster.lean"}
+    monkeypatch.setenv("ANSIBLE_STRATEGY", "linear")
+    assert strategy_env() == {}  # the environment wins (bench/apply.py)
+    assert (assets.collection_dir() / "plugins" / "strategy" / "lean.py").is_file()
