@@ -1,16 +1,20 @@
 """Mitogen's linear strategy (Ansible's own where Mitogen is missing), with a task whose
-condition is false, and an include, answered by the controller instead of a worker.
+condition is false, an include, and an action that needs no connection answered by the
+controller instead of a worker.
 
 Ansible forks a worker process for every task and host, also for a task its `when` skips (the
-worker works out the condition and sends back "skipped") and for an include (the worker reads
-its arguments and sends them back for the controller to expand). In a converge of this
-collection's roles about half of a node's task runs are such skips, and each fork of the
-controller costs it tens of milliseconds of CPU. This strategy works them out where the task is
-queued, with the variables the worker would use (the play context's as well), and hands the
-result to the same results queue, so callbacks, `register`, includes and the counts see what the
-worker would have sent. It does so only where the answer cannot differ from the worker's: no
-loop (its condition is per item), no delegation (other variables), no `run_once`; whatever
-fails to evaluate, and every other task, goes to a worker as before.
+worker works out the condition and sends back "skipped"), for an include (the worker reads its
+arguments and sends them back for the controller to expand) and for an action that runs in the
+controller anyway (a role's argument check, include_vars, assert, debug, set_fact, fail). In a
+converge of this collection's roles more than half of a node's task runs are such, and each
+fork of the controller costs it tens of milliseconds of CPU. This strategy answers them where
+the task is queued: a condition with the variables the worker would use (the play context's as
+well), an include's arguments as the worker reads them, an action by Ansible's own task
+executor on copies of the task and its variables; the result goes to the same results queue, so
+callbacks, `register`, includes and the counts see what the worker would have sent. Only where
+the answer cannot differ from the worker's: no loop (its condition is per item), no delegation
+(other variables), no `run_once`; whatever fails to evaluate, and every other task, goes to a
+worker as before.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from typing import Any
 
 from ansible import constants as C
 from ansible._internal._templating._engine import TemplateEngine
+from ansible.executor.task_executor import TaskExecutor
 from ansible.executor.task_result import _RawTaskResult
+from ansible.plugins import loader as plugin_loader
 
 try:
     from ansible_mitogen.plugins.strategy.mitogen_linear import StrategyModule as _Base
@@ -28,18 +34,28 @@ except ImportError:  # Ansible's own linear strategy, at its speed
 
 DOCUMENTATION = """
 name: lean
-short_description: linear, with false conditions and includes answered without a worker
+short_description: linear, with skips, includes and local actions answered without a worker
 description:
   - Runs like Mitogen's linear strategy (Ansible's linear where Mitogen is not installed).
   - A task without a loop, delegation or run_once whose condition is false for a host is
-    reported skipped by the controller, and such an include expanded, without forking a
-    worker for it.
+    reported skipped by the controller, such an include read, and such an action that needs
+    no connection (validate_argument_spec, include_vars, assert, fail, debug, set_fact) run,
+    without forking a worker for it.
 author: provision
 """
 
 
+# actions that run in the controller alone (their plugins say they need no connection): a
+# worker forked for them only runs them there
+_CONTROLLER_ACTIONS = frozenset(
+    f"{prefix}{name}"
+    for prefix in ("", "ansible.builtin.", "ansible.legacy.")
+    for name in ("validate_argument_spec", "include_vars", "assert", "fail", "debug", "set_fact")
+)
+
+
 class StrategyModule(_Base):  # type: ignore[misc]
-    """Linear, with false conditions and includes answered in the controller."""
+    """Linear, with skips, includes and connection-less actions answered in the controller."""
 
     def _queue_task(
         self, host: Any, task: Any, task_vars: dict[str, Any], play_context: Any
@@ -68,10 +84,11 @@ class StrategyModule(_Base):  # type: ignore[misc]
     ) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """The worker's result and task fields where the controller can tell them (a false
         condition; an include, whose worker only reads its arguments for the controller to
-        expand); None where a worker must run the task (or may: when in doubt, the worker
-        decides, as it always did)."""
+        expand; an action that needs no connection); None where a worker must run the task
+        (or may: when in doubt, the worker decides, as it always did)."""
         include = task.action in C._ACTION_INCLUDE_TASKS or task.action in C._ACTION_INCLUDE_ROLE
-        if not (task.when or include) or task.loop_with or task.loop is not None:
+        local = task.action in _CONTROLLER_ACTIONS
+        if not (task.when or include or local) or task.loop_with or task.loop is not None:
             return None
         if task.delegate_to or task.run_once:
             return None
@@ -104,6 +121,8 @@ class StrategyModule(_Base):  # type: ignore[misc]
                 fields = task.dump_attrs()
                 task.update_result_no_log(templar, result)
                 return result, fields
+            if local:
+                return self._run_here(host, task, task_vars, play_context)
             if not include:
                 return None
             # as the worker: the task's fields made final with these variables (on a copy:
@@ -123,3 +142,21 @@ class StrategyModule(_Base):  # type: ignore[misc]
             return result, final.dump_attrs()
         except Exception:  # the worker reports it, as it always did
             return None
+
+    def _run_here(
+        self, host: Any, task: Any, task_vars: dict[str, Any], play_context: Any
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What a worker runs, run here: Ansible's task executor, on copies of the task and its
+        variables (a worker's are its own), for an action that needs no connection."""
+        executor = TaskExecutor(
+            host,
+            task.copy(),
+            dict(task_vars),
+            play_context,
+            self._loader,
+            plugin_loader.get_plugin_loader_namespace(),
+            self._final_q,
+            self._variable_manager,
+        )
+        result = executor.run()
+        return result, executor._task.dump_attrs()
