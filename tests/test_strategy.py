@@ -59,6 +59,14 @@ PLAY = """- name: Conditions
         msg: "{{ item }}"
       loop: [1, 2, 3]
       when: item != 2
+    - name: A loop over an empty list on node001, registered
+      ansible.builtin.debug:
+        msg: "{{ item }}"
+      loop: "{{ [] if here | bool else [1] }}"
+      register: looped
+    - name: Its skip was registered
+      ansible.builtin.assert:
+        that: (looped is skipped and looped.results == []) if here | bool else looped is not skipped
     - name: Delegated (the worker's)
       ansible.builtin.debug:
         msg: delegated
@@ -106,8 +114,9 @@ INCLUDED = """- name: Included
 # node002); node002's first task; node001's two of the block (17 in all); and the actions that
 # need no connection, run in the controller: the assert on both, node002's two of the block,
 # the included debug where it ran (three times on node001, once on node002), the handler, the
-# failure on node001 (10); and that failure's skip on node002
-HERE = 2 * 7 + 1 + 2 + 2 + 2 + 4 + 1 + 1 + 1
+# failure on node001 (10); and that failure's skip on node002; node001's empty loop and the
+# assert after it on both
+HERE = 2 * 7 + 1 + 2 + 2 + 2 + 4 + 1 + 1 + 1 + 1 + 2
 
 # counts the forks of ansible-playbook's own process (the workers, Mitogen's multiplexer)
 SITECUSTOMIZE = """import atexit, os, sys
@@ -142,7 +151,6 @@ def _play(tmp_path: Path, name: str, strategy: dict[str, str]) -> tuple[list[dic
         "ANSIBLE_COLLECTIONS_PATH": str(assets.collections_path()),
         "ANSIBLE_HOME": str(run / "home"),
         "ANSIBLE_LOCALHOST_WARNING": "false",
-        "ANSIBLE_INJECT_FACT_VARS": "false",
         "PYTHONPATH": str(run / "site"),
         "FORKS_OUT": str(run / "forks"),
     }

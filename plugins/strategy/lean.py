@@ -1,20 +1,21 @@
 """Mitogen's linear strategy (Ansible's own where Mitogen is missing), with a task whose
-condition is false, an include, and an action that needs no connection answered by the
-controller instead of a worker.
+condition is false, a loop over an empty list, an include, and an action that needs no
+connection answered by the controller instead of a worker.
 
 Ansible forks a worker process for every task and host, also for a task its `when` skips (the
-worker works out the condition and sends back "skipped"), for an include (the worker reads its
-arguments and sends them back for the controller to expand) and for an action that runs in the
-controller anyway (a role's argument check, include_vars, assert, debug, set_fact, fail). In a
-converge of this collection's roles more than half of a node's task runs are such, and each
-fork of the controller costs it tens of milliseconds of CPU. This strategy answers them where
-the task is queued: a condition with the variables the worker would use (the play context's as
-well), an include's arguments as the worker reads them, an action by Ansible's own task
-executor on copies of the task and its variables; the result goes to the same results queue, so
-callbacks, `register`, includes and the counts see what the worker would have sent. Only where
-the answer cannot differ from the worker's: no loop (its condition is per item), no delegation
-(other variables), no `run_once`; whatever fails to evaluate, and every other task, goes to a
-worker as before.
+worker works out the condition and sends back "skipped"), for a loop over nothing, for an
+include (the worker reads its arguments and sends them back for the controller to expand) and
+for an action that runs in the controller anyway (a role's argument check, include_vars,
+assert, debug, set_fact, fail). In a converge of this collection's roles more than half of a
+node's task runs are such, and each fork of the controller costs it tens of milliseconds of
+CPU. This strategy answers them where the task is queued: a condition with the variables the
+worker would use (the play context's as well), a loop's list, an include's arguments as the
+worker reads them, an action by Ansible's own task executor on copies of the task and its
+variables; the result goes to the same results queue, so callbacks, `register`, includes and
+the counts see what the worker would have sent. Only where the answer cannot differ from the
+worker's: no delegation (other variables), no `run_once`, no `with_*` lookup, a loop only where
+its list is empty (a loop's condition is per item); whatever fails to evaluate, and every other
+task, goes to a worker as before.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ short_description: linear, with skips, includes and local actions answered witho
 description:
   - Runs like Mitogen's linear strategy (Ansible's linear where Mitogen is not installed).
   - A task without a loop, delegation or run_once whose condition is false for a host is
-    reported skipped by the controller, such an include read, and such an action that needs
-    no connection (validate_argument_spec, include_vars, assert, fail, debug, set_fact) run,
-    without forking a worker for it.
+    reported skipped by the controller (and a loop over an empty list), such an include read,
+    and such an action that needs no connection (validate_argument_spec, include_vars, assert,
+    fail, debug, set_fact) run, without forking a worker for it.
 author: provision
 """
 
@@ -83,22 +84,20 @@ class StrategyModule(_Base):  # type: ignore[misc]
         self, host: Any, task: Any, task_vars: dict[str, Any], play_context: Any
     ) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """The worker's result and task fields where the controller can tell them (a false
-        condition; an include, whose worker only reads its arguments for the controller to
-        expand; an action that needs no connection); None where a worker must run the task
-        (or may: when in doubt, the worker decides, as it always did)."""
+        condition; a loop over nothing; an include, whose worker only reads its arguments for
+        the controller to expand; an action that needs no connection); None where a worker must
+        run the task (or may: when in doubt, the worker decides, as it always did)."""
+        if task.delegate_to or task.run_once or task.loop_with:
+            return None
+        if task.loop is not None:
+            return self._empty_loop(task, task_vars)
         include = task.action in C._ACTION_INCLUDE_TASKS or task.action in C._ACTION_INCLUDE_ROLE
         local = task.action in _CONTROLLER_ACTIONS
-        if not (task.when or include or local) or task.loop_with or task.loop is not None:
-            return None
-        if task.delegate_to or task.run_once:
+        if not (task.when or include or local):
             return None
         try:
             # the worker's variables: the task's search path; the play context's for the condition
-            job_vars = dict(task_vars)
-            search_path = task.get_search_path()
-            if self._loader.get_basedir() not in search_path:
-                search_path.append(self._loader.get_basedir())
-            job_vars["ansible_search_path"] = search_path
+            job_vars = self._job_vars(task, task_vars)
             templar = TemplateEngine(loader=self._loader, variables=job_vars)
             variables = job_vars.copy()
             context = play_context.set_task_and_variable_override(
@@ -142,6 +141,35 @@ class StrategyModule(_Base):  # type: ignore[misc]
             return result, final.dump_attrs()
         except Exception:  # the worker reports it, as it always did
             return None
+
+    def _job_vars(self, task: Any, task_vars: dict[str, Any]) -> dict[str, Any]:
+        """The variables a worker's task executor starts from: the task's, and its search path."""
+        job_vars = dict(task_vars)
+        search_path = task.get_search_path()
+        if self._loader.get_basedir() not in search_path:
+            search_path.append(self._loader.get_basedir())
+        job_vars["ansible_search_path"] = search_path
+        return job_vars
+
+    def _empty_loop(
+        self, task: Any, task_vars: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """A loop (`loop:`) whose list is empty for this host: skipped, as the worker's task
+        executor says before it looks at anything else; None for any other loop."""
+        try:
+            templar = TemplateEngine(loader=self._loader, variables=self._job_vars(task, task_vars))
+            items = templar.template(task.loop)
+        except Exception:  # the worker reports it, as it always did
+            return None
+        if not isinstance(items, list) or items:
+            return None
+        result = {
+            "changed": False,
+            "skipped": True,
+            "skipped_reason": "No items in the list",
+            "results": [],
+        }
+        return result, task.dump_attrs()
 
     def _run_here(
         self, host: Any, task: Any, task_vars: dict[str, Any], play_context: Any

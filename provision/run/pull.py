@@ -88,7 +88,6 @@ stdout_callback = gpu_provision.cluster.events
 forks = 5
 gathering = smart
 gather_subset = !all,min
-inject_facts_as_vars = false
 interpreter_python = auto_silent
 retry_files_enabled = false
 deprecation_warnings = false
