@@ -7,7 +7,7 @@
 set -uo pipefail
 # The collection's strategy, as apply runs the roles: Mitogen's linear (one Python interpreter per
 # container for a whole playbook instead of one per task, through `podman exec`: mitogen_podman),
-# with skips, includes and connection-less actions answered without forking a worker
+# with skips, empty loops, includes and connection-less actions answered without forking a worker
 # (plugins/strategy/lean.py)
 export ANSIBLE_STRATEGY=gpu_provision.cluster.lean
 lane() {
