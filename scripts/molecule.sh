@@ -5,10 +5,8 @@
 # Each scenario's log is .molecule-<scenario>.log; a failure's tail is printed, and the exit code
 # is 1 if any scenario failed.
 set -uo pipefail
-# The collection's strategy, as apply runs the roles: Mitogen's linear (one Python interpreter per
-# container for a whole playbook instead of one per task, through `podman exec`: mitogen_podman),
-# with skips, empty loops, includes and connection-less actions answered without forking a worker
-# (plugins/strategy/lean.py)
+# The collection's strategy, as apply runs the roles (plugins/strategy/lean.py): Mitogen's linear,
+# through `podman exec` (mitogen_podman)
 export ANSIBLE_STRATEGY=gpu_provision.cluster.lean
 lane() {
   local failed=0

@@ -80,12 +80,10 @@ def playbook_tags(playbook: str) -> list[str]:
 
 
 def strategy_env() -> dict[str, str]:
-    """The collection's `lean` strategy: Mitogen's linear (one Python interpreter per host for
-    the whole run, instead of a new one and a new module upload per task; Ansible's own linear
-    where Mitogen is not installed), with a task whose condition is false, a loop over an
-    empty list, an include and an action that needs no connection answered by the controller
-    instead of a forked worker (plugins/strategy/lean.py). ANSIBLE_STRATEGY in the
-    environment wins (bench/apply.py compares it with Ansible's own linear strategy)."""
+    """The collection's `lean` strategy (Mitogen's linear, with the task runs a worker need not
+    be forked for answered by the controller: plugins/strategy/lean.py says which).
+    ANSIBLE_STRATEGY in the environment wins (bench/apply.py compares it with Ansible's own
+    linear strategy)."""
     if "ANSIBLE_STRATEGY" in os.environ:
         return {}
     return {"ANSIBLE_STRATEGY": LEAN_STRATEGY}
