@@ -221,10 +221,10 @@ def test_the_slurm_role_installs_the_runtime_on_compute_nodes_and_restarts_nothi
     install = by_name["Install the OCI runtime for jobs' containers (slurm.oci_runtime)"]
     assert install["ansible.builtin.package"]["name"] == "{{ slurm_oci_runtime }}"
     assert "_slurm_is_compute" in str(install["when"])
-    conf = by_name[
-        "Install oci.conf (the runtime's commands, or the refusal of --container without one)"
-    ]
-    assert conf["ansible.builtin.copy"]["dest"] == "{{ _slurm_conf_dir }}/oci.conf"
-    assert "when" not in conf  # on every Slurm node, with a runtime or without
+    conf = by_name["Install oci.conf and the MPI all-reduce program"]
+    items = {item["dest"]: item for item in conf["loop"]}
+    # on every Slurm node, with a runtime or without
+    assert items["{{ _slurm_conf_dir }}/oci.conf"]["when"] is True
+    assert conf["when"] == "item.when | bool"
     # each step's slurmstepd reads oci.conf: a change needs no daemon restarted
     assert "notify" not in conf

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -271,6 +272,20 @@ def test_installed_packages_reads_dpkg(text: str, names: list[str]) -> None:
     module = _module("installed_packages")
     assert module.parse_dpkg(text) == names
     assert module.parse_rpm("munge\ngpg-pubkey\nslurm\nmunge\n") == ["munge", "slurm"]
+
+
+def test_installed_packages_reads_the_apt_lists_age_as_the_apt_module(tmp_path: Path) -> None:
+    module: Any = _module("installed_packages")
+    stamp, lists = tmp_path / "update-success-stamp", tmp_path / "lists"
+    lists.mkdir()
+    os.utime(lists, (1000, 1000))
+    # no stamp: the lists' folder, as ansible.builtin.apt's cache_valid_time reads it
+    assert module.apt_cache_age(4600.0, (str(stamp), str(lists))) == 3600
+    stamp.touch()
+    os.utime(stamp, (4000, 4000))
+    assert module.apt_cache_age(4600.0, (str(stamp), str(lists))) == 600
+    # never fetched: older than any cache_valid_time
+    assert module.apt_cache_age(4600.0, (str(tmp_path / "none"),)) > 10**8
 
 
 def _module(name: str) -> object:
