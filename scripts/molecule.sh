@@ -8,6 +8,8 @@ set -uo pipefail
 # The collection's strategy, as apply runs the roles (plugins/strategy/lean.py): Mitogen's linear,
 # through `podman exec` (mitogen_podman)
 export ANSIBLE_STRATEGY=gpu_provision.cluster.lean
+# and, as apply, facts only under ansible_facts (provision/run/ansible.cfg)
+export ANSIBLE_INJECT_FACT_VARS=false
 lane() {
   local failed=0
   for s in "$@"; do

@@ -128,10 +128,14 @@ def _variables(os_name: str, source: str) -> dict[str, Any]:
     out = {k: trust(v) for k, v in merged.items()}
     out |= PINS
     out |= {
-        "ansible_facts": {**FACTS[os_name], "architecture": "x86_64", "kernel": "6.8.0-45-generic"},
+        "ansible_facts": {
+            **FACTS[os_name],
+            "architecture": "x86_64",
+            "kernel": "6.8.0-45-generic",
+            "nvidia_hardware": True,
+        },
         "ansible_managed": "Ansible managed",
         "provision_nvidia_source": source,
-        "nvidia_hardware": True,
     }
     if source == "mirror":
         out["provision_nvidia_mirror_url"] = MIRROR

@@ -31,14 +31,17 @@ KERNELS = {
     "rocky9": "5.14.0-503.14.1.el9_5.x86_64",
 }
 OSES = list(KERNELS)
-# what the play's facts module and the rendered group_vars say of a DGX H100 node
-NODE = {
+# what the play's facts module says of a DGX H100 node (the roles read ansible_facts.nvidia_*)
+GPU_FACTS = {
     "nvidia_hardware": True,
     "nvidia_in_container": False,
     "nvidia_gpu_count": 8,
     "nvidia_nvswitch_count": 4,
     "nvidia_loaded_driver": "",
     "nvidia_summary": "8 NVIDIA GPUs, 4 NVSwitches, no driver loaded",
+}
+# and the rendered group_vars
+NODE = {
     "inventory_hostname": "dgx01",
     "group_names": ["compute", "gpu", "fabric"],
     "ansible_play_hosts_all": ["dgx01"],
@@ -82,7 +85,7 @@ class Walk:
 
         self.variables = _variables(os_name, "nvidia") | NODE
         facts = self.variables["ansible_facts"]
-        self.variables["ansible_facts"] = {**facts, "kernel": KERNELS[os_name]}
+        self.variables["ansible_facts"] = {**facts, **GPU_FACTS, "kernel": KERNELS[os_name]}
         self.templar = Templar(loader=DataLoader(), variables=self.variables)
         self.lines: list[str] = []
         self.node_answers: set[str] = set()

@@ -91,6 +91,7 @@ gather_subset = !all,min
 interpreter_python = auto_silent
 retry_files_enabled = false
 deprecation_warnings = false
+inject_facts_as_vars = false
 localhost_warning = false
 host_key_checking = false
 """
