@@ -1,7 +1,8 @@
 """The collection's strategy (plugins/strategy/lean.py), run by a real ansible-playbook on this
 machine against Mitogen's linear strategy it builds on: the same events, results and registered
 values, with the skips, includes and connection-less actions it answers in the controller made
-without forking a worker."""
+without forking a worker, and every other task run by the controller's threads (through
+Mitogen's multiplexer, as a worker would) except those it must fork for."""
 
 from __future__ import annotations
 
@@ -35,6 +36,17 @@ PLAY = """- name: Conditions
       changed_when: true
       notify: Said
       when: here | bool
+    - name: A module's result, registered
+      ansible.builtin.command: echo "from {{ inventory_hostname }}"
+      register: echoed
+      changed_when: false
+    - name: Read by the next task
+      ansible.builtin.assert:
+        that: echoed.stdout == "from " ~ inventory_hostname
+    - name: Throttled (a worker each)
+      ansible.builtin.command: "true"
+      changed_when: false
+      throttle: 1
     - name: Skipped everywhere, registered
       ansible.builtin.debug:
         msg: never
@@ -116,7 +128,10 @@ INCLUDED = """- name: Included
 # the included debug where it ran (three times on node001, once on node002), the handler, the
 # failure on node001 (10); and that failure's skip on node002; node001's empty loop and the
 # assert after it on both
-HERE = 2 * 7 + 1 + 2 + 2 + 2 + 4 + 1 + 1 + 1 + 1 + 2
+HERE = 2 * 7 + 1 + 2 + 2 + 2 + 4 + 1 + 1 + 1 + 1 + 2 + 2  # + the assert of the registered echo
+# what the strategy forks with its threads on: Mitogen's multiplexer, and a worker for each task
+# run a thread does not take: the delegated task and the throttled one, on both hosts
+FORKED = 1 + 2 + 2
 
 # counts the forks of ansible-playbook's own process (the workers, Mitogen's multiplexer)
 SITECUSTOMIZE = """import atexit, os, sys
@@ -191,7 +206,7 @@ def _seen(events: list[dict]) -> list[tuple]:
 
 
 @pytest.fixture(scope="module")
-def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[dict], int]]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[dict], int]]:
     tmp = tmp_path_factory.mktemp("strategy")
     mitogen = Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"
     return {
@@ -201,12 +216,16 @@ def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[dict]
             {"ANSIBLE_STRATEGY_PLUGINS": str(mitogen), "ANSIBLE_STRATEGY": "mitogen_linear"},
         ),
         "lean": _play(tmp, "lean", {"ANSIBLE_STRATEGY": LEAN_STRATEGY}),
+        "forked": _play(
+            tmp, "forked", {"ANSIBLE_STRATEGY": LEAN_STRATEGY, "PROVISION_LEAN_THREADS": "0"}
+        ),
     }
 
 
-def test_the_same_events_as_mitogens_linear(both: dict) -> None:
-    lean, mitogen = _seen(both["lean"][0]), _seen(both["mitogen"][0])
+def test_the_same_events_as_mitogens_linear(runs: dict) -> None:
+    lean, mitogen = _seen(runs["lean"][0]), _seen(runs["mitogen"][0])
     assert lean == mitogen
+    assert _seen(runs["forked"][0]) == mitogen  # its threads off: a worker for every other task
     skipped = [(s[1], s[2]) for s in lean if s[0] == "runner_on_skipped"]
     assert ("node002", "Runs on node001 alone") in skipped
     assert ("node001", "Runs on node001 alone") not in skipped
@@ -216,15 +235,19 @@ def test_the_same_events_as_mitogens_linear(both: dict) -> None:
     # node001; the role's on node001
     assert ran.count(("node001", "Included")) == 3 and ran.count(("node002", "Included")) == 1
     # the secret's skip is censored as the worker's is; the failing condition reported as failed
-    assert "s3cret" not in json.dumps(both["lean"][0])
+    assert "s3cret" not in json.dumps(runs["lean"][0])
     failed = [(s[1], s[2], s[-1]) for s in lean if s[0] == "runner_on_failed"]
     assert ("node001", "Fails on node001, ignored", "stopped here") in failed
     assert ("node002", "A condition that fails to evaluate (the worker reports it)",
             "itional: 'no_such_variable' is undefined") in failed  # fmt: skip
 
 
-def test_what_the_controller_answers_forks_no_worker(both: dict) -> None:
-    assert both["mitogen"][1] - both["lean"][1] == HERE
+def test_what_the_controller_answers_forks_no_worker(runs: dict) -> None:
+    assert runs["mitogen"][1] - runs["forked"][1] == HERE
+
+
+def test_the_controllers_threads_run_the_rest(runs: dict) -> None:
+    assert runs["lean"][1] == FORKED
 
 
 def test_apply_and_pull_run_the_lean_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
