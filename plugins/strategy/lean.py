@@ -254,17 +254,15 @@ class StrategyModule(_Base):  # type: ignore[misc]
     def __init__(self, tqm: Any) -> None:
         super().__init__(tqm)
         self._threads: _Threads | None = None
-        self._bindings: _Bindings | None = None
 
     def _get_worker_model(self) -> Any:
         # Mitogen's strategy asks for its worker model when it starts its run
         classic = super()._get_worker_model()
         bindings = _Bindings(classic)
         if not bindings.usable or os.environ.get("PROVISION_LEAN_THREADS", "1") == "0":
-            self._bindings = self._threads = None
+            self._threads = None
             return classic
         _one_loader_at_a_time()
-        self._bindings = bindings
         self._threads = _Threads(len(self._workers))
         return bindings
 
@@ -288,6 +286,15 @@ class StrategyModule(_Base):  # type: ignore[misc]
         result, fields = answer
         # what a worker does: the start callback, then the result through the results queue
         # (the results thread and _process_pending_results take it from there)
+        self._started(host, task, task_vars, play_context)
+        self._final_q.send_task_result(
+            _RawTaskResult(host=host, task=task, return_data=result, task_fields=fields)
+        )
+        self._pending_results += 1
+
+    def _started(self, host: Any, task: Any, task_vars: dict[str, Any], play_context: Any) -> None:
+        """What _queue_task does before a worker starts: the task kept for its result, and the
+        start callback."""
         self._queued_task_cache[(host.name, task._uuid)] = {
             "host": host,
             "task": task,
@@ -295,10 +302,6 @@ class StrategyModule(_Base):  # type: ignore[misc]
             "play_context": play_context,
         }
         self._tqm.send_callback("v2_runner_on_start", host, task)
-        self._final_q.send_task_result(
-            _RawTaskResult(host=host, task=task, return_data=result, task_fields=fields)
-        )
-        self._pending_results += 1
 
     @staticmethod
     def _threaded(task: Any) -> bool:
@@ -321,13 +324,7 @@ class StrategyModule(_Base):  # type: ignore[misc]
         """What _queue_task does with a worker, with a thread: the start callback, then the
         task executor on copies of the task and its variables (a worker's are its own), its
         result through the results queue."""
-        self._queued_task_cache[(host.name, task._uuid)] = {
-            "host": host,
-            "task": task,
-            "task_vars": task_vars,
-            "play_context": play_context,
-        }
-        self._tqm.send_callback("v2_runner_on_start", host, task)
+        self._started(host, task, task_vars, play_context)
         self._pending_results += 1
         assert self._threads is not None
         self._threads.submit(self._run_in_thread, host, _own(task), dict(task_vars), play_context)
