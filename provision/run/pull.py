@@ -1,11 +1,11 @@
 """Pull mode: the compute and login nodes converge themselves, with the same roles.
 
-In push mode the workstation runs every task of every node: Ansible's controller forks a worker
-for each task and host, so its CPU grows with the node count (4 to 6 CPU-seconds a node for a
-run that changes nothing, docs/speed.md). In pull mode the heads converge first by push (the
-nodes need their controller, NFS server and directory up), then every compute and login node
-runs the playbook itself, all at once, with `connection: local`; the workstation only sends
-what they need and reads back what they did:
+In push mode the workstation runs every task of every node: Ansible's controller runs a task
+executor for each task and host, so its CPU grows with the node count (about 2 CPU-seconds a
+node for a run that changes nothing, docs/speed.md). In pull mode the heads converge first by
+push (the nodes need their controller, NFS server and directory up), then every compute and
+login node runs the playbook itself, all at once, with `connection: local`; the workstation
+only sends what they need and reads back what they did:
 
 - the runtime, once per node and version: Ansible's own Python packages (ansible-core, Jinja2,
   PyYAML, MarkupSafe, packaging, resolvelib) and the few plugins of other collections the roles
@@ -97,8 +97,8 @@ host_key_checking = false
 """
 
 
-# auto: pull from this many compute and login nodes (push costs the workstation 4 to 6
-# CPU-seconds a node for a run that changes nothing; pull about a tenth of one: docs/speed.md)
+# auto: pull from this many compute and login nodes (push costs the workstation about 2
+# CPU-seconds a node for a run that changes nothing; pull about a quarter of one: docs/speed.md)
 PULL_FROM = 50
 PULLED_ROLES = ("compute", "login")
 
