@@ -154,7 +154,6 @@ class _Bindings:
         self._lock = threading.Lock()
         self._broker: Any = None
         self._parent: Any = None
-        _forget_mitogen_in_forked_workers()
 
     @property
     def usable(self) -> bool:
@@ -263,6 +262,7 @@ class StrategyModule(_Base):  # type: ignore[misc]
             self._threads = None
             return classic
         _one_loader_at_a_time()
+        _forget_mitogen_in_forked_workers()
         self._threads = _Threads(len(self._workers))
         return bindings
 
@@ -333,20 +333,8 @@ class StrategyModule(_Base):  # type: ignore[misc]
         self, host: Any, task: Any, task_vars: dict[str, Any], play_context: Any
     ) -> None:
         try:
-            with _task.TaskContext(task):
-                result = TaskExecutor(
-                    host,
-                    task,
-                    task_vars,
-                    play_context,
-                    self._loader,
-                    plugin_loader.get_plugin_loader_namespace(),
-                    self._final_q,
-                    self._variable_manager,
-                ).run()
-            raw = _RawTaskResult(
-                host=host, task=task, return_data=result, task_fields=task.dump_attrs()
-            )
+            result, fields = self._execute(host, task, task_vars, play_context)
+            raw = _RawTaskResult(host=host, task=task, return_data=result, task_fields=fields)
         except BaseException as ex:  # the result must reach the strategy, whatever happened
             raw = _RawTaskResult(
                 host=host,
@@ -459,15 +447,22 @@ class StrategyModule(_Base):  # type: ignore[misc]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """What a worker runs, run here: Ansible's task executor, on copies of the task and its
         variables (a worker's are its own), for an action that needs no connection."""
-        executor = TaskExecutor(
-            host,
-            _own(task),
-            dict(task_vars),
-            play_context,
-            self._loader,
-            plugin_loader.get_plugin_loader_namespace(),
-            self._final_q,
-            self._variable_manager,
-        )
-        result = executor.run()
-        return result, executor._task.dump_attrs()
+        return self._execute(host, _own(task), dict(task_vars), play_context)
+
+    def _execute(
+        self, host: Any, task: Any, task_vars: dict[str, Any], play_context: Any
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A worker's run of the task (its own copy) in this process: Ansible's task executor in
+        the task's context; its result and the task's fields."""
+        with _task.TaskContext(task):
+            result = TaskExecutor(
+                host,
+                task,
+                task_vars,
+                play_context,
+                self._loader,
+                plugin_loader.get_plugin_loader_namespace(),
+                self._final_q,
+                self._variable_manager,
+            ).run()
+        return result, task.dump_attrs()
