@@ -504,3 +504,35 @@ def test_the_loopback_guard_admits_the_admins_and_the_monitoring_alone(tmp_path:
         "files/monitoring/loopback-guard.nft"
     ]
     assert 'meta skuid { "root", "prometheus", "labadmin" } accept' in lab  # no Grafana
+
+
+UNITS = ["prometheus", "prometheus-alertmanager"]
+
+
+def _reload_runs(handler: dict[str, object], started: list[str]) -> bool:
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    run = {"results": [{"item": unit, "changed": unit in started} for unit in UNITS]}
+    templar = Templar(loader=DataLoader(), variables={"_monitoring_run": run})
+    return bool(templar.evaluate_conditional(trust_as_template(str(handler["when"]))))
+
+
+def test_no_reload_right_after_a_restart_or_a_start() -> None:
+    """systemd's reload is a SIGHUP, which ends Prometheus or Alertmanager in the milliseconds
+    after a start, before it handles the signal (a cold apply's Alertmanager died of it: its
+    flags, a restart, and its receivers, a reload, changed together). Handlers run in their
+    file's order: the reloads come first, and skip a unit the role has just started."""
+    handlers = yaml.safe_load((ROLE / "handlers" / "main.yml").read_text())
+    names = [h["name"] for h in handlers]
+    for unit in ("Prometheus", "Alertmanager"):
+        assert names.index(f"Reload {unit}") < names.index(f"Restart {unit}")
+    tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+    (run,) = [t for t in tasks if t.get("register") == "_monitoring_run"]
+    assert run["ansible.builtin.systemd_service"]["state"] == "started" and run["loop"] == UNITS
+    reload = {h["name"]: h for h in handlers if h["name"].startswith("Reload ")}
+    for name, unit in (("Reload Prometheus", UNITS[0]), ("Reload Alertmanager", UNITS[1])):
+        assert _reload_runs(reload[name], started=[])
+        assert not _reload_runs(reload[name], started=[unit])
+        other = [u for u in UNITS if u != unit]
+        assert _reload_runs(reload[name], started=other)
