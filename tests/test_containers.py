@@ -218,9 +218,22 @@ def test_without_a_runtime_oci_conf_refuses_a_container_step(tmp_path: Path) -> 
 def test_the_slurm_role_installs_the_runtime_on_compute_nodes_and_restarts_nothing() -> None:
     tasks = yaml.safe_load((ROLES_DIR / "slurm" / "tasks" / "main.yml").read_text())
     by_name = {t["name"]: t for t in tasks}
-    install = by_name["Install the OCI runtime for jobs' containers (slurm.oci_runtime)"]
-    assert install["ansible.builtin.package"]["name"] == "{{ slurm_oci_runtime }}"
-    assert "_slurm_is_compute" in str(install["when"])
+    # with the Slurm packages: Debian's in one apt transaction with Open MPI, without recommends
+    deb = by_name[
+        "Install the Slurm packages, Open MPI and the OCI runtime this node needs (Debian, Ubuntu)"
+    ]
+    assert "_slurm_packages_oci" in deb["ansible.builtin.apt"]["name"]
+    assert deb["ansible.builtin.apt"]["install_recommends"] is False
+    assert "_slurm_packages_one_go is not" in str(deb["when"])
+    rpm = by_name["Install the Slurm packages and the OCI runtime this node needs (Rocky)"]
+    assert "_slurm_packages_oci" in rpm["ansible.builtin.dnf"]["name"]
+    runtime = {"slurm_oci_runtime": "runc", "_slurm_is_compute": True}
+    assert _role_template("slurm", "{{ _slurm_packages_oci }}", runtime) == ["runc"]
+    for other in ({**runtime, "_slurm_is_compute": False}, {**runtime, "slurm_oci_runtime": ""}):
+        assert _role_template("slurm", "{{ _slurm_packages_oci }}", other) == []
+    everything = {**runtime, "_slurm_packages": ["slurmd"], "_slurm_packages_mpi": ["openmpi-bin"]}
+    one_go = _role_template("slurm", "{{ _slurm_packages_one_go }}", everything)
+    assert one_go == ["slurmd", "openmpi-bin", "runc"]
     conf = by_name["Install oci.conf and the MPI all-reduce program"]
     items = {item["dest"]: item for item in conf["loop"]}
     # on every Slurm node, with a runtime or without
