@@ -256,3 +256,46 @@ def test_apply_and_pull_run_the_lean_strategy(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("ANSIBLE_STRATEGY", "linear")
     assert strategy_env() == {}  # the environment wins (bench/apply.py)
     assert (assets.collection_dir() / "plugins" / "strategy" / "lean.py").is_file()
+
+
+def test_a_text_is_compiled_once_and_a_broken_one_each_time() -> None:
+    """The strategy keeps what Jinja compiled for a template's or a condition's text, for every
+    templar of the process: the same text rendered with other variables gives their value, a
+    header's overrides are compiled apart, a text that fails to compile is never kept."""
+    import importlib.util
+
+    from ansible._internal._templating._engine import TemplateEngine
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    spec = importlib.util.spec_from_file_location(
+        "lean_under_test", assets.collection_dir() / "plugins" / "strategy" / "lean.py"
+    )
+    assert spec and spec.loader
+    lean = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lean)
+    saved = {k: TemplateEngine.__dict__[k] for k in ("_compile_template", "_compile_expression")}
+    try:
+        lean._compile_once()
+        lean._COMPILED.clear()
+
+        def templar(x: int) -> Templar:
+            return Templar(loader=DataLoader(), variables={"x": x})
+
+        assert templar(2).template(trust_as_template("{{ x + 1 }}")) == 3
+        assert len(lean._COMPILED) == 1
+        assert templar(5).template(trust_as_template("{{ x + 1 }}")) == 6
+        assert templar(5).evaluate_conditional(trust_as_template("x > 4"))
+        assert not templar(2).evaluate_conditional(trust_as_template("x > 4"))
+        assert len(lean._COMPILED) == 2  # the template and the condition, each once
+        header = "#jinja2: variable_start_string:'[[', variable_end_string:']]'\n[[ x ]] {{ x }}"
+        assert templar(7).template(trust_as_template(header)) == "7 {{ x }}"
+        assert len(lean._COMPILED) == 3
+        for _ in range(2):
+            with pytest.raises(Exception, match="Syntax error in template"):
+                templar(2).template(trust_as_template("{{ x + }}"))
+        assert len(lean._COMPILED) == 3
+    finally:
+        for name, method in saved.items():
+            setattr(TemplateEngine, name, method)
+        TemplateEngine._lean_compiled = False
