@@ -149,10 +149,11 @@ def _locked(method: Callable[..., Any], listed: bool) -> Callable[..., Any]:
 
 # Ansible compiles a template's or a condition's text each time it renders it (Jinja caches only
 # the templates it loads by name): in a converge the same conditions and arguments are compiled
-# again for every host and task run, about a fifth of the controller's CPU. Here a text is
-# compiled once per process with what its compiling reads (the overrides a template's header or
-# its caller set, backslash escaping, the folder its includes are read from). A text that fails
-# to compile is not kept: its error is the caller's, made again each time.
+# again for every host and task run (a 12-node no-op: 4,390 compiles of 205 texts, about a tenth
+# of the controller's CPU). Here a text is compiled once per process with what its compiling
+# reads (the overrides a template's header or its caller set, backslash escaping, the folder its
+# includes are read from). A text that fails to compile is not kept: its error is the caller's,
+# made again each time.
 _COMPILED: dict[tuple[Any, ...], Any] = {}
 _COMPILED_MAX = 20_000
 
