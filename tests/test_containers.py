@@ -241,3 +241,27 @@ def test_the_slurm_role_installs_the_runtime_on_compute_nodes_and_restarts_nothi
     assert conf["when"] == "item.when | bool"
     # each step's slurmstepd reads oci.conf: a change needs no daemon restarted
     assert "notify" not in conf
+
+
+def test_the_slurm_role_links_the_name_the_pmix_plugin_opens_instead_of_libpmix_dev() -> None:
+    """Slurm's PMIx plugin opens pmix2/lib/libpmix.so under the architecture's library folder
+    (Debian's build), a name only libpmix-dev has: the role links it to libpmix2's soname
+    instead (the MPI all-reduce over `srun --mpi=pmix` runs live in verify on every lab)."""
+    debian = yaml.safe_load((ROLES_DIR / "slurm" / "vars" / "Debian.yml").read_text())
+    assert "libpmix-dev" not in debian["_slurm_packages_mpi"]
+    tasks = yaml.safe_load((ROLES_DIR / "slurm" / "tasks" / "main.yml").read_text())
+    name = "Create the Slurm directories and the PMIx library's link"
+    (made,) = [t for t in tasks if t["name"] == name]
+    (link,) = [i for i in made["loop"] if "src" in i]
+    assert link["src"] == "libpmix.so.2"
+    folder = {"_slurm_pmix_lib_dir": trust(debian["_slurm_pmix_lib_dir"])}
+    for arch, triplet in (("x86_64", "x86_64-linux-gnu"), ("aarch64", "aarch64-linux-gnu")):
+        facts = {**folder, "ansible_facts": {"architecture": arch}}
+        path = _role_template("slurm", link["path"], facts)
+        assert path == f"/usr/lib/{triplet}/pmix2/lib/libpmix.so"
+        assert _role_template("slurm", link["when"], facts) is True
+    # Rocky has no such folder: no link there
+    assert _role_template("slurm", link["when"], {}) is False
+    module = made["ansible.builtin.file"]
+    state = "{{ 'link' if item.src is defined else 'directory' }}"
+    assert module["state"] == state and module["src"] == "{{ item.src | default(omit) }}"
