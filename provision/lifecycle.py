@@ -434,6 +434,8 @@ def _converge_vars(
     # here; in a rolling change, each batch once drained
     new_nodes = [h for h in run.hosts if h not in known]
     extra_vars["provision_drained"] = new_nodes
+    # and their first converge: the later roles' packages in one transaction (site.yml)
+    extra_vars["provision_new_nodes"] = new_nodes
     wanted = (cluster.spec.health, cluster.spec.monitoring)  # the nodes' programs run from it
     if any(n.elastic for n in cluster.nodes) or any(w is not None for w in wanted):
         extra_vars["provision_wheel"] = str(build_wheel(run.state.dir / "wheel").resolve())
@@ -780,6 +782,7 @@ def build_images(
             "provision_secrets_dir": str(ensure_cluster_secrets(state, spec.scheduler).resolve()),
             "slurm_config_change": "none",
             "provision_drained": builders,  # no job runs on a builder: a role may reboot it
+            "provision_new_nodes": builders,  # made now: its first converge
             "provision_wheel": str(build_wheel(state.dir / "wheel").resolve()),
         }
         ok = False

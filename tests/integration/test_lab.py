@@ -229,6 +229,24 @@ def test_cold_apply(lab: tuple[Path, Path]) -> None:
         assert line in r.stdout
     report = _report(work)
     assert set(report["phases"]) == {"nodes", "preflight", "ansible", "verify"}
+    # each node's first converge: the later roles' packages (munge, Slurm with Open MPI and the
+    # runtime, the node exporter, Prometheus and Alertmanager) in one apt transaction, none
+    # installed by its role apart
+    outcomes: dict[str, dict[str, bool]] = {}
+    for event in converged.read_events(Path(report["log_dir"])):
+        data = event["event_data"]
+        if event["event"] in ("runner_on_ok", "runner_on_skipped"):
+            task = outcomes.setdefault(str(data["task"]), {})
+            task[str(data["host"])] = event["event"] == "runner_on_ok"
+    nodes = {"head001": True, "compute001": True, "compute002": True}
+    assert outcomes["Install them in one transaction, without what they only recommend"] == nodes
+    for install in (
+        "Install munge",
+        "Install the Slurm packages, Open MPI and the OCI runtime this node needs (Debian, Ubuntu)",
+        "Install the node exporter",
+    ):
+        assert outcomes[install] == dict.fromkeys(nodes, False), install
+    assert outcomes["Install Prometheus and Alertmanager"] == {"head001": False}
     state = work / ".provision" / NAME
     for secret in ("secrets/munge.key", "secrets/slurmdbd.password", "keys/id_ed25519"):
         assert oct((state / secret).stat().st_mode & 0o777) == "0o600", secret

@@ -1,0 +1,200 @@
+"""A node's first converge installs the later roles' packages in one apt transaction
+(playbooks/tasks/packages.yml): the roles it gathers them from are the ones site.yml runs on
+that node, and each role adds what its own install task installs. Both are evaluated here by
+Ansible's own templating; the transaction itself runs live in every lab test's cold apply
+(tests/integration/test_lab.py checks that no role installed its packages apart there)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import PLAYBOOKS_DIR, ROLES_DIR
+from .test_nvidia_sources import _load, trust
+
+FIRST = PLAYBOOKS_DIR / "tasks" / "packages.yml"
+# each role's install task on Debian and Ubuntu, whose packages the role's packages.yml adds
+INSTALL = {
+    "munge": "Install munge",
+    "slurm": "Install the Slurm packages, Open MPI and the OCI runtime this node needs "
+    "(Debian, Ubuntu)",
+    "node_exporter": "Install the node exporter",
+    "monitoring": "Install Prometheus and Alertmanager",
+}
+
+
+def _template(expr: str, variables: dict[str, Any]) -> Any:
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    values = {k: trust(v) for k, v in variables.items()}
+    return Templar(loader=DataLoader(), variables=values).template(trust_as_template(expr))
+
+
+def _role_vars(role: str) -> dict[str, Any]:
+    """A role's defaults, its vars and Debian's vars, as the role sees them on Debian."""
+    merged: dict[str, Any] = {}
+    for part in ("defaults/main.yml", "vars/main.yml", "vars/Debian.yml"):
+        path = ROLES_DIR / role / part
+        if path.is_file():
+            merged |= _load(path)
+    return merged
+
+
+def _site_roles(host: dict[str, Any]) -> set[str]:
+    """The roles with a packages.yml that site.yml runs on this host after its first play: the
+    plays' hosts patterns and the roles' conditions, evaluated."""
+    plays = yaml.safe_load((PLAYBOOKS_DIR / "site.yml").read_text())
+    ran: set[str] = set()
+    for play in plays[1:]:
+        patterns = str(play["hosts"]).split(":")
+        if not ("all" in patterns or set(patterns) & set(host["group_names"])):
+            continue
+        entries = [(r["role"], r) for r in play.get("roles") or []]
+        for task in play.get("tasks") or []:
+            include = task.get("ansible.builtin.include_role")
+            if include and "tasks_from" not in include:
+                entries.append((include["name"], task))
+        for name, entry in entries:
+            role = name.rsplit(".", 1)[-1]
+            if role not in INSTALL:
+                continue
+            when = entry.get("when") or []
+            conditions = when if isinstance(when, list) else [when]
+            if all(_template("{{ " + c + " }}", host) for c in conditions):
+                ran.add(role)
+    return ran
+
+
+def _hosts() -> list[dict[str, Any]]:
+    hosts = []
+    for group, watcher, scheduler, monitoring in itertools.product(
+        ("head", "compute", "login", "storage"),
+        (False, True),
+        ("slurm", "kubernetes"),
+        (None, False, True),
+    ):
+        host: dict[str, Any] = {
+            "group_names": [group, *(["monitoring"] if watcher else [])],
+            "provision_scheduler": scheduler,
+        }
+        if monitoring is not None:
+            host["provision_monitoring"] = monitoring
+        hosts.append(host)
+    return hosts
+
+
+def test_the_roles_with_a_packages_list_are_those_of_the_first_transaction() -> None:
+    having = {p.parent.parent.name for p in ROLES_DIR.glob("*/tasks/packages.yml")}
+    assert having == set(INSTALL)
+
+
+def _include() -> dict[str, Any]:
+    first = yaml.safe_load((PLAYBOOKS_DIR / "site.yml").read_text())[0]
+    (task,) = [t for t in first["tasks"] if t.get("ansible.builtin.include_tasks")]
+    return task  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("host", _hosts(), ids=lambda h: "-".join(map(str, h.values())))
+def test_the_first_transaction_gathers_the_roles_site_yml_runs_on_the_node(
+    host: dict[str, Any],
+) -> None:
+    gathered = _template(_include()["vars"]["_site_later_roles"], host)
+    assert len(gathered) == len(set(gathered))
+    assert set(gathered) == _site_roles(host)
+
+
+def test_the_transaction_installs_what_each_gathered_role_added_once() -> None:
+    gather, install, _ = yaml.safe_load(FIRST.read_text())
+    assert gather["loop"] == "{{ _site_later_roles }}"
+    assert gather["ansible.builtin.include_role"]["tasks_from"] == "packages.yml"
+    assert install["ansible.builtin.apt"]["install_recommends"] is False
+    added = {
+        "_munge_first_packages": ["munge"],
+        "_slurm_first_packages": ["slurmd", "openmpi-bin", "runc"],
+        "_node_exporter_first_packages": ["prometheus-node-exporter"],
+        "_monitoring_first_packages": ["prometheus"],  # set, but not gathered on this node
+    }
+    host = {
+        "inventory_hostname": "n1",
+        "hostvars": {"n1": added},
+        "_site_later_roles": ["munge", "slurm", "node_exporter", "munge"],
+    }
+    names = _template(install["vars"]["_site_first_packages"], host)
+    assert names == ["munge", "slurmd", "openmpi-bin", "runc", "prometheus-node-exporter"]
+
+
+def _added(role: str, variables: dict[str, Any]) -> list[str]:
+    tasks = yaml.safe_load((ROLES_DIR / role / "tasks" / "packages.yml").read_text())
+    (add,) = [t for t in tasks if "ansible.builtin.set_fact" in t]
+    expr = add["ansible.builtin.set_fact"][f"_{role}_first_packages"]
+    return list(_template(expr, {**_role_vars(role), **variables}))
+
+
+def _installed_by_role(role: str, variables: dict[str, Any]) -> list[str]:
+    tasks = yaml.safe_load((ROLES_DIR / role / "tasks" / "main.yml").read_text())
+    (task,) = [t for t in tasks if t.get("name") == INSTALL[role]]
+    module = task.get("ansible.builtin.apt") or task.get("ansible.builtin.package")
+    names = _template(module["name"], {**_role_vars(role), **variables})
+    return [names] if isinstance(names, str) else list(names)
+
+
+SLURM_NODES = {
+    "compute, a runtime": {"inventory_hostname": "c1", "slurm_oci_runtime": "runc"},
+    "compute": {"inventory_hostname": "c1"},
+    "controller and accounting": {"inventory_hostname": "h1", "slurm_accounting": True},
+    "second controller": {"inventory_hostname": "h2", "slurm_accounting": True},
+    "login": {"inventory_hostname": "l1"},
+}
+
+
+@pytest.mark.parametrize("role", sorted(INSTALL))
+@pytest.mark.parametrize("node", sorted(SLURM_NODES))
+def test_each_role_adds_what_its_install_task_installs(role: str, node: str) -> None:
+    variables = {
+        "groups": {"head": ["h1", "h2"], "compute": ["c1"], "login": ["l1"]},
+        **SLURM_NODES[node],
+    }
+    added = _added(role, variables)
+    assert added and added == _installed_by_role(role, variables)
+
+
+def test_a_pinned_slurm_is_left_to_the_role_but_open_mpi_comes_first() -> None:
+    variables = {
+        "groups": {"head": ["h1"], "compute": ["c1"], "login": []},
+        "inventory_hostname": "c1",
+        "slurm_version": "22.05",
+        "slurm_oci_runtime": "runc",
+    }
+    added = _added("slurm", variables)
+    assert "openmpi-bin" in added and "runc" in added
+    assert not [p for p in added if p.startswith("slurm")]
+
+
+def test_site_yml_runs_it_on_a_new_node_with_apt_in_an_untagged_run_after_the_firewall() -> None:
+    first = yaml.safe_load((PLAYBOOKS_DIR / "site.yml").read_text())[0]
+    assert [r["role"].rsplit(".", 1)[-1] for r in first["roles"]][-1] == "firewall"
+    task = _include()
+    assert first["tasks"][0] == task  # before anything else of the play's own
+    assert Path(PLAYBOOKS_DIR / task["ansible.builtin.include_tasks"]) == FIRST
+    cases = [
+        ({"provision_new_nodes": ["n1"]}, True),
+        ({"provision_new_nodes": ["n2"]}, False),
+        ({}, False),
+        ({"provision_new_nodes": ["n1"], "ansible_run_tags": ("slurm",)}, False),
+        ({"provision_new_nodes": ["n1"], "ansible_skip_tags": ["monitoring"]}, False),
+        ({"provision_new_nodes": ["n1"], "ansible_facts": {"pkg_mgr": "dnf"}}, False),
+    ]
+    for variables, runs in cases:
+        host = {
+            "inventory_hostname": "n1",
+            "ansible_facts": {"pkg_mgr": "apt"},
+            "ansible_run_tags": ("all",),  # a tuple, as Ansible gives it
+            "ansible_skip_tags": [],
+            **variables,
+        }
+        assert all(_template("{{ " + c + " }}", host) for c in task["when"]) is runs, variables
