@@ -97,6 +97,11 @@ _TABLE = (
         "the nodes new to the cluster (provision/lifecycle.py)",
     ),
     Variable(
+        "provision_new_nodes", "extra", ("playbooks/site",),
+        "the nodes new to the cluster, converging for the first time: the later roles' "
+        "packages in one transaction (provision/lifecycle.py)",
+    ),
+    Variable(
         "provision_wheel", "extra", ("burst", "health", "node_exporter"),
         "this project's wheel, made by apply on the workstation: the heads' burst programs and "
         "the compute nodes' health checks and the heads' Slurm metrics run from it",
