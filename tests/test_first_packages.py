@@ -119,11 +119,7 @@ def test_the_transaction_installs_what_each_gathered_role_added_once() -> None:
         "_node_exporter_first_packages": ["prometheus-node-exporter"],
         "_monitoring_first_packages": ["prometheus"],  # set, but not gathered on this node
     }
-    host = {
-        "inventory_hostname": "n1",
-        "hostvars": {"n1": added},
-        "_site_later_roles": ["munge", "slurm", "node_exporter", "munge"],
-    }
+    host = {**added, "_site_later_roles": ["munge", "slurm", "node_exporter", "munge"]}
     names = _template(install["vars"]["_site_first_packages"], host)
     assert names == ["munge", "slurmd", "openmpi-bin", "runc", "prometheus-node-exporter"]
 
