@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from .conftest import PLAYBOOKS_DIR, ROLES_DIR
+from .test_homes import _role_template
 from .test_nvidia_sources import _load, trust
 
 FIRST = PLAYBOOKS_DIR / "tasks" / "packages.yml"
@@ -35,14 +36,12 @@ def _template(expr: str, variables: dict[str, Any]) -> Any:
     return Templar(loader=DataLoader(), variables=values).template(trust_as_template(expr))
 
 
-def _role_vars(role: str) -> dict[str, Any]:
-    """A role's defaults, its vars and Debian's vars, as the role sees them on Debian."""
-    merged: dict[str, Any] = {}
-    for part in ("defaults/main.yml", "vars/main.yml", "vars/Debian.yml"):
-        path = ROLES_DIR / role / part
-        if path.is_file():
-            merged |= _load(path)
-    return merged
+def _on_debian(role: str, expr: str, variables: dict[str, Any]) -> Any:
+    """A role's expression as the role sees it on Debian: its defaults and vars
+    (_role_template) with its Debian family file's over them."""
+    path = ROLES_DIR / role / "vars" / "Debian.yml"
+    family = {k: trust(v) for k, v in _load(path).items()} if path.is_file() else {}
+    return _role_template(role, expr, {**family, **variables})
 
 
 def _site_roles(host: dict[str, Any]) -> set[str]:
@@ -128,14 +127,14 @@ def _added(role: str, variables: dict[str, Any]) -> list[str]:
     tasks = yaml.safe_load((ROLES_DIR / role / "tasks" / "packages.yml").read_text())
     (add,) = [t for t in tasks if "ansible.builtin.set_fact" in t]
     expr = add["ansible.builtin.set_fact"][f"_{role}_first_packages"]
-    return list(_template(expr, {**_role_vars(role), **variables}))
+    return list(_on_debian(role, expr, variables))
 
 
 def _installed_by_role(role: str, variables: dict[str, Any]) -> list[str]:
     tasks = yaml.safe_load((ROLES_DIR / role / "tasks" / "main.yml").read_text())
     (task,) = [t for t in tasks if t.get("name") == INSTALL[role]]
     module = task.get("ansible.builtin.apt") or task.get("ansible.builtin.package")
-    names = _template(module["name"], {**_role_vars(role), **variables})
+    names = _on_debian(role, module["name"], variables)
     return [names] if isinstance(names, str) else list(names)
 
 
