@@ -14,7 +14,8 @@ export PATH="$PWD/.venv/bin:$PATH"
 PYTEST=(.venv/bin/pytest -q -p no:cacheprovider)
 INTEGRATION_1=(tests/integration/test_burst.py tests/integration/test_ha.py
   tests/integration/test_vm_storage.py tests/integration/test_k8s_lab.py)
-INTEGRATION_2=(tests/integration/test_lab.py tests/integration/test_static_apply.py)
+INTEGRATION_2=(tests/integration/test_lab.py tests/integration/test_static_apply.py
+  tests/integration/test_lab_image_live.py)
 
 # an integration file in no lane would never run: refuse to start without it in one
 for file in tests/integration/test_*.py; do
