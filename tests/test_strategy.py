@@ -299,3 +299,42 @@ def test_a_text_is_compiled_once_and_a_broken_one_each_time() -> None:
         for name, method in saved.items():
             setattr(TemplateEngine, name, method)
         TemplateEngine._lean_compiled = False
+
+
+def test_the_multiplexers_module_scan_compiles_a_source_once() -> None:
+    """Mitogen's scan of a module for the module_utils it imports, through the strategy's
+    compile: the same files found as by its own, and a second module compiles only itself and
+    the files the first did not reach (each scan compiled them all again)."""
+    import importlib.util
+
+    import ansible.modules
+    from ansible.executor.module_common import _MODULE_UTILS_PATH
+    from ansible_mitogen import module_finder
+
+    spec = importlib.util.spec_from_file_location(
+        "lean_under_test", assets.collection_dir() / "plugins" / "strategy" / "lean.py"
+    )
+    assert spec and spec.loader
+    lean = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lean)
+    modules = Path(ansible.modules.__file__).parent
+
+    def scan(name: str) -> list[tuple[str, str, bool]]:
+        return module_finder.scan(f"ansible_module_{name}", str(modules / f"{name}.py"),
+                                  (_MODULE_UTILS_PATH,))  # fmt: skip
+
+    assert "compile" not in vars(module_finder)
+    plain = {name: scan(name) for name in ("copy", "file")}
+    try:
+        lean._SCANNED.clear()
+        lean._scan_once()
+        assert scan("copy") == plain["copy"]
+        after_copy = len(lean._SCANNED)
+        assert after_copy == 1 + len(plain["copy"])  # the module and each file it reaches
+        assert scan("file") == plain["file"]
+        after_file = len(lean._SCANNED)
+        assert after_file - after_copy == 1 + len(set(plain["file"]) - set(plain["copy"]))
+        assert after_file - after_copy < 1 + len(plain["file"])  # they share module_utils
+        assert scan("copy") == plain["copy"] and len(lean._SCANNED) == after_file
+    finally:
+        vars(module_finder).pop("compile", None)

@@ -189,6 +189,41 @@ def _kept(key: tuple[Any, ...], kind: type, compile_: Callable[..., Any], *args:
     return compiled
 
 
+# Mitogen's connection multiplexer finds the module_utils a module imports by compiling the module,
+# then each module_utils file it reaches, and so on; it keeps the answer per module, so every
+# module that reaches ansible.module_utils.basic compiled basic and the files basic imports again
+# (a 12-node `--full` no-op: about 1.2 CPU-seconds of its run in these compiles). Its scan
+# compiles through this instead: a source, with its name, compiled once per process (a code
+# object is never changed). Without inheriting this file's future imports, like the scan's own
+# call (its file's are those Python 3 always has).
+_SCANNED: dict[tuple[bytes | str, str, str], Any] = {}
+_SCANNED_MAX = 5_000
+
+
+def _compile_scanned(
+    source: bytes | str, filename: str, mode: str, *args: Any, **kwargs: Any
+) -> Any:
+    if args or kwargs:  # not the scan's call: compiled as asked
+        return compile(source, filename, mode, *args, **kwargs)
+    key = (source, filename, mode)
+    code = _SCANNED.get(key)
+    if code is None:
+        code = compile(source, filename, mode, dont_inherit=True)
+        if len(_SCANNED) >= _SCANNED_MAX:
+            _SCANNED.clear()
+        _SCANNED[key] = code
+    return code
+
+
+def _scan_once() -> None:
+    """Before Mitogen's multiplexer is forked (it inherits this): its module scan's compile."""
+    try:
+        from ansible_mitogen import module_finder
+    except ImportError:
+        return
+    module_finder.compile = _compile_scanned
+
+
 class _Bindings:
     """Mitogen's classic worker model, with one connection to its multiplexer that the
     controller keeps for the task executors it runs in threads (Mitogen's router is thread-safe;
@@ -301,6 +336,7 @@ class StrategyModule(_Base):  # type: ignore[misc]
         super().__init__(tqm)
         self._threads: _Threads | None = None
         _compile_once()
+        _scan_once()
 
     def _get_worker_model(self) -> Any:
         # Mitogen's strategy asks for its worker model when it starts its run
