@@ -147,12 +147,14 @@ def run_playbook(
         cmdline += ["-e", shlex.quote(json.dumps(extra_vars, sort_keys=True))]
 
     result = RunResult(rc=-1, status="starting")
+    events = state.logs / ident / "job_events"
 
     def handle(event: dict[str, Any]) -> bool:
         count_event(result, event)
         if on_event is not None:
             on_event(event)
-        return True
+        keep_event(events, event)
+        return False  # kept: ansible-runner need not write it again
 
     started, cpu_started = time.monotonic(), cpu_seconds()
     private_data_dir = state.dir / "runner"
@@ -202,6 +204,18 @@ def run_playbook(
         entry.failed, entry.unreachable = stats["failures"], stats["dark"]
         entry.skipped = stats["skipped"]
     return result
+
+
+def keep_event(folder: Path, event: dict[str, Any]) -> None:
+    """An event into the run's record as ansible-runner writes it (job_events/COUNTER-UUID.json,
+    0600, whole or not at all), encoded at once: ansible-runner's own json.dump writes through a
+    codecs writer piece by piece (a tenth of this process's CPU in a 12-node converge)."""
+    name = f"{event['counter']}-{event['uuid']}.json"
+    partial = folder / f"{name}.tmp"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(json.dumps(event).encode())
+    os.replace(partial, folder / name)
 
 
 def _scrub_environment(log_dir: Path) -> None:
