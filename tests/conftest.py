@@ -24,8 +24,13 @@ COLLECTION = ROOT  # the repository's root is the collection's
 
 def collection_module(name: str) -> ModuleType:
     """One of the collection's Ansible modules (plugins/modules/<name>.py), imported."""
+    return collection_plugin("modules", name)
+
+
+def collection_plugin(kind: str, name: str) -> ModuleType:
+    """One of the collection's plugins (plugins/<kind>/<name>.py), imported."""
     spec = importlib.util.spec_from_file_location(
-        name, COLLECTION / "plugins" / "modules" / f"{name}.py"
+        name, COLLECTION / "plugins" / kind / f"{name}.py"
     )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

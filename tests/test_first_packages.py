@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import PLAYBOOKS_DIR, ROLES_DIR
+from .conftest import PLAYBOOKS_DIR, ROLES_DIR, collection_plugin
 from .test_homes import _role_template
 from .test_nvidia_sources import _load, trust
 
@@ -108,10 +108,13 @@ def test_the_first_transaction_gathers_the_roles_site_yml_runs_on_the_node(
 
 
 def test_the_transaction_installs_what_each_gathered_role_added_once() -> None:
-    gather, install, _ = yaml.safe_load(FIRST.read_text())
+    gather, install = yaml.safe_load(FIRST.read_text())
     assert gather["loop"] == "{{ _site_later_roles }}"
     assert gather["ansible.builtin.include_role"]["tasks_from"] == "packages.yml"
-    assert install["ansible.builtin.apt"]["install_recommends"] is False
+    # the module returns the list read after: the roles' install tasks read it, no task between
+    module = install["gpu_provision.cluster.installed_packages"]
+    assert module["install_recommends"] is False
+    assert module["install"] == "{{ _site_first_packages }}"
     added = {
         "_munge_first_packages": ["munge"],
         "_slurm_first_packages": ["slurmd", "openmpi-bin", "runc"],
@@ -193,3 +196,24 @@ def test_site_yml_runs_it_on_a_new_node_with_apt_in_an_untagged_run_after_the_fi
             **variables,
         }
         assert all(_template("{{ " + c + " }}", host) for c in task["when"]) is runs, variables
+
+
+def test_the_firewalls_package_comes_with_chrony_and_its_own_task_then_skips() -> None:
+    first = yaml.safe_load((PLAYBOOKS_DIR / "site.yml").read_text())[0]
+    common, firewall = first["roles"]
+    assert firewall["role"].endswith(".firewall")
+    tasks = yaml.safe_load((ROLES_DIR / "firewall" / "tasks" / "main.yml").read_text())
+    (own,) = [t for t in tasks if t.get("name") == "Install nftables"]
+    assert common["vars"]["common_also_install"] == [own["ansible.builtin.package"]["name"]]
+    time = yaml.safe_load((ROLES_DIR / "common" / "tasks" / "time.yml").read_text())
+    (chrony,) = [t for t in time if t.get("name") == "Refresh the apt cache and install chrony"]
+    names = _template(chrony["vars"]["_common_first_packages"], common["vars"])
+    assert names == ["chrony", "nftables"]
+    assert chrony["gpu_provision.cluster.installed_packages"]["install"] == (
+        "{{ _common_first_packages }}"
+    )
+    # the list the module returns has nftables: the firewall's task is skipped
+    assert own["when"] == "'nftables' is not gpu_provision.cluster.installed(ansible_facts)"
+    test = collection_plugin("test", "installed").installed
+    assert test("nftables", {"provision_packages": ["chrony", "nftables"]})
+    assert not test("nftables", {"provision_packages": ["chrony"]})

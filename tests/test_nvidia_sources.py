@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from .conftest import PLAYBOOKS_DIR, ROLES_DIR, ROOT, assert_golden
+from .conftest import PLAYBOOKS_DIR, ROLES_DIR, ROOT, assert_golden, collection_plugin
 
 ROLES = ROLES_DIR
 GOLDEN = ROOT / "tests" / "golden" / "nvidia-sources"
@@ -414,14 +414,7 @@ def test_cdi_spec_is_made_again_when_the_driver_or_the_devices_change(tmp_path: 
 
 
 def test_installed_counts_only_packages_the_facts_name() -> None:
-    import importlib.util
-
-    path = ROOT / "plugins/test/installed.py"
-    spec = importlib.util.spec_from_file_location("installed", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    installed = module.TestModule().tests()["installed"]
+    installed = collection_plugin("test", "installed").TestModule().tests()["installed"]
     facts = {"packages": {"munge": [{"version": "0.5.15"}], "chrony": [{"version": "4.3"}]}}
     assert installed("munge", facts) and installed(["munge", "chrony"], facts)
     assert not installed(["munge", "slurmd"], facts)

@@ -247,6 +247,9 @@ def test_cold_apply(lab: tuple[Path, Path]) -> None:
     ):
         assert outcomes[install] == dict.fromkeys(nodes, False), install
     assert outcomes["Install Prometheus and Alertmanager"] == {"head001": False}
+    # the firewall's nftables came with chrony, in the first play's one apt run
+    assert outcomes["Refresh the apt cache and install chrony"] == nodes
+    assert outcomes["Install nftables"] == dict.fromkeys(nodes, False)
     state = work / ".provision" / NAME
     for secret in ("secrets/munge.key", "secrets/slurmdbd.password", "keys/id_ed25519"):
         assert oct((state / secret).stat().st_mode & 0o777) == "0o600", secret
