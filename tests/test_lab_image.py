@@ -105,7 +105,16 @@ def test_customise_makes_every_node_unique(tmp_path: Path) -> None:
     assert (root / "etc" / "machine-id").read_text() == ""
     unit = root / "etc/systemd/system/multi-user.target.wants/ssh-hostkeys.service"
     assert unit.is_symlink()
-    assert "ssh-keygen -A" in (root / "etc/systemd/system/ssh-hostkeys.service").read_text()
+    # one host key, Ed25519, and sshd offers it alone (no RSA key to make at every first boot)
+    made = (root / "etc/systemd/system/ssh-hostkeys.service").read_text()
+    assert (
+        'ExecStart=/usr/bin/ssh-keygen -q -t ed25519 -N "" -f /etc/ssh/ssh_host_ed25519_key' in made
+    )
+    assert "ConditionPathExists=!/etc/ssh/ssh_host_ed25519_key" in made
+    offered = (root / "etc/ssh/sshd_config.d/10-provision-lab-hostkey.conf").read_text()
+    assert [line for line in offered.splitlines() if not line.startswith("#")] == [
+        "HostKey /etc/ssh/ssh_host_ed25519_key"
+    ]
     assert not (root / "etc" / "apt" / "sources.list").exists()
     assert (
         "http://mirror.example/debian"
