@@ -198,22 +198,37 @@ def test_site_yml_runs_it_on_a_new_node_with_apt_in_an_untagged_run_after_the_fi
         assert all(_template("{{ " + c + " }}", host) for c in task["when"]) is runs, variables
 
 
-def test_the_firewalls_package_comes_with_chrony_and_its_own_task_then_skips() -> None:
+def test_the_firewalls_packages_come_with_chrony_where_it_runs_and_its_own_task_then_skips() -> (
+    None
+):
     first = yaml.safe_load((PLAYBOOKS_DIR / "site.yml").read_text())[0]
     common, firewall = first["roles"]
-    assert firewall["role"].endswith(".firewall")
+    assert firewall["role"].endswith(".firewall") and firewall["tags"] == ["firewall"]
     tasks = yaml.safe_load((ROLES_DIR / "firewall" / "tasks" / "main.yml").read_text())
     (own,) = [t for t in tasks if t.get("name") == "Install nftables"]
-    assert common["vars"]["common_also_install"] == [own["ansible.builtin.package"]["name"]]
+    assert own["ansible.builtin.package"]["name"] == "{{ _firewall_packages }}"
+    packages = _load(ROLES_DIR / "firewall" / "vars" / "Debian.yml")["_firewall_packages"]
+    # netbase's /etc/protocols: the rule set names protocols, nft cannot resolve them without
+    assert packages == ["nftables", "netbase"]
+    expr = common["vars"]["common_also_install"]
+    cases = [  # the run's tags a tuple, as Ansible gives them
+        ((("all",), []), packages),
+        ((("firewall",), []), packages),
+        ((("all",), ["firewall"]), []),
+        ((("common", "storage"), []), []),  # the firewall does not run: nothing of its own
+    ]
+    for (run, skip), expected in cases:
+        host = {"ansible_run_tags": run, "ansible_skip_tags": skip}
+        assert _template(expr, host) == expected, (run, skip)
     time = yaml.safe_load((ROLES_DIR / "common" / "tasks" / "time.yml").read_text())
     (chrony,) = [t for t in time if t.get("name") == "Refresh the apt cache and install chrony"]
-    names = _template(chrony["vars"]["_common_first_packages"], common["vars"])
-    assert names == ["chrony", "nftables"]
+    names = _template(chrony["vars"]["_common_first_packages"], {"common_also_install": packages})
+    assert names == ["chrony", "nftables", "netbase"]
     assert chrony["gpu_provision.cluster.installed_packages"]["install"] == (
         "{{ _common_first_packages }}"
     )
-    # the list the module returns has nftables: the firewall's task is skipped
-    assert own["when"] == "'nftables' is not gpu_provision.cluster.installed(ansible_facts)"
+    # the list the module returns has them: the firewall's task is skipped
+    assert own["when"] == "_firewall_packages is not gpu_provision.cluster.installed(ansible_facts)"
     test = collection_plugin("test", "installed").installed
-    assert test("nftables", {"provision_packages": ["chrony", "nftables"]})
-    assert not test("nftables", {"provision_packages": ["chrony"]})
+    assert test(packages, {"provision_packages": ["chrony", *packages]})
+    assert not test(packages, {"provision_packages": ["chrony", "nftables"]})
