@@ -22,7 +22,7 @@ from provision.spec import load_spec
 from provision.spec.nodes import expand_nodes
 from provision.state import State
 
-from .conftest import ROOT
+from .conftest import ROOT, collection_module
 
 LAB = ROOT / "examples" / "lab.yaml"
 
@@ -269,13 +269,13 @@ def test_the_nodes_cpu_is_read_from_the_line_the_run_ends_with(tmp_path: Path) -
     ],
 )
 def test_installed_packages_reads_dpkg(text: str, names: list[str]) -> None:
-    module = _module("installed_packages")
+    module = collection_module("installed_packages")
     assert module.parse_dpkg(text) == names
     assert module.parse_rpm("munge\ngpg-pubkey\nslurm\nmunge\n") == ["munge", "slurm"]
 
 
 def test_installed_packages_reads_the_apt_lists_age_as_the_apt_module(tmp_path: Path) -> None:
-    module: Any = _module("installed_packages")
+    module: Any = collection_module("installed_packages")
     stamp, lists = tmp_path / "update-success-stamp", tmp_path / "lists"
     lists.mkdir()
     os.utime(lists, (1000, 1000))
@@ -286,17 +286,6 @@ def test_installed_packages_reads_the_apt_lists_age_as_the_apt_module(tmp_path: 
     assert module.apt_cache_age(4600.0, (str(stamp), str(lists))) == 600
     # never fetched: older than any cache_valid_time
     assert module.apt_cache_age(4600.0, (str(tmp_path / "none"),)) > 10**8
-
-
-def _module(name: str) -> object:
-    import importlib.util
-
-    path = assets.collection_dir() / "plugins" / "modules" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_tar_is_reproducible() -> None:

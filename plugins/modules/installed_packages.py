@@ -92,10 +92,12 @@ def parse_dpkg(text: str) -> list[str]:
 NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+(:[a-z0-9-]+)?")
 # what ansible.builtin.apt runs apt-get with: no question asked, changed configuration kept
 APT_ENV = {"DEBIAN_FRONTEND": "noninteractive", "DEBIAN_PRIORITY": "critical", "LC_ALL": "C"}
+# apt-get's own wait for another apt (unattended upgrades), for both of its runs
+LOCK_WAIT = ["-o", "DPkg::Lock::Timeout=60"]
 APT_OPTIONS = [
     "-o", "Dpkg::Options::=--force-confdef",
     "-o", "Dpkg::Options::=--force-confold",
-    "-o", "DPkg::Lock::Timeout=60",  # apt-get's own wait for another apt (unattended upgrades)
+    *LOCK_WAIT,
 ]  # fmt: skip
 
 
@@ -112,7 +114,7 @@ def refresh(module: Any, stamps: tuple[str, ...] = APT_STAMPS) -> None:
     """apt-get update; the lists' folder (and apt's daily stamp, where it keeps one) then says
     when they were fetched, as apt_cache_age reads it, even where nothing had changed."""
     rc, _out, err = module.run_command(
-        ["apt-get", "update", "--quiet", "-o", "DPkg::Lock::Timeout=60"], environ_update=APT_ENV
+        ["apt-get", "update", "--quiet", *LOCK_WAIT], environ_update=APT_ENV
     )
     if rc != 0:
         module.fail_json(msg=f"apt-get update failed: {err.strip()[-500:]}", rc=rc)
