@@ -250,6 +250,13 @@ def test_cold_apply(lab: tuple[Path, Path]) -> None:
     # the firewall's nftables came with chrony, in the first play's one apt run
     assert outcomes["Refresh the apt cache and install chrony"] == nodes
     assert outcomes["Install nftables"] == dict.fromkeys(nodes, False)
+    # a daemon the run started from stopped read the files written before it: not restarted
+    # (or reloaded) after; the node exporter, which its package started before its drop-in was
+    # written, is
+    for handler in ("Restart chrony", "Reload nftables", "Restart slurmctld", "Restart slurmd"):
+        assert outcomes[handler] == dict.fromkeys(nodes, False), handler
+    assert outcomes["Restart slurmdbd"] == {"head001": False}
+    assert outcomes["Restart the node exporter"] == nodes
     state = work / ".provision" / NAME
     for secret in ("secrets/munge.key", "secrets/slurmdbd.password", "keys/id_ed25519"):
         assert oct((state / secret).stat().st_mode & 0o777) == "0o600", secret
