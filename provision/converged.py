@@ -44,6 +44,7 @@ from provision.state import State
 
 RECORD = "converged.json"
 _FILE_ACTIONS = ("ansible.builtin.copy", "ansible.builtin.template")
+_FILES_MODULE = "gpu_provision.cluster.files"  # a list of files in one result: res["paths"]
 _SERVICE_ACTIONS = ("ansible.builtin.systemd_service", "ansible.builtin.systemd")
 
 
@@ -304,9 +305,15 @@ def from_events(events: Iterable[Mapping[str, Any]]) -> dict[str, Left]:
         data = event.get("event_data") or {}
         host, action = data.get("host"), data.get("resolved_action") or data.get("task_action")
         res = data.get("res") or {}
-        if not host or res.get("censored") or action not in (*_FILE_ACTIONS, *_SERVICE_ACTIONS):
+        actions = (*_FILE_ACTIONS, _FILES_MODULE, *_SERVICE_ACTIONS)
+        if not host or res.get("censored") or action not in actions:
             continue
         entry = left.setdefault(host, Left())
+        if action == _FILES_MODULE:
+            for item in res.get("paths") or []:
+                if isinstance(item, dict) and item.get("checksum") and item.get("path"):
+                    entry.files[str(item["path"])] = str(item["checksum"])
+            continue
         for item in res.get("results") or [res]:
             if not isinstance(item, dict) or item.get("skipped") or item.get("failed"):
                 continue

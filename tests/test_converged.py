@@ -90,6 +90,15 @@ def test_what_a_run_left_comes_from_its_results() -> None:
                 {"skipped": True, "dest": "/etc/slurm/gres.conf"},
             ],
         ),
+        _ok(
+            "h1",
+            "gpu_provision.cluster.files",
+            paths=[
+                {"path": "/etc/nftables.conf", "changed": False, "checksum": "c" * 40},
+                {"path": "/etc/nftables.d", "changed": False},  # a directory: not probed
+            ],
+        ),
+        _ok("h1", "gpu_provision.cluster.files", censored="hidden", paths=[{"path": "/s"}]),
         _ok("h1", "ansible.builtin.copy", censored="hidden", dest="/etc/munge/munge.key"),
         _ok("h1", "ansible.builtin.systemd_service", name="munge", state="started"),
         _ok("h1", "ansible.builtin.systemd_service", name="munge", state="started"),
@@ -98,7 +107,11 @@ def test_what_a_run_left_comes_from_its_results() -> None:
         {"event": "runner_on_skipped", "event_data": {"host": "h2"}},
     ]
     left = converged.from_events(events)
-    assert left["h1"].files == {"/etc/chrony.conf": "a" * 40, "/etc/slurm/slurm.conf": "b" * 40}
+    assert left["h1"].files == {
+        "/etc/chrony.conf": "a" * 40,
+        "/etc/slurm/slurm.conf": "b" * 40,
+        "/etc/nftables.conf": "c" * 40,
+    }
     assert left["h1"].services == ["munge"]
     assert "h2" not in left
 

@@ -6,6 +6,7 @@ byte for byte as ansible.builtin.template and copy write them, and a second run 
 from __future__ import annotations
 
 import grp
+import hashlib
 import json
 import os
 import pwd
@@ -57,7 +58,11 @@ def test_a_list_made_in_order_then_left_alone(tmp_path: Path) -> None:
         {"path": str(conf / "app.conf"), "content": "port = 1\n", "mode": "0640"},
         {"path": str(conf / "current"), "state": "link", "src": "app.conf"},
     ]
-    assert [d["changed"] for d in _make(paths)] == [True, True, True]
+    done = _make(paths)
+    assert [d["changed"] for d in done] == [True, True, True]
+    # a file's SHA-1, as copy returns it: the record of what the roles left is probed with it
+    assert done[1]["checksum"] == hashlib.sha1((conf / "app.conf").read_bytes()).hexdigest()
+    assert "checksum" not in done[0] and "checksum" not in done[2]
     assert _mode(conf) == 0o750 and _mode(conf / "app.conf") == 0o640
     assert (conf / "app.conf").read_text() == "port = 1\n"
     assert os.readlink(conf / "current") == "app.conf"

@@ -17,6 +17,7 @@ its owner and mode already set, checked by `validate` where given, then renamed 
 from __future__ import annotations
 
 import grp
+import hashlib
 import os
 import pwd
 import tempfile
@@ -105,7 +106,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 paths:
-  description: Each entry's path and whether it changed, in order.
+  description: >-
+    Each entry's path and whether it changed, in order; a file's also its content's SHA-1
+    (C(checksum)), as ansible.builtin.copy returns it.
   type: list
   elements: dict
   returned: always
@@ -257,7 +260,12 @@ def make(module: Any, paths: list[dict[str, Any]], owner: str | None, group: str
             raise Refused(f"{path}: {refusal}") from None
         except OSError as error:
             raise Refused(f"{path}: {error.strerror or error}") from None
-        done.append({"path": path, "changed": changed})
+        result = {"path": path, "changed": changed}
+        if state not in ("directory", "link"):
+            # as copy and template return it: provision's record of what the roles left on the
+            # node (converged.py) probes for drift with it
+            result["checksum"] = hashlib.sha1(entry["content"].encode("utf-8")).hexdigest()
+        done.append(result)
     return done
 
 
