@@ -280,3 +280,41 @@ def test_a_roles_files_as_ansibles_own_actions_write_them(tmp_path: Path) -> Non
     again = _playbook(tmp_path, "-e", "again=true")
     assert _result(again, "One module run")["changed"] is False
     assert _result(again, "What changed")["msg"] == []
+
+
+REFUSED = """- name: Refused
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Two contents
+      gpu_provision.cluster.files:
+        paths: [{path: {x}, content: "a", template: app.conf.j2}]
+      ignore_errors: true
+    - name: No such template
+      gpu_provision.cluster.files:
+        paths: [{path: {x}, template: missing.j2}]
+      ignore_errors: true
+    - name: A when that is not true or false
+      gpu_provision.cluster.files:
+        paths: [{path: {x}, content: "a", when: "maybe"}]
+      ignore_errors: true
+    - name: Not a list
+      gpu_provision.cluster.files:
+        paths: "{x}"
+      ignore_errors: true
+"""
+
+
+def test_what_the_action_refuses_names_the_entry(tmp_path: Path) -> None:
+    x = tmp_path / "x"
+    (tmp_path / "play.yml").write_text(REFUSED.replace("{x}", str(x)))
+    failed = {
+        e["event_data"]["task"]: e["event_data"]["res"]["msg"]
+        for e in _playbook(tmp_path)
+        if e["event"] == "runner_on_failed"
+    }
+    assert failed["Two contents"] == f"{x}: content and template: name one"
+    assert failed["No such template"].startswith(f"{x}: Could not find or access 'missing.j2'")
+    assert failed["A when that is not true or false"] == f"{x}: when is not true or false"
+    assert failed["Not a list"] == "paths must be a list of entries (dictionaries)"
+    assert not x.exists()

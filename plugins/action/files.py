@@ -35,8 +35,11 @@ class ActionModule(ActionBase):  # type: ignore[misc]
         entries = []
         for entry in paths:
             entry = dict(entry)
-            if not boolean(entry.pop("when", True), strict=True):
-                continue
+            try:
+                if not boolean(entry.pop("when", True), strict=True):
+                    continue
+            except TypeError:
+                raise AnsibleActionFail(f"{entry.get('path')}: when is not true or false") from None
             given = [key for key in ("content", "source", "template") if key in entry]
             if len(given) > 1:
                 raise AnsibleActionFail(f"{entry.get('path')}: {' and '.join(given)}: name one")
@@ -52,7 +55,10 @@ class ActionModule(ActionBase):  # type: ignore[misc]
                 raise AnsibleActionFail(f"{entry.get('path')}: {error.message}") from None
             entries.append(entry)
         args = {**self._task.args, "paths": entries}
-        result.update(self._execute_module(MODULE, module_args=args, task_vars=task_vars))
+        try:
+            result.update(self._execute_module(MODULE, module_args=args, task_vars=task_vars))
+        finally:  # the node's temporary directory, where a connection without pipelining made one
+            self._remove_tmp_path(self._connection._shell.tmpdir)
         return result
 
     def _render(self, name: str, source: str, dest: str, task_vars: dict[str, Any]) -> str:
