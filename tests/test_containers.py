@@ -235,10 +235,11 @@ def test_the_slurm_role_installs_the_runtime_on_compute_nodes_and_restarts_nothi
     one_go = _role_template("slurm", "{{ _slurm_packages_one_go }}", everything)
     assert one_go == ["slurmd", "openmpi-bin", "runc"]
     conf = by_name["Install oci.conf and the MPI all-reduce program"]
-    items = {item["dest"]: item for item in conf["loop"]}
-    # on every Slurm node, with a runtime or without
-    assert items["{{ _slurm_conf_dir }}/oci.conf"]["when"] is True
-    assert conf["when"] == "item.when | bool"
+    items = {item["path"]: item for item in conf["gpu_provision.cluster.files"]["paths"]}
+    # on every Slurm node, with a runtime or without (an entry without `when` is always made)
+    oci = items["{{ _slurm_conf_dir }}/oci.conf"]
+    assert "when" not in oci and oci["source"] == "{{ slurm_files_dir }}/oci.conf"
+    assert "when" not in conf
     # each step's slurmstepd reads oci.conf: a change needs no daemon restarted
     assert "notify" not in conf
 
@@ -252,7 +253,7 @@ def test_the_slurm_role_links_the_name_the_pmix_plugin_opens_instead_of_libpmix_
     tasks = yaml.safe_load((ROLES_DIR / "slurm" / "tasks" / "main.yml").read_text())
     name = "Create the Slurm directories and the PMIx library's link"
     (made,) = [t for t in tasks if t["name"] == name]
-    (link,) = [i for i in made["loop"] if "src" in i]
+    (link,) = [i for i in made["gpu_provision.cluster.files"]["paths"] if "src" in i]
     assert link["src"] == "libpmix.so.2"
     folder = {"_slurm_pmix_lib_dir": trust(debian["_slurm_pmix_lib_dir"])}
     for arch, triplet in (("x86_64", "x86_64-linux-gnu"), ("aarch64", "aarch64-linux-gnu")):
@@ -264,6 +265,4 @@ def test_the_slurm_role_links_the_name_the_pmix_plugin_opens_instead_of_libpmix_
     rocky = yaml.safe_load((ROLES_DIR / "slurm" / "vars" / "RedHat.yml").read_text())
     assert rocky["_slurm_pmix_lib_dir"] == ""
     assert _role_template("slurm", link["when"], {"_slurm_pmix_lib_dir": ""}) is False
-    module = made["ansible.builtin.file"]
-    state = "{{ 'link' if item.src is defined else 'directory' }}"
-    assert module["state"] == state and module["src"] == "{{ item.src | default(omit) }}"
+    assert link["state"] == "link"
