@@ -318,3 +318,28 @@ def test_what_the_action_refuses_names_the_entry(tmp_path: Path) -> None:
     assert failed["A when that is not true or false"] == f"{x}: when is not true or false"
     assert failed["Not a list"] == "paths must be a list of entries (dictionaries)"
     assert not x.exists()
+
+
+def test_the_nodes_journal_and_the_result_get_paths_not_contents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """AnsibleModule logs a module's arguments to the node's journal ("Invoked with ...") and
+    returns them in the result: here the paths alone, whatever the files hold."""
+    from ansible.module_utils import basic
+    from ansible.module_utils.common.text.converters import to_bytes
+
+    logged: list[str] = []
+    monkeypatch.setattr(
+        basic.AnsibleModule, "log", lambda self, msg, log_args=None: logged.append(msg)
+    )
+    conf = tmp_path / "app.conf"
+    args = {"ANSIBLE_MODULE_ARGS": {"paths": [{"path": str(conf), "content": "s3cret\n"}]}}
+    monkeypatch.setattr(basic, "_ANSIBLE_ARGS", to_bytes(json.dumps(args)))
+    monkeypatch.setattr(basic, "_ANSIBLE_PROFILE", "legacy")
+    with pytest.raises(SystemExit):
+        files.main()
+    result = json.loads(capsys.readouterr().out)
+    assert result["changed"] and conf.read_text() == "s3cret\n"
+    assert logged == [f"Invoked with paths {conf}"]
+    assert result["invocation"] == {"module_args": {"paths": [{"path": str(conf)}]}}
+    assert "s3cret" not in json.dumps(result)
