@@ -447,7 +447,13 @@ def destroy(
 @app.command()
 @guarded
 def power(
-    action: Annotated[str, typer.Argument(help="status, on, off or cycle", show_default=False)],
+    action: Annotated[
+        str,
+        typer.Argument(
+            help="status, on, off, cycle, or pxe (the next boot, once, from the network)",
+            show_default=False,
+        ),
+    ],
     nodes: Annotated[
         list[str],
         typer.Argument(
@@ -469,7 +475,8 @@ def power(
         ),
     ] = 60.0,
 ) -> None:
-    """Power status, on, off or cycle through the nodes' BMCs (Redfish or IPMI)."""
+    """Power status, on, off or cycle through the nodes' BMCs (Redfish or IPMI), or boot them
+    from the network next time."""
     from provision import power as pw
     from provision.cluster import compress
     from provision.errors import UsageError

@@ -1,5 +1,6 @@
-"""Out-of-band power control: `provision power status|on|off|cycle NODE...` through each node's
-BMC, over Redfish (HTTPS, the standard library's client) or IPMI (ipmitool, lanplus).
+"""Out-of-band power control: `provision power status|on|off|cycle|pxe NODE...` through each
+node's BMC, over Redfish (HTTPS, through OpenStack's client library, sushy) or IPMI (ipmitool,
+lanplus).
 
 Credentials live in the cluster's secrets (bmc.json, 0600) and reach ipmitool through its
 environment (-E), never its command line; no message ever carries them.
@@ -7,9 +8,10 @@ environment (-E), never its command line; no message ever carries them.
 
 from __future__ import annotations
 
-import base64
+import contextlib
 import difflib
 import json
+import logging
 import os
 import queue
 import shutil
@@ -17,14 +19,15 @@ import ssl
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import hostlist
+import requests
+import sushy
 
 from provision.errors import NOT_ONE_LINE, UsageError
 from provision.secrets import check_secret_file, write_private
@@ -32,12 +35,17 @@ from provision.spec.models import BmcNetwork
 from provision.spec.nodes import Node
 from provision.state import State
 
-Action = Literal["status", "on", "off", "cycle"]
-ACTIONS: tuple[Action, ...] = ("status", "on", "off", "cycle")
+Action = Literal["status", "on", "off", "cycle", "pxe"]
+ACTIONS: tuple[Action, ...] = ("status", "on", "off", "cycle", "pxe")
 CREDENTIALS = "bmc.json"
 TIMEOUT_S = 20.0  # one socket operation
 DEADLINE_S = 60.0  # the whole command, every BMC together (--timeout)
 MAX_ANSWER = 1024 * 1024  # a Redfish answer larger than this is not one power control reads
+
+# sushy says what it retries and where it falls back to Basic authentication as warnings: the
+# command says what failed, once, on the node's line
+logging.getLogger("sushy").addHandler(logging.NullHandler())
+logging.getLogger("sushy").propagate = False
 
 
 class BmcError(Exception):
@@ -126,111 +134,149 @@ def select_nodes(nodes: list[Node], patterns: list[str]) -> list[Node]:
 # --- Redfish -------------------------------------------------------------------------------
 
 
+class _Refused(requests.exceptions.RequestException):
+    """An answer power control will not read further: raised inside requests, before it follows
+    a redirect or reads a body too large; `reason` is the line the user sees."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _guard(response: requests.Response, *args: Any, **kwargs: Any) -> None:
+    """requests' response hook, run before it follows a redirect: a redirect would carry the
+    session's token to wherever the BMC points (it drops Basic credentials only for another
+    host), and a huge answer would be read whole."""
+    where = urllib.parse.urlsplit(response.url).path[:80]
+    if response.is_redirect:
+        target = str(response.headers.get("Location", "?"))[:120]
+        raise _Refused(
+            f"{response.request.method} {where}: redirected (HTTP {response.status_code}) to "
+            f"{target}: not followed, so the credentials never leave for another address"
+        )
+    size = response.headers.get("Content-Length", "0")
+    if size.isdigit() and int(size) > MAX_ANSWER:
+        raise _Refused(f"{response.request.method} {where}: an answer of {int(size):,} bytes")
+
+
 class Redfish:
-    """The few Redfish calls power control needs: the system, its PowerState, its Reset."""
+    """Power control through OpenStack's Redfish client, sushy: a session with the BMC (Basic
+    authentication where it offers none), its first system, PowerState, Reset and the next
+    boot's source."""
 
     def __init__(self, address: str, port: int, creds: Credentials, settings: BmcNetwork) -> None:
         self.base = f"https://{address}:{port}"
-        token = base64.b64encode(f"{creds.user}:{creds.password}".encode()).decode()
-        self._auth = f"Basic {token}"
-        if settings.verify_tls:
-            self._tls = _tls_context(settings.ca_file)
-        else:
-            self._tls = ssl.create_default_context()
-            self._tls.check_hostname = False
-            self._tls.verify_mode = ssl.CERT_NONE
-        self._system: dict[str, Any] | None = None
+        self.creds = creds
+        # a CA bundle's path (absolute: spec/paths.py resolved it), the system's store, or none
+        self.verify: bool | str = (settings.ca_file or True) if settings.verify_tls else False
+        self._root: sushy.Sushy | None = None
+        self._system: Any = None
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        if not path.startswith("/") or path.startswith("//"):
-            raise BmcError(f"the BMC named {path[:80]!r}, not a path on itself: not followed")
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.base + path, data=data, method=method)
-        request.add_header("Authorization", self._auth)
-        request.add_header("Accept", "application/json")
-        if data is not None:
-            request.add_header("Content-Type", "application/json")
-        opener = urllib.request.build_opener(
-            _NoRedirect, urllib.request.HTTPSHandler(context=self._tls)
-        )
-        try:
-            with opener.open(request, timeout=TIMEOUT_S) as resp:
-                raw = resp.read(MAX_ANSWER + 1)
-        except urllib.error.HTTPError as exc:
-            if exc.code in (401, 403):
-                raise BmcError(f"credentials refused (HTTP {exc.code})") from None
-            if 300 <= exc.code < 400:
-                where = str(exc.headers.get("Location", "?"))[:120]
-                raise BmcError(
-                    f"{method} {path}: redirected (HTTP {exc.code}) to {where}: not followed, "
-                    "so the credentials never leave for another address"
-                ) from None
-            raise BmcError(f"{method} {path}: HTTP {exc.code} {exc.reason}") from None
-        except urllib.error.URLError as exc:
-            reason = exc.reason
-            if isinstance(reason, ssl.SSLCertVerificationError):
-                raise BmcError(
-                    f"certificate not trusted ({reason.verify_message}): set network.bmc.ca_file, "
-                    "or verify_tls: false"
-                ) from None
-            raise BmcError(f"unreachable: {reason}") from None
-        except (TimeoutError, OSError) as exc:
-            raise BmcError(f"unreachable: {exc}") from None
-        if len(raw) > MAX_ANSWER:
-            raise BmcError(f"{method} {path}: an answer of more than {MAX_ANSWER:,} bytes")
-        if not raw:
-            return {}
-        try:
-            answer = json.loads(raw)
-        except ValueError:
-            raise BmcError(f"{method} {path}: the answer is not JSON") from None
-        if not isinstance(answer, dict):
-            raise BmcError(f"{method} {path}: the answer is not a JSON object")
-        return answer
-
-    def system(self) -> dict[str, Any]:
+    def _connect(self) -> Any:
         if self._system is None:
-            members = self._call("GET", "/redfish/v1/Systems").get("Members")
-            if not isinstance(members, list) or not members:
+            conn = sushy.connector.Connector(
+                self.base,
+                verify=self.verify,
+                # a BMC's 5xx is retried once, after a second: the command has its deadline
+                server_side_retries=1,
+                server_side_retries_delay=1,
+                default_request_timeout=TIMEOUT_S,
+                connect_timeout=TIMEOUT_S / 2,
+            )
+            conn._session.hooks["response"].append(_guard)  # requests.Session, sushy's own
+            auth = sushy.auth.SessionOrBasicAuth(self.creds.user, self.creds.password)
+            self._root = sushy.Sushy(self.base, auth=auth, connector=conn)
+            members = self._root.get_system_collection().members_identities
+            if not members:
                 raise BmcError("the BMC lists no system")
-            link = members[0].get("@odata.id") if isinstance(members[0], dict) else None
-            if not isinstance(link, str):
-                raise BmcError("the BMC's system has no @odata.id link")
-            self._system = self._call("GET", link)
+            self._system = self._root.get_system(members[0])
         return self._system
 
+    def close(self) -> None:
+        """End the BMC's session: a BMC keeps few, and a new one per command would fill them."""
+        root, self._root, self._system = self._root, None, None
+        if root is not None and root._auth is not None:
+            with contextlib.suppress(sushy.exceptions.SushyError, requests.RequestException):
+                root._auth.close()
+            root._auth = None
+
     def status(self) -> str:
-        self._system = None
-        return str(self.system().get("PowerState", "unknown")).lower()[:40]
+        system = self._call(self._connect)
+        self._call(system.refresh)
+        if system.power_state is None:  # sushy maps what Redfish does not define to None
+            return "unknown (a PowerState Redfish does not define)"
+        return str(system.power_state.value).lower()
 
     def reset(self, action: Action, soft: bool) -> None:
-        actions = self.system().get("Actions")
-        reset = actions.get("#ComputerSystem.Reset") if isinstance(actions, dict) else None
-        target = reset.get("target") if isinstance(reset, dict) else None
-        if not isinstance(reset, dict) or not isinstance(target, str) or not target:
-            raise BmcError("the BMC offers no ComputerSystem.Reset action")
-        allowed = reset.get("ResetType@Redfish.AllowableValues") or []
-        if not isinstance(allowed, list):
-            allowed = []
-        allowed = [str(a)[:40] for a in allowed]
+        system = self._call(self._connect)
+        allowed = sorted(str(a.value) for a in self._call(system.get_allowed_reset_system_values))
         wanted = {
             "on": ["On"],
             "off": ["GracefulShutdown"] if soft else ["ForceOff"],
             "cycle": ["GracefulRestart"] if soft else ["PowerCycle", "ForceRestart"],
         }[action]
-        kind = next((w for w in wanted if not allowed or w in allowed), None)
+        kind = next((w for w in wanted if w in allowed), None)
         if kind is None:
             raise BmcError(
                 f"the BMC does not offer {' or '.join(wanted)} (it offers {', '.join(allowed)})"
             )
-        self._call("POST", target, {"ResetType": kind})
+        self._call(lambda: system.reset_system(sushy.ResetType(kind)))
+
+    def boot_from_network(self) -> None:
+        """The next boot, once, from the network (PXE); later boots as before."""
+        system = self._call(self._connect)
+        allowed = self._call(system.get_allowed_system_boot_source_values)
+        if allowed and sushy.BOOT_SOURCE_TARGET_PXE not in allowed:
+            offers = ", ".join(sorted(str(a.value) for a in allowed))
+            raise BmcError(f"the BMC does not offer a network boot (it offers {offers})")
+        self._call(
+            lambda: system.set_system_boot_options(
+                target=sushy.BOOT_SOURCE_TARGET_PXE, enabled=sushy.BOOT_SOURCE_ENABLED_ONCE
+            )
+        )
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """fn's answer, or BmcError with one safe line for what sushy or requests raised."""
+        try:
+            return fn()
+        except sushy.exceptions.AccessError as exc:
+            raise BmcError(f"credentials refused (HTTP {exc.status_code})") from None
+        except sushy.exceptions.HTTPError as exc:
+            where = urllib.parse.urlsplit(str(exc.url or "")).path[:80]
+            raise BmcError(f"{exc.method} {where}: HTTP {exc.status_code}") from None
+        except sushy.exceptions.ConnectionError as exc:
+            raise BmcError(_unreachable(exc.__context__)) from None
+        except (sushy.exceptions.MissingAttributeError, sushy.exceptions.MalformedAttributeError):
+            raise BmcError("the answer lacks a link or field Redfish requires") from None
+        except sushy.exceptions.SushyError as exc:
+            raise BmcError(f"the BMC's answer was refused ({type(exc).__name__})") from None
+        except requests.exceptions.JSONDecodeError:
+            raise BmcError("the answer is not JSON") from None
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an error: urllib would carry the Authorization header to the new place."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
+def _unreachable(error: BaseException | None) -> str:
+    """Why sushy could not reach the BMC, from the chain of errors requests and urllib3 raised
+    under its ConnectionError: the first that says something a user can act on."""
+    seen: list[BaseException] = []
+    while error is not None and error not in seen and len(seen) < 20:
+        seen.append(error)
+        if isinstance(error, _Refused):
+            return error.reason
+        if isinstance(error, ssl.SSLCertVerificationError):
+            return (
+                f"certificate not trusted ({error.verify_message}): set network.bmc.ca_file, "
+                "or verify_tls: false"
+            )
+        if isinstance(error, requests.exceptions.Timeout | TimeoutError):
+            return "unreachable: no answer in time"
+        if isinstance(error, OSError) and error.strerror:
+            return f"unreachable: {error.strerror}"
+        below = error.__cause__ or error.__context__
+        if below is None:  # urllib3 keeps its reason as an argument
+            below = next((a for a in error.args if isinstance(a, BaseException)), None)
+            below = below or getattr(error, "reason", None)
+        error = below if isinstance(below, BaseException) else None
+    return "unreachable: the connection failed"
 
 
 def _tls_context(ca_file: str | None) -> ssl.SSLContext:
@@ -278,7 +324,6 @@ class Ipmi:
             "-R",
             "2",
             "chassis",
-            "power",
             *args,
         ]
         env = {**os.environ, "IPMI_PASSWORD": self.creds.password}
@@ -292,11 +337,17 @@ class Ipmi:
         return done.stdout
 
     def status(self) -> str:
-        text = self._run("status").strip().lower()
+        text = self._run("power", "status").strip().lower()
         return "on" if text.endswith(" on") else "off" if text.endswith(" off") else text
 
     def reset(self, action: Action, soft: bool) -> None:
-        self._run({"on": "on", "off": "soft" if soft else "off", "cycle": "cycle"}[action])
+        self._run("power", {"on": "on", "off": "soft" if soft else "off", "cycle": "cycle"}[action])
+
+    def boot_from_network(self) -> None:
+        self._run("bootdev", "pxe")  # the next boot only, as ipmitool sets it without options
+
+    def close(self) -> None:
+        pass
 
 
 # --- the command ---------------------------------------------------------------------------
@@ -342,6 +393,9 @@ def power(
             before = client.status()
             if action == "status":
                 result = PowerResult(node.name, bmc, True, before)
+            elif action == "pxe":
+                client.boot_from_network()
+                result = PowerResult(node.name, bmc, True, f"{before}, next boot from the network")
             elif action in ("on", "off") and before == action:
                 result = PowerResult(node.name, bmc, True, f"{before} (already)")
             elif action == "cycle" and before == "off":
@@ -357,6 +411,8 @@ def power(
                 result = PowerResult(node.name, bmc, True, verb)
         except BmcError as exc:
             result = PowerResult(node.name, bmc, False, str(exc))
+        finally:
+            client.close()
         return result
 
     finished = _bounded(one, nodes, workers=32, deadline_s=deadline_s)

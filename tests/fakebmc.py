@@ -1,8 +1,9 @@
-"""Fake BMCs on loopback for the power tests.
+"""BMCs on loopback for the power tests.
 
-Redfish: a small HTTPS server speaking the subset `provision power` uses (service root's
-Systems collection, one ComputerSystem with PowerState, the ComputerSystem.Reset action), with
-Basic authentication and a self-signed certificate.
+Redfish: `Emulator` runs OpenStack's Redfish BMC emulator (sushy-tools, its fake system
+driver) over HTTPS with Basic authentication, one emulator a BMC as on real servers; the power
+tests drive it. `FakeRedfish` is a small HTTPS server of our own for what no BMC emulator does:
+BMCs that redirect, answer nonsense, or trickle their answers.
 
 IPMI: run as a script (`python -m tests.fakebmc ipmi ADDRESS PORT USER PASSWORD`), a real
 RMCP+ endpoint built on pyghmi's BMC class, the way virtual BMCs are; ipmitool talks to it.
@@ -14,13 +15,24 @@ import base64
 import datetime
 import ipaddress
 import json
+import socket
 import ssl
+import subprocess
 import sys
 import threading
+import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+SESSIONS = "/redfish/v1/SessionService/Sessions"
+ROOT = {
+    "@odata.id": "/redfish/v1/",
+    "Id": "RootService",
+    "Systems": {"@odata.id": "/redfish/v1/Systems"},
+    "Links": {"Sessions": {"@odata.id": SESSIONS}},
+}
 SYSTEM = "/redfish/v1/Systems/1"
 RESET = SYSTEM + "/Actions/ComputerSystem.Reset"
 
@@ -62,6 +74,89 @@ def self_signed(directory: Path, address: str) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
+class Emulator:
+    """sushy-tools' Redfish emulator as one BMC at `address`: HTTPS with a certificate for that
+    address, Basic authentication from an htpasswd file, one fake system (powered off, booting
+    from its disk, with one network card). Its fake driver applies a power change 1-11 s after
+    the request, as hardware does."""
+
+    def __init__(self, address: str, port: int, user: str, password: str, workdir: Path) -> None:
+        import bcrypt
+
+        self.address, self.port, self.user, self.password = address, port, user, password
+        self.workdir = workdir / f"emulator-{address}"
+        self.workdir.mkdir(parents=True)
+        self.cert, key = self_signed(self.workdir, address)
+        htpasswd = self.workdir / "htpasswd"
+        hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
+        htpasswd.write_text(f"{user}:{hashed}\n")
+        self.mac = f"52:54:00:00:00:{int(address.rsplit('.', 1)[1]):02x}"
+        system = {
+            "uuid": str(uuid.uuid4()),
+            "name": f"node-{address}",
+            "power_state": "Off",
+            "nics": [{"mac": self.mac, "ip": "10.1.0.2"}],
+        }
+        config = self.workdir / "emulator.conf"
+        config.write_text(
+            f"SUSHY_EMULATOR_LISTEN_IP = {address!r}\n"
+            f"SUSHY_EMULATOR_LISTEN_PORT = {port}\n"
+            f"SUSHY_EMULATOR_SSL_CERT = {str(self.cert)!r}\n"
+            f"SUSHY_EMULATOR_SSL_KEY = {str(key)!r}\n"
+            f"SUSHY_EMULATOR_AUTH_FILE = {str(htpasswd)!r}\n"
+            f"SUSHY_EMULATOR_STATE_DIR = {str(self.workdir / 'state')!r}\n"
+            "SUSHY_EMULATOR_FAKE_DRIVER = True\n"
+            f"SUSHY_EMULATOR_FAKE_SYSTEMS = [{system!r}]\n"
+        )
+        self.system = f"/redfish/v1/Systems/{system['uuid']}"
+        self.log = self.workdir / "emulator.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Emulator:
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "sushy_tools.emulator.main", "--config",
+                 str(self.workdir / "emulator.conf")],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.process.poll() is None:
+            with socket.socket() as probe:
+                if probe.connect_ex((self.address, self.port)) == 0:
+                    return self
+            time.sleep(0.1)
+        self.__exit__()
+        raise RuntimeError(f"the Redfish emulator did not start: {self.log.read_text()[-2000:]}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+    def get(self, path: str = "") -> dict[str, Any]:
+        """The emulated system (or `path`) as its BMC answers an administrator."""
+        import requests
+
+        answer = requests.get(
+            f"https://{self.address}:{self.port}{path or self.system}",
+            auth=(self.user, self.password),
+            verify=str(self.cert),
+            timeout=10,
+        )
+        answer.raise_for_status()
+        result: dict[str, Any] = answer.json()
+        return result
+
+    def wait_for_power(self, state: str, timeout: float = 20) -> float:
+        """Seconds until the system's PowerState is `state` (its change is applied late)."""
+        started = time.monotonic()
+        while (seen := self.get()["PowerState"]) != state:
+            if time.monotonic() - started > timeout:
+                raise AssertionError(f"{self.address}: still {seen} after {timeout:g} s")
+            time.sleep(0.5)
+        return time.monotonic() - started
+
+
 class FakeRedfish:
     """One BMC: `power` is its state; `resets` the ResetTypes it was asked for."""
 
@@ -76,11 +171,15 @@ class FakeRedfish:
     ) -> None:
         self.power = "Off"
         self.resets: list[str] = []
-        # how it answers GETs: ok, redirect (to redirect_to), not-json, no-odata, trickle
+        # how it answers GETs: ok, redirect (to redirect_to), not-json, no-odata, huge, trickle
         self.behaviour = "ok"
         self.redirect_to = ""
         self.stopping = threading.Event()
         self.auth_failures = 0
+        # Redfish sessions (DSP0266): the tokens handed out, and those deleted again
+        self.sessions: dict[str, str] = {}
+        self.closed: list[str] = []
+        self.token_uses = 0
         self.allowed = allowed or [
             "On",
             "ForceOff",
@@ -105,6 +204,10 @@ class FakeRedfish:
                 self.wfile.write(data)
 
             def _authorised(self) -> bool:
+                token = self.headers.get("X-Auth-Token")
+                if token in bmc.sessions and token not in bmc.closed:
+                    bmc.token_uses += 1
+                    return True
                 if self.headers.get("Authorization") == expected:
                     return True
                 bmc.auth_failures += 1
@@ -124,6 +227,10 @@ class FakeRedfish:
                     self.wfile.write(b"<html>login page</html>"[:22])
                 elif bmc.behaviour == "no-odata" and self.path == "/redfish/v1/Systems":
                     self._send(200, {"Members": [{"Name": "system"}]})
+                elif bmc.behaviour == "huge":  # says 2 MB are coming; none are read
+                    self.send_response(200)
+                    self.send_header("Content-Length", "2000000")
+                    self.end_headers()
                 elif bmc.behaviour == "trickle":  # one byte a second, never the whole answer
                     self.send_response(200)
                     self.send_header("Content-Length", "100000")
@@ -136,6 +243,9 @@ class FakeRedfish:
                 return True
 
             def do_GET(self) -> None:
+                if self.path.rstrip("/") == "/redfish/v1":  # the service root: no login (DSP0266)
+                    self._send(200, ROOT)
+                    return
                 if not self._authorised() or self._misbehave():
                     return
                 if self.path == "/redfish/v1/Systems":
@@ -159,6 +269,23 @@ class FakeRedfish:
                     self._send(404)
 
             def do_POST(self) -> None:
+                if self.path == SESSIONS:
+                    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                    login = f"{body.get('UserName')}:{body.get('Password')}"
+                    if "Basic " + base64.b64encode(login.encode()).decode() != expected:
+                        bmc.auth_failures += 1
+                        self._send(401, {"error": {"message": "authentication failed"}})
+                        return
+                    token, where = f"token-{len(bmc.sessions)}", f"{SESSIONS}/{len(bmc.sessions)}"
+                    bmc.sessions[token] = where
+                    data = json.dumps({"@odata.id": where}).encode()
+                    self.send_response(201)
+                    self.send_header("X-Auth-Token", token)
+                    self.send_header("Location", where)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 if not self._authorised():
                     return
                 if self.path != RESET:
@@ -172,6 +299,14 @@ class FakeRedfish:
                 bmc.resets.append(kind)
                 bmc.power = "Off" if kind in ("ForceOff", "GracefulShutdown") else "On"
                 self._send(204)
+
+            def do_DELETE(self) -> None:
+                token = next((t for t, w in bmc.sessions.items() if w == self.path), None)
+                if token is None:
+                    self._send(404)
+                elif self._authorised():
+                    bmc.closed.append(token)
+                    self._send(204)
 
         self.server = ThreadingHTTPServer((address, port), Handler)
         self.port = self.server.server_address[1]

@@ -1,9 +1,11 @@
-"""`provision power` end to end, as a user runs it, against fake BMCs on loopback: Redfish over
-HTTPS (tests/fakebmc.py) and IPMI over RMCP+ (pyghmi's BMC class, driven by the real ipmitool).
-The password must never appear in any output."""
+"""`provision power` end to end, as a user runs it, against BMCs on loopback: Redfish's emulator
+(sushy-tools) over HTTPS, a small server of our own for BMCs that misbehave (tests/fakebmc.py),
+and IPMI over RMCP+ (pyghmi's BMC class, driven by the real ipmitool). The password must never
+appear in any output."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import stat
 import subprocess
@@ -21,9 +23,9 @@ from provision.spec.nodes import expand_nodes
 
 from .conftest import ROOT
 from .conftest import run_provision as provision
-from .fakebmc import FakeRedfish
+from .fakebmc import Emulator, FakeRedfish
 
-USER, PASSWORD = "admin", "s3cret-Bmc-pass"
+USER, PASSWORD, OTHER = "admin", "s3cret-Bmc-pass", "an0ther-Bmc-pass"
 
 
 def _free_port(kind: int = socket.SOCK_STREAM) -> int:
@@ -90,68 +92,91 @@ def redfish(tmp_path: Path) -> Iterator[tuple[Path, Path, list[FakeRedfish]]]:
         b.__exit__()
 
 
-def test_redfish_status_on_cycle_off(redfish: tuple[Path, Path, list[FakeRedfish]]) -> None:
-    spec, state, bmcs = redfish
+@pytest.fixture
+def emulated(tmp_path: Path) -> Iterator[tuple[Path, Path, list[Emulator]]]:
+    """Two BMCs, each its own sushy-tools emulator; gpu002's account has another password."""
+    port = _free_port()
+    bmcs = [
+        Emulator("127.0.0.2", port, USER, PASSWORD, tmp_path),
+        Emulator("127.0.0.3", port, USER, OTHER, tmp_path),
+    ]
+    bundle = tmp_path / "bmc-ca.pem"
+    bundle.write_text("".join(b.cert.read_text() for b in bmcs))
+    spec = _spec(
+        tmp_path,
+        f"    cidr: 127.0.0.0/24\n    protocol: redfish\n    port: {port}\n    ca_file: {bundle}",
+    )
+    with contextlib.ExitStack() as running:
+        for b in bmcs:
+            running.enter_context(b)
+        yield spec, tmp_path / "state", bmcs
+
+
+def test_redfish_against_the_emulator(emulated: tuple[Path, Path, list[Emulator]]) -> None:
+    spec, state, bmcs = emulated
     _login(spec, state)
     creds = state / "pw" / "secrets" / "bmc.json"
     assert stat.S_IMODE(creds.stat().st_mode) == 0o600
     common = ("-f", str(spec), "--state-dir", str(state))
 
+    # a BMC that refuses the account fails at its node only
     r = provision("power", "status", "gpu[001-002]", *common)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["ok gpu001 (127.0.0.2): off", "ok gpu002 (127.0.0.3): off"]
-    assert "over redfish" in r.stderr
+    assert r.returncode == 1, r.stderr
+    assert r.stdout.splitlines() == [
+        "ok gpu001 (127.0.0.2): off",
+        "FAIL gpu002 (127.0.0.3): credentials refused (HTTP 401)",
+    ]
+    assert "over redfish" in r.stderr and "1 of 2 BMC(s) failed" in r.stderr
 
-    r = provision("power", "on", "gpu", *common)  # a pool name: all its nodes
-    assert r.returncode == 0 and r.stdout.count("powered on") == 2, r.stdout + r.stderr
-    assert [b.resets for b in bmcs] == [["On"], ["On"]]
+    # the next boot from the network, once; the power as it was
+    assert bmcs[0].get()["Boot"]["BootSourceOverrideTarget"] == "Hdd"
+    r = provision("power", "pxe", "gpu001", *common)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "ok gpu001 (127.0.0.2): off, next boot from the network"
+    assert bmcs[0].get()["Boot"]["BootSourceOverrideTarget"] == "Pxe"
+    assert bmcs[0].get()["PowerState"] == "Off"
 
     r = provision("power", "on", "gpu001", *common)
-    assert "on (already)" in r.stdout and bmcs[0].resets == ["On"]
+    assert r.returncode == 0 and r.stdout.strip() == "ok gpu001 (127.0.0.2): powered on"
+    bmcs[0].wait_for_power("On")
+    r = provision("power", "on", "gpu001", *common)
+    assert r.stdout.strip() == "ok gpu001 (127.0.0.2): on (already)", r.stdout
 
+    # the emulator offers no PowerCycle: a hard restart instead, off at once and on again
     r = provision("power", "cycle", "gpu001", "--yes", *common)
-    assert r.returncode == 0 and "power cycled" in r.stdout
-    assert bmcs[0].resets[-1] == "PowerCycle"
-
-    r = provision("power", "off", "gpu002", "--soft", "--yes", *common)
-    assert r.returncode == 0 and "shut down" in r.stdout
-    assert bmcs[1].resets[-1] == "GracefulShutdown" and bmcs[1].power == "Off"
+    assert r.returncode == 0 and "power cycled" in r.stdout, r.stdout
+    assert bmcs[0].get()["PowerState"] == "Off"
+    bmcs[0].wait_for_power("On")
 
     # off without --yes and no terminal to ask: nothing happens
     r = provision("power", "off", "gpu001", *common)
     assert r.returncode == 1 and "aborted: nothing was changed" in r.stderr
-    assert bmcs[0].power == "On"
-    for out in (r.stdout, r.stderr):
-        assert PASSWORD not in out
+    r = provision("power", "off", "gpu001", "--soft", "--yes", *common)
+    assert r.returncode == 0 and "shut down" in r.stdout
+    bmcs[0].wait_for_power("Off")
+    for b in bmcs:
+        assert PASSWORD not in b.log.read_text() and OTHER not in b.log.read_text()
 
 
-def test_redfish_wrong_password_and_untrusted_certificate(
-    redfish: tuple[Path, Path, list[FakeRedfish]], tmp_path: Path
+def test_redfish_untrusted_certificate_and_no_tls_verification(
+    emulated: tuple[Path, Path, list[Emulator]], tmp_path: Path
 ) -> None:
-    spec, state, bmcs = redfish
-    _login(spec, state, password="wrong-password")
-    r = provision("power", "status", "gpu001", "-f", str(spec), "--state-dir", str(state))
-    assert r.returncode == 1
-    assert "FAIL gpu001 (127.0.0.2): credentials refused (HTTP 401)" in r.stdout
-    assert "1 of 1 BMC(s) failed" in r.stderr and "wrong-password" not in r.stdout + r.stderr
-    assert bmcs[0].auth_failures >= 1
-
+    _, state, bmcs = emulated
     untrusted = _spec(tmp_path, f"    cidr: 127.0.0.0/24\n    port: {bmcs[0].port}")
     _login(untrusted, state)
     r = provision("power", "status", "gpu001", "-f", str(untrusted), "--state-dir", str(state))
     assert r.returncode == 1 and "certificate not trusted" in r.stdout, r.stdout
+    assert "set network.bmc.ca_file, or verify_tls: false" in r.stdout
 
-
-def test_redfish_without_tls_verification(
-    redfish: tuple[Path, Path, list[FakeRedfish]], tmp_path: Path
-) -> None:
-    _, state, bmcs = redfish
     spec = _spec(
         tmp_path, f"    cidr: 127.0.0.0/24\n    port: {bmcs[0].port}\n    verify_tls: false"
     )
-    _login(spec, state)
-    r = provision("power", "status", "gpu002", "-f", str(spec), "--state-dir", str(state))
-    assert r.returncode == 0 and r.stdout.strip() == "ok gpu002 (127.0.0.3): off"
+    r = provision("power", "status", "gpu001", "-f", str(spec), "--state-dir", str(state))
+    assert r.returncode == 0 and r.stdout.strip() == "ok gpu001 (127.0.0.2): off", r.stdout
+
+    closed = _spec(tmp_path, f"    cidr: 127.0.0.0/24\n    port: {_free_port()}")
+    r = provision("power", "status", "gpu001", "-f", str(closed), "--state-dir", str(state))
+    assert r.stdout.strip() == "FAIL gpu001 (127.0.0.2): unreachable: Connection refused"
 
 
 def test_bad_input_is_exit_2(tmp_path: Path) -> None:
@@ -251,7 +276,9 @@ class _Catcher:
                 pass
 
             def do_GET(self) -> None:
-                seen.append(str(self.headers.get("Authorization")))
+                seen.append(
+                    f"{self.headers.get('Authorization')} {self.headers.get('X-Auth-Token')}"
+                )
                 self.send_response(200)
                 self.end_headers()
 
@@ -281,13 +308,18 @@ def test_redfish_redirects_are_not_followed_with_the_credentials(
     assert "not followed" in lines[0]
     assert lines[1] == "ok gpu002 (127.0.0.3): off"
     assert catcher.seen == []  # nothing, and so no credentials, went to the redirect's target
+    # each BMC's session, opened with the password, was used and closed again
+    assert [list(b.sessions) for b in bmcs] == [["token-0"], ["token-0"]]
+    assert [b.closed for b in bmcs] == [["token-0"], ["token-0"]]
+    assert bmcs[1].token_uses >= 2  # the Systems collection and the system, with the token
 
 
 @pytest.mark.parametrize(
     ("behaviour", "says"),
     [
         ("not-json", "the answer is not JSON"),
-        ("no-odata", "has no @odata.id link"),
+        ("no-odata", "the BMC lists no system"),  # its member has no @odata.id link
+        ("huge", "GET /redfish/v1/Systems: an answer of 2,000,000 bytes"),
     ],
 )
 def test_a_bmc_answering_nonsense_gets_its_line_and_the_others_theirs(
@@ -347,5 +379,11 @@ def test_what_a_bmc_says_reaches_the_terminal_as_one_plain_line(
     _login(spec, state)
     bmcs[0].power = "On\x1b[2J\nok gpu999 (1.2.3.4): on"
     r = provision("power", "status", "gpu", "-f", str(spec), "--state-dir", str(state))
-    assert "\x1b" not in r.stdout and "gpu999" not in r.stdout.splitlines()[1]
-    assert r.stdout.splitlines()[0] == "ok gpu001 (127.0.0.2): on?[2j?ok gpu999 (1.2.3.4): on"
+    assert r.stdout.splitlines() == [
+        "ok gpu001 (127.0.0.2): unknown (a PowerState Redfish does not define)",
+        "ok gpu002 (127.0.0.3): off",
+    ]
+    # a header the BMC wrote, escape sequences and all, in the line that names it
+    bmcs[0].behaviour, bmcs[0].redirect_to = "redirect", "https://x.example/\x1b[2Jgpu999"
+    r = provision("power", "status", "gpu001", "-f", str(spec), "--state-dir", str(state))
+    assert "\x1b" not in r.stdout and "to https://x.example/?[2Jgpu999: not followed" in r.stdout
