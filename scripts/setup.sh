@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(podman runc debootstrap nftables openssh-client uidmap slirp4netns fuse-overlayfs
-          tar git make ipmitool qemu-system-x86 qemu-utils)
+          tar git make ipmitool qemu-system-x86 qemu-utils squashfs-tools dnsmasq-base)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

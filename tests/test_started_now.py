@@ -65,6 +65,7 @@ def test_each_guard_reads_a_start_task_its_role_registers() -> None:
         "common",
         "firewall",
         "monitoring",
+        "netboot",
         "node_exporter",
         "slurm",
     }

@@ -1,5 +1,6 @@
-"""Virtual machines with their own kernel, for what a lab container cannot show: here, a kernel
-NFS client under a server's root squash (the containers have no NFS in the kernel).
+"""Virtual machines with their own kernel, for what a lab container cannot show: a kernel NFS
+client under a server's root squash (the containers have no NFS in the kernel), and a machine
+without a disk that boots from the network.
 
 QEMU emulates in software (TCG): this machine's KVM cannot run a stock kernel. Each VM boots
 Debian 12's kernel from its own disk, on a bridge of this machine's with one tap device per VM,
@@ -133,9 +134,23 @@ def bridge(name: str, gateway: str) -> Iterator[str]:
 class VM:
     """One VM on a bridge: started, reached over SSH, stopped (its tap and overlay removed)."""
 
-    def __init__(self, name: str, address: str, disk: Disk, bridge: str, workdir: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        address: str,
+        disk: Disk | None,
+        bridge: str,
+        workdir: Path,
+        mac: str | None = None,
+        memory_mib: int = 1024,
+    ) -> None:
+        """disk None: no disk; the machine boots from the network (its firmware's PXE, which
+        is iPXE in QEMU's network card ROM)."""
         self.name, self.address, self.disk, self.bridge = name, address, disk, bridge
-        self.tap = f"{bridge[:10]}t{address.rsplit('.', 1)[1]}"
+        self.memory_mib = memory_mib
+        last = int(address.rsplit(".", 1)[1])
+        self.mac = mac or f"52:54:00:00:{last // 256:02x}:{last % 256:02x}"
+        self.tap = f"{bridge[:10]}t{last}"
         self.overlay = workdir / f"{name}.qcow2"
         self.console = workdir / f"{name}.console"
         self._process: subprocess.Popen[bytes] | None = None
@@ -145,26 +160,30 @@ class VM:
         subprocess.run(["ip", "link", "del", self.tap], capture_output=True, check=False)
         subprocess.run(["ip", "tuntap", "add", self.tap, "mode", "tap"], check=True)
         subprocess.run(["ip", "link", "set", self.tap, "master", self.bridge, "up"], check=True)
-        subprocess.run(
-            ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(self.disk.raw), "-F", "raw",
-             str(self.overlay)],
-            check=True,
-        )  # fmt: skip
-        last = int(self.address.rsplit(".", 1)[1])
-        mac = f"52:54:00:00:{last // 256:02x}:{last % 256:02x}"
-        gateway = self.address.rsplit(".", 1)[0] + ".1"
-        self._log = self.console.open("wb")
-        self._process = subprocess.Popen(
-            [
-                "qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m", "1024", "-smp", "1",
-                "-nographic", "-no-reboot", "-serial", "stdio", "-monitor", "none",
+        if self.disk is None:
+            boot = ["-boot", "n"]
+        else:
+            subprocess.run(
+                ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(self.disk.raw), "-F", "raw",
+                 str(self.overlay)],
+                check=True,
+            )  # fmt: skip
+            gateway = self.address.rsplit(".", 1)[0] + ".1"
+            boot = [
                 "-kernel", str(self.disk.kernel), "-initrd", str(self.disk.initrd),
                 "-append",
                 f"root=/dev/vda rw console=ttyS0 net.ifnames=0 systemd.hostname={self.name} "
                 f"ip={self.address}::{gateway}:255.255.255.0::eth0:off",
                 "-drive", f"file={self.overlay},if=virtio,format=qcow2",
+            ]  # fmt: skip
+        self._log = self.console.open("wb")
+        self._process = subprocess.Popen(
+            [
+                "qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m", str(self.memory_mib),
+                "-smp", "1", "-nographic", "-no-reboot", "-serial", "stdio", "-monitor", "none",
+                *boot,
                 "-netdev", f"tap,id=n0,ifname={self.tap},script=no,downscript=no",
-                "-device", f"virtio-net-pci,netdev=n0,mac={mac}",
+                "-device", f"virtio-net-pci,netdev=n0,mac={self.mac}",
             ],
             stdin=subprocess.DEVNULL,
             stdout=self._log,

@@ -1,0 +1,110 @@
+"""The netboot role's files, as Ansible's own templating makes them from its defaults, vars and
+Debian family file: dnsmasq's configuration checked by the real `dnsmasq --test`, the iPXE
+scripts (the chain by MAC address, each node's kernel line), nginx's site. Live, the role boots a
+machine from the network in tests/integration/test_netboot.py."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import ROLES_DIR
+
+ROLE = ROLES_DIR / "netboot"
+NODES = [
+    {"name": "cpu001", "mac": "52:54:00:AA:00:01", "address": "10.0.0.21", "image": "compute"},
+    {"name": "gpu001", "mac": "52:54:00:aa:00:02", "address": "10.0.0.31", "image": "gpu"},
+]
+
+
+def _variables(**values: Any) -> dict[str, Any]:
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import trust_as_template
+
+    loader = DataLoader()
+    variables: dict[str, Any] = {}
+    for part in ("defaults/main.yml", "vars/main.yml", "vars/Debian.yml"):
+        for key, value in loader.load((ROLE / part).read_text()).items():
+            variables[key] = trust_as_template(value) if isinstance(value, str) else value
+    given = {
+        "netboot_address": "10.0.0.1",
+        "netboot_network": "10.0.0.0/24",
+        "netboot_router": "10.0.0.254",
+        "netboot_images": {"compute": "/images/compute", "gpu": "/images/gpu"},
+        "netboot_nodes": NODES,
+        "ansible_managed": "Managed by Ansible",
+    }
+    return {**variables, **given, **values}
+
+
+def _template(text: str, **values: Any) -> Any:
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    templar = Templar(loader=DataLoader(), variables=_variables(**values))
+    return templar.template(trust_as_template(text))
+
+
+def test_dnsmasq_answers_only_the_nodes_and_passes_its_own_check(tmp_path: Path) -> None:
+    conf = str(_template((ROLE / "templates" / "dnsmasq.conf.j2").read_text()))
+    lines = conf.splitlines()
+    assert "port=0" in lines  # no DNS
+    assert "dhcp-range=10.0.0.0,static" in lines  # addresses only for the hosts below
+    assert [x for x in lines if x.startswith("dhcp-host=")] == [
+        "dhcp-host=52:54:00:aa:00:01,10.0.0.21,cpu001",
+        "dhcp-host=52:54:00:aa:00:02,10.0.0.31,gpu001",
+    ]
+    assert "dhcp-option=option:router,10.0.0.254" in lines
+    assert "dhcp-boot=tag:!ipxe,tag:!efi64,undionly.kpxe" in lines
+    assert "dhcp-boot=tag:!ipxe,tag:efi64,snponly.efi" in lines
+    assert "dhcp-boot=tag:ipxe,http://10.0.0.1:8069/boot.ipxe" in lines
+    assert "tftp-root=/usr/lib/ipxe" in lines
+    dnsmasq = shutil.which("dnsmasq") or shutil.which("dnsmasq", path="/usr/sbin")
+    if dnsmasq is None:
+        pytest.fail("needs dnsmasq (scripts/setup.sh installs dnsmasq-base)")
+    path = tmp_path / "provision-boot.conf"
+    path.write_text(conf)
+    check = subprocess.run([dnsmasq, "--test", f"--conf-file={path}"], capture_output=True)
+    assert check.returncode == 0, check.stderr
+    # the same check refuses a broken file, as the role's validate does before it is replaced
+    path.write_text(conf.replace("dhcp-range=10.0.0.0,static", "dhcp-range=10.0.0.0,nonsense"))
+    assert subprocess.run([dnsmasq, "--test", f"--conf-file={path}"]).returncode != 0
+    # no router: no default route handed out
+    bare = str(_template((ROLE / "templates" / "dnsmasq.conf.j2").read_text(), netboot_router=""))
+    assert "option:router" not in bare
+
+
+def test_each_node_boots_its_own_image_by_its_mac() -> None:
+    scripts = {f["path"]: f["content"] for f in _template("{{ _netboot_scripts }}")}
+    assert scripts["/srv/provision-boot/boot.ipxe"] == (
+        "#!ipxe\nchain http://10.0.0.1:8069/nodes/${mac:hexhyp}.ipxe\n"
+    )
+    gpu = scripts["/srv/provision-boot/nodes/52-54-00-aa-00-02.ipxe"].splitlines()
+    assert gpu == [
+        "#!ipxe",
+        "kernel http://10.0.0.1:8069/gpu/vmlinuz initrd=initrd.img boot=live "
+        "fetch=http://10.0.0.1:8069/gpu/root.squashfs systemd.hostname=gpu001 "
+        "console=ttyS0,115200 net.ifnames=0",
+        "initrd http://10.0.0.1:8069/gpu/initrd.img",
+        "boot",
+    ]
+    # iPXE writes a MAC in lower case: an upper-case one in the input still matches
+    assert "/srv/provision-boot/nodes/52-54-00-aa-00-01.ipxe" in scripts
+    assert len(scripts) == 3
+    dirs = [d["path"] for d in _template("{{ _netboot_dirs }}")]
+    assert dirs == [
+        "/srv/provision-boot",
+        "/srv/provision-boot/nodes",
+        "/srv/provision-boot/compute",
+        "/srv/provision-boot/gpu",
+    ]
+
+
+def test_nginx_serves_the_images_read_only_on_the_nodes_network() -> None:
+    site = str(_template((ROLE / "templates" / "nginx.conf.j2").read_text()))
+    assert "listen 10.0.0.1:8069;" in site and "root /srv/provision-boot;" in site
+    assert "limit_except GET { deny all; }" in site and "autoindex off;" in site
