@@ -159,6 +159,25 @@ def _guard(response: requests.Response, *args: Any, **kwargs: Any) -> None:
         raise _Refused(f"{response.request.method} {where}: an answer of {int(size):,} bytes")
 
 
+class _OnlyTheBmc(requests.adapters.BaseAdapter):
+    """The session's one way out: a request for any URL but the BMC's own is refused before it
+    leaves (sushy follows a link a BMC gives whole, and would send the session's token or the
+    Basic credentials to whatever host the link names)."""
+
+    def __init__(self, base: str, inner: requests.adapters.BaseAdapter) -> None:
+        super().__init__()
+        self.base, self.inner = base, inner
+
+    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> Any:
+        url = str(request.url)
+        if not url.startswith(self.base + "/"):
+            raise _Refused(f"the BMC named {url[:120]}, not a path on itself: not followed")
+        return self.inner.send(request, *args, **kwargs)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 class Redfish:
     """Power control through OpenStack's Redfish client, sushy: a session with the BMC (Basic
     authentication where it offers none), its first system, PowerState, Reset and the next
@@ -183,7 +202,11 @@ class Redfish:
                 default_request_timeout=TIMEOUT_S,
                 connect_timeout=TIMEOUT_S / 2,
             )
-            conn._session.hooks["response"].append(_guard)  # requests.Session, sushy's own
+            session = conn._session  # the requests.Session sushy's connector keeps
+            session.hooks["response"].append(_guard)
+            only = _OnlyTheBmc(self.base, session.get_adapter(self.base))
+            session.mount("https://", only)
+            session.mount("http://", only)
             auth = sushy.auth.SessionOrBasicAuth(self.creds.user, self.creds.password)
             self._root = sushy.Sushy(self.base, auth=auth, connector=conn)
             members = self._root.get_system_collection().members_identities

@@ -171,7 +171,8 @@ class FakeRedfish:
     ) -> None:
         self.power = "Off"
         self.resets: list[str] = []
-        # how it answers GETs: ok, redirect (to redirect_to), not-json, no-odata, huge, trickle
+        # how it answers GETs: ok, redirect (to redirect_to), elsewhere (its system's link is
+        # redirect_to), not-json, no-odata, huge, trickle
         self.behaviour = "ok"
         self.redirect_to = ""
         self.stopping = threading.Event()
@@ -225,6 +226,8 @@ class FakeRedfish:
                     self.send_header("Content-Length", "22")
                     self.end_headers()
                     self.wfile.write(b"<html>login page</html>"[:22])
+                elif bmc.behaviour == "elsewhere" and self.path == "/redfish/v1/Systems":
+                    self._send(200, {"Members": [{"@odata.id": bmc.redirect_to}]})
                 elif bmc.behaviour == "no-odata" and self.path == "/redfish/v1/Systems":
                     self._send(200, {"Members": [{"Name": "system"}]})
                 elif bmc.behaviour == "huge":  # says 2 MB are coming; none are read

@@ -291,20 +291,27 @@ class _Catcher:
         self.server.server_close()
 
 
+@pytest.mark.parametrize(
+    ("behaviour", "says"),
+    [
+        ("redirect", "GET /redfish/v1/Systems: redirected (HTTP 302) to http://127.0.0.1:"),
+        ("elsewhere", "the BMC named http://127.0.0.1:"),  # a link to another host
+    ],
+)
 def test_redfish_redirects_are_not_followed_with_the_credentials(
-    redfish: tuple[Path, Path, list[FakeRedfish]],
+    redfish: tuple[Path, Path, list[FakeRedfish]], behaviour: str, says: str
 ) -> None:
     spec, state, bmcs = redfish
     _login(spec, state)
     catcher = _Catcher()
-    bmcs[0].behaviour, bmcs[0].redirect_to = "redirect", catcher.url
+    bmcs[0].behaviour, bmcs[0].redirect_to = behaviour, catcher.url
     try:
         r = provision("power", "status", "gpu", "-f", str(spec), "--state-dir", str(state))
     finally:
         catcher.close()
     assert r.returncode == 1
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("FAIL gpu001 (127.0.0.2): GET /redfish/v1/Systems: redirected")
+    assert lines[0].startswith(f"FAIL gpu001 (127.0.0.2): {says}"), lines
     assert "not followed" in lines[0]
     assert lines[1] == "ok gpu002 (127.0.0.3): off"
     assert catcher.seen == []  # nothing, and so no credentials, went to the redirect's target
