@@ -117,6 +117,8 @@ def _export(image: str, root: Path) -> None:
         untar = subprocess.run(
             ["tar", "-C", str(root), "-xf", "-"], stdin=exported.stdout, capture_output=True
         )
+        assert exported.stdout is not None
+        exported.stdout.close()  # a tar that stopped early: podman's next write fails, not hangs
         if exported.wait() != 0 or untar.returncode != 0:
             raise OperationError(f"podman export of {image} failed: {untar.stderr[-400:]!r}")
     finally:
