@@ -42,7 +42,8 @@ def _console(stderr: bool) -> Console:
     # Lines never wrap (an error is one line, whatever the width); tables get room in logs.
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else 160
-    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+    # no emoji codes: a MAC address like 52:54:00:ab:00:21 holds ":ab:"
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width, emoji=False)
 
 
 out = _console(stderr=False)
