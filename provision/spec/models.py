@@ -177,6 +177,15 @@ InterfaceName = Annotated[
         "{!r} is not a network interface name (1-15 of A-Z a-z 0-9 _ . : -)",
     ),
 ]
+# a network card's address, kept as Linux and iPXE write it: lower case, with colons
+MacAddress = Annotated[
+    str,
+    _matching(
+        r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}",
+        "{!r} is not a MAC address: write it like 52:54:00:12:34:56",
+    ),
+    AfterValidator(str.lower),
+]
 RdmaDevice = Annotated[
     str, _matching(r"[a-z][a-z0-9_]{0,63}", "{!r} is not an RDMA device name: write it like mlx5_0")
 ]
@@ -601,6 +610,11 @@ class Host(Model):
     name: Hostname = Field(description="host name")
     address: ipaddress.IPv4Address | None = Field(default=None, description="management address")
     bmc_address: ipaddress.IPv4Address | None = Field(default=None, description="BMC address")
+    mac: MacAddress | None = Field(
+        default=None,
+        description="the MAC address of the network card the node boots from (pools with "
+        "boot: network)",
+    )
 
 
 class Reservation(Model):
@@ -641,6 +655,12 @@ class Pool(Model):
     )
     gpus: int | None = Field(
         default=None, ge=0, description="GPUs per node you expect; must agree with the profile"
+    )
+    boot: Literal["disk", "network"] = Field(
+        default="disk",
+        description="disk: the node's own operating system; network: the node boots the "
+        "pool's image from the head's boot server and runs from memory (diskless; static "
+        "hosts, each with its mac; not supported yet)",
     )
     elastic: bool = Field(
         default=False,

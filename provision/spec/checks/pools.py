@@ -371,3 +371,77 @@ def check_nodes(spec: Spec, nodes: list[Node]) -> list[Problem]:
                     )
                 )
     return first_per_loc(problems)
+
+
+# the operating systems whose node image provision builds (providers/lab/netboot.py: Debian's
+# kernel and live-boot on the lab's debootstrap image)
+NETWORK_BOOT_OS = ("debian12",)
+
+
+def check_network_boot(spec: Spec) -> list[Problem]:
+    """Pools that boot from the network: static hosts on the management network, each with
+    its MAC address, once in the cluster; a MAC only where it boots something."""
+    problems: list[Problem] = []
+    macs: dict[str, Loc] = {}
+    for i, pool in enumerate(spec.pools):
+        at: Loc = ("pools", i)
+        network = pool.boot == "network"
+        if network:
+            if pool.role == "head":
+                problems.append(
+                    (
+                        (*at, "boot"),
+                        "the head serves the network boot and cannot boot from itself: "
+                        "boot: disk for the head pool",
+                    )
+                )
+            elif pool.provider != "static" or pool.elastic or pool.network is not None:
+                problems.append(
+                    (
+                        (*at, "boot"),
+                        "a pool that boots from the network is of static hosts on the management "
+                        "network (the head's DHCP answers there), not elastic",
+                    )
+                )
+            elif spec.os not in NETWORK_BOOT_OS:
+                problems.append(
+                    (
+                        (*at, "boot"),
+                        f"no node image for {spec.os}: provision builds network boot images for "
+                        f"{', '.join(NETWORK_BOOT_OS)}",
+                    )
+                )
+            elif pool.hosts is None:
+                problems.append(
+                    (
+                        (*at, "boot"),
+                        "a pool that boots from the network lists its hosts, each with its mac "
+                        "(the boot server knows a machine by it)",
+                    )
+                )
+        for h, host in enumerate(pool.hosts or []):
+            where: Loc = (*at, "hosts", h)
+            if network and host.mac is None:
+                problems.append(
+                    (where, f"{host.name} boots from the network: give its mac (its boot card's)")
+                )
+            if host.mac is None:
+                continue
+            if not network:
+                problems.append(
+                    (
+                        (*where, "mac"),
+                        "a mac is what the boot server knows a machine by: set the pool's "
+                        "boot: network, or remove it",
+                    )
+                )
+            elif host.mac in macs:
+                problems.append(
+                    (
+                        (*where, "mac"),
+                        f"MAC address {host.mac} is also {format_path(macs[host.mac])}: every "
+                        "machine has its own",
+                    )
+                )
+            macs.setdefault(host.mac, (*where, "mac"))
+    return problems
