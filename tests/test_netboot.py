@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROLES_DIR
+from .conftest import ROLES_DIR, ROOT, run_provision
 
 ROLE = ROLES_DIR / "netboot"
 NODES = [
@@ -145,3 +145,12 @@ security:
         load_spec(spec)
     assert [f"{i.line} {i.path}" for i in refused.value.issues] == ["11 pools[1].boot"]
     assert "not supported yet" in refused.value.issues[0].message
+
+
+def test_a_mac_address_reaches_the_terminal_as_written() -> None:
+
+    bad = ROOT / "tests" / "data" / "bad_specs" / "156-mac-twice.yaml"
+    r = run_provision("validate", str(bad))
+    assert r.returncode == 2
+    # rich would turn ":ab:" into an emoji
+    assert "pools[1].hosts[1].mac: MAC address 52:54:00:ab:00:21 is also" in r.stderr, r.stderr
