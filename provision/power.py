@@ -224,8 +224,10 @@ class Redfish:
             root._auth = None
 
     def status(self) -> str:
+        fresh = self._system is None
         system = self._call(self._connect)
-        self._call(system.refresh)
+        if not fresh:  # read again: an action may have changed it
+            self._call(system.refresh)
         if system.power_state is None:  # sushy maps what Redfish does not define to None
             return "unknown (a PowerState Redfish does not define)"
         return str(system.power_state.value).lower()
