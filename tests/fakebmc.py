@@ -150,7 +150,7 @@ class Emulator:
     def resets(self) -> int:
         """The ComputerSystem.Reset requests the emulator answered 204 (its own log)."""
         log = self.log.read_text()
-        return log.count(f"POST {self.system}/Actions/ComputerSystem.Reset HTTP/1.1\" 204")
+        return log.count(f'POST {self.system}/Actions/ComputerSystem.Reset HTTP/1.1" 204')
 
     def wait_for_power(self, state: str, timeout: float = 20) -> float:
         """Seconds until the system's PowerState is `state` (its change is applied late)."""
