@@ -177,7 +177,7 @@ def test_a_line_break_in_any_text_field_is_refused_on_one_line(
 def test_the_cli_refuses_a_line_break_with_exit_2_and_one_line(tmp_path: Path) -> None:
     doc = _yaml().load(EVERY_FIELD.read_text())
     # without the fields the command line refuses as not supported yet (one line each)
-    del doc["storage"], doc["software"]["slurm"], doc["pools"][2]["elastic"]
+    del doc["storage"], doc["software"]["slurm"], doc["pools"][2]["elastic"], doc["pools"][4]
     spec = _write(
         changed(doc, ("slurm", "config", ANY_KEY, "SchedulerType"), "SchedulerType\nAuthType"),
         tmp_path / "spec.yaml",
