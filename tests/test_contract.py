@@ -76,15 +76,23 @@ def test_every_emitted_variable_is_in_the_contract_at_its_scope() -> None:
             assert VARIABLES[name].scope == scope, f"{name}: rendered at {scope}"
 
 
-def _passed_by_apply(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> set[str]:
+def _passed_by_apply(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    spec_path: Path = ROOT / "examples" / "lab.yaml",
+) -> set[str]:
     """The extra variables apply gives the roles, for the lab spec (health checks on: the
-    wheel is passed), as its converge phase decides them."""
-    from provision import lifecycle
+    wheel is passed) or another, as its converge phase decides them (a network boot pool's
+    image named, not built)."""
+    from provision import boot, lifecycle
     from provision.head import Handle
     from provision.state import State
 
-    spec_path = ROOT / "examples" / "lab.yaml"
-    spec = load_spec(spec_path)
+    def images(cluster: Cluster, state: State, say: object) -> dict[str, str]:
+        return {p.name: "/images/made" for p in cluster.spec.pools if p.boot == "network"}
+
+    monkeypatch.setattr(boot, "images", images)
+    spec = load_spec(spec_path, unbuilt=True)
     assert spec.health is not None  # else provision_wheel is not passed for it
     cluster = Cluster(spec)
     monkeypatch.setattr(lifecycle, "build_wheel", lambda directory: directory / "provision.whl")
@@ -110,7 +118,10 @@ def test_every_contract_variable_is_rendered_or_passed(
     emitted_names = set().union(*_emitted().values())
     assert VARIABLES, "the contract names no variable"
     extra = {v.name for v in VARIABLES.values() if v.scope == "extra"}
-    assert _passed_by_apply(monkeypatch, tmp_path) == extra
+    # every-field.yaml has a pool that boots from the network: its image is passed
+    passed = _passed_by_apply(monkeypatch, tmp_path / "lab")
+    passed |= _passed_by_apply(monkeypatch, tmp_path / "every", EVERY_FIELD)
+    assert passed == extra
     for variable in VARIABLES.values():
         if variable.scope != "extra":
             assert variable.name in emitted_names, f"no spec renders {variable.name}"

@@ -60,6 +60,24 @@ _TABLE = (
         "a spoke's hubs: each head's key name, host:port and the ranges sent to it",
     ),
     Variable("tunnel_via", "host", ("tunnel",), "the hub's address, a routed node's gateway"),
+    # the boot server of the pools that boot from the network (render/netboot.py): the first head
+    Variable(
+        "netboot_address", "host", ("netboot", "playbooks/site"),
+        "the boot server's management address, where DHCP, TFTP and HTTP answer",
+    ),
+    Variable("netboot_network", "host", ("netboot",), "network.management.cidr"),
+    Variable(
+        "netboot_router", "host", ("netboot",),
+        "network.management.gateway: the booted nodes' default route",
+    ),
+    Variable(
+        "netboot_nodes", "host", ("netboot",),
+        "the nodes of the pools with boot: network: name, hosts[].mac, address, pool (its image)",
+    ),
+    Variable(
+        "netboot_images", "extra", ("netboot",),
+        "each such pool's image, built by apply: a directory on this machine, by the pool's name",
+    ),
     # the cluster
     Variable(
         "provision_cluster", "all", ("common", "slurm"),

@@ -19,6 +19,7 @@ from provision.render.kubernetes import (
     api_cloud,
     balancer_sources,
 )
+from provision.render.netboot import HTTP_PORT, boot_server, booted_nodes
 from provision.render.tunnel import INTERFACE, far_ranges
 from provision.spec.exposure import public_addresses
 from provision.spec.fabric import rails
@@ -34,6 +35,7 @@ CLUSTER = "cluster_nodes"
 HEADS = "head_nodes"
 COMPUTE = "compute_nodes"
 MONITOR = "monitoring_nodes"  # only with monitoring: the node Prometheus scrapes from
+NETBOOT = "netboot_nodes"  # only with pools that boot from the network: their nodes
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ def address_sets(cluster: Cluster) -> dict[str, list[str]]:
     watcher = cluster.monitoring_node
     if watcher is not None:
         sets[MONITOR] = [str(watcher.address)] if watcher.address is not None else []
+    if boot_server(cluster) is not None:
+        booted = {str(n.address) for n in booted_nodes(cluster) if n.address is not None}
+        sets[NETBOOT] = sorted(booted, key=_addr_key)
     return sets
 
 
@@ -161,6 +166,15 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
                 if c.network is not None
             ]
             rules.append(Rule("nfs", "tcp", ports.nfs, (CLUSTER, *dict.fromkeys(networks))))
+        server = boot_server(cluster)
+        if server is not None and server.pool == view.name:
+            # the boot server (the first head): a booting node asks for its address from 0.0.0.0,
+            # then fetches iPXE (TFTP) and its image (HTTP) from the address it got
+            rules.append(Rule("dhcp for the nodes that boot", "udp", "67", ("0.0.0.0/32", NETBOOT)))
+            rules.append(Rule("tftp for the nodes that boot (iPXE)", "udp", "69", (NETBOOT,)))
+            rules.append(
+                Rule("http for the nodes that boot (images)", "tcp", str(HTTP_PORT), (NETBOOT,))
+            )
         if role == "head" and spec.network.remote:  # the first head is the tunnel's hub
             sources = tuple(str(c) for c in spec.network.tunnel.sources)
             port = str(spec.network.tunnel.port)

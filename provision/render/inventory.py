@@ -11,6 +11,7 @@ from provision.render.contract import FABRIC, GRAFANA, MONITORING, NVIDIA, ROCE,
 from provision.render.jinja import template
 from provision.render.kubernetes import api_cloud, api_endpoint, node_labels, vrrp_router_id
 from provision.render.monitoring import smtp_logins
+from provision.render.netboot import netboot_host_vars
 from provision.render.slurm import JOB_USER, wall_minutes
 from provision.render.tunnel import tunnel_host_vars
 from provision.render.yamldata import Template, yaml_mapping, yaml_value
@@ -74,6 +75,9 @@ def render_inventory(cluster: Cluster) -> str:
     # The WireGuard tunnel to the remote networks: its hub, its spokes, the nodes it routes for
     hosts = [_host(name, **values) for name, values in tunnel_host_vars(cluster).items()]
     groups.append({"name": "tunnel", "vars": [], "hosts": hosts})
+    # the boot server of the pools that boot from the network (the netboot role)
+    hosts = [_host(name, **values) for name, values in netboot_host_vars(cluster).items()]
+    groups.append({"name": "boot_server", "vars": [], "hosts": hosts})
     # Prometheus and Alertmanager (the monitoring role)
     watcher = cluster.monitoring_node
     hosts = [_host(watcher.name)] if watcher is not None else []

@@ -462,6 +462,11 @@ class Profile(Model):
 class ManagementNetwork(Model):
     cidr: ipaddress.IPv4Network = Field(description="management network; node addresses live here")
     domain: DomainName | None = Field(default=None, description="DNS domain appended in /etc/hosts")
+    gateway: ipaddress.IPv4Address | None = Field(
+        default=None,
+        description="the network's router: the default route the nodes that boot from the "
+        "network get from the head's DHCP (the others keep their own); unset: none",
+    )
 
 
 class BmcNetwork(Model):
@@ -659,8 +664,8 @@ class Pool(Model):
     boot: Literal["disk", "network"] = Field(
         default="disk",
         description="disk: the node's own operating system; network: the node boots the "
-        "pool's image from the head's boot server and runs from memory (diskless; static "
-        "hosts, each with its mac; not supported yet)",
+        "pool's image from the first head's boot server and runs from memory (diskless; "
+        "static hosts, each with its mac and BMC: apply powers them on)",
     )
     elastic: bool = Field(
         default=False,

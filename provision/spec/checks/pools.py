@@ -419,11 +419,27 @@ def check_network_boot(spec: Spec) -> list[Problem]:
                         "(the boot server knows a machine by it)",
                     )
                 )
+            elif spec.network.bmc is None:
+                problems.append(
+                    (
+                        (*at, "boot"),
+                        "apply powers the nodes that boot from the network through their BMCs: "
+                        "set network.bmc (its protocol and network) and each host's bmc_address",
+                    )
+                )
         for h, host in enumerate(pool.hosts or []):
             where: Loc = (*at, "hosts", h)
             if network and host.mac is None:
                 problems.append(
                     (where, f"{host.name} boots from the network: give its mac (its boot card's)")
+                )
+            if network and spec.network.bmc is not None and host.bmc_address is None:
+                problems.append(
+                    (
+                        where,
+                        f"{host.name} boots from the network: give its bmc_address (apply powers "
+                        "it on through its BMC)",
+                    )
                 )
             if host.mac is None:
                 continue
@@ -444,4 +460,19 @@ def check_network_boot(spec: Spec) -> list[Problem]:
                     )
                 )
             macs.setdefault(host.mac, (*where, "mac"))
+    management = spec.network.management
+    if management.gateway is not None:
+        where = ("network", "management", "gateway")
+        if management.gateway not in management.cidr:
+            problems.append(
+                (where, f"{management.gateway} is not in the management network {management.cidr}")
+            )
+        elif not any(p.boot == "network" for p in spec.pools):
+            problems.append(
+                (
+                    where,
+                    "the nodes that boot from the network take it from the head's DHCP, and no "
+                    "pool boots so (the others keep the route their OS has): remove it",
+                )
+            )
     return problems
