@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from provision import converged, drain
+from provision import boot, converged, drain
 from provision.changes import (
     INVENTORY,
     ROLE_GROUPS,
@@ -29,6 +29,7 @@ from provision.providers import get_provider
 from provision.providers.base import ImageBuilds
 from provision.providers.cloud import refuse_api_address, refuse_recarve
 from provision.render import read_render, render, write_render
+from provision.render.netboot import boot_server
 from provision.render.tunnel import members
 from provision.rolling import batch_size, roll
 from provision.run import pull
@@ -306,14 +307,18 @@ def _apply(cluster: Cluster, applied: dict[str, str], run: _Run, verify: bool) -
     if not (scope.partial or rolling or scope.full):
         elastic = any(n.elastic for n in made.cluster.nodes)
         decision = converged.decide(state, stamp, run.hosts, elastic)
-    drift = _preflight_phase(made.cluster, key, decision.left, run)
     extra_vars, new_nodes, action = _converge_vars(made, applied, known, rolling, run)
+    booted = _boot_phase(made, key, run, extra_vars)
+    new_nodes += [h for h in booted if h not in new_nodes]  # each a new machine, idle
+    drift = _preflight_phase(made.cluster, key, decision.left, run)
     for c in drift.values():
         if not c.passed:
             run.say(f"drift: {c.target}: {c.evidence}")
-    # a node that drifted runs every role; one as left runs the roles whose inputs changed
+    # a node that drifted runs every role, and one booted now; one as left runs the roles whose
+    # inputs changed
     roles: dict[str, tuple[str, ...] | None] = {
-        h: decision.roles[h] if h in drift and drift[h].passed else None for h in run.hosts
+        h: decision.roles[h] if h in drift and drift[h].passed and h not in booted else None
+        for h in run.hosts
     }
     as_left = [h for h in run.hosts if roles[h] == ()]
     if as_left:
@@ -379,13 +384,51 @@ def _nodes_phase(cluster: Cluster, run: _Run) -> _Made:
     return _Made(cluster, files, secrets_dir)
 
 
+def _boot_phase(
+    made: _Made, key: Path | None, run: _Run, extra_vars: dict[str, object]
+) -> list[str]:
+    """The nodes of the pools that boot from the network that do not answer SSH: the boot
+    server converged, each powered on from the network and waited for (boot.py). Their
+    names; OperationError naming those that did not come up."""
+    cluster = made.cluster
+    server = boot_server(cluster)
+    nodes = boot.silent(cluster, run.hosts) if server is not None else []
+    if server is None or not nodes:
+        return []
+
+    def serve() -> None:  # the boot server, checked as preflight checks any node, converged
+        _preflight_phase(cluster, key, {}, run, only=[server.name])
+        _play(key, run, [server.name], extra_vars)
+
+    def reach(name: str) -> list[str]:  # ssh that asks nothing and gives up soon
+        argv = run.head.argv(name, ["true"])
+        argv[1:1] = ["-oBatchMode=yes", "-oConnectTimeout=5"]
+        return argv
+
+    with _Phase(run.report, "boot"):
+        boot.boot(
+            cluster,
+            run.state,
+            nodes,
+            reach,
+            run.say,
+            serve,
+        )
+    return [n.name for n in nodes]
+
+
 def _preflight_phase(
-    cluster: Cluster, key: Path | None, left: dict[str, converged.Left], run: _Run
+    cluster: Cluster,
+    key: Path | None,
+    left: dict[str, converged.Left],
+    run: _Run,
+    only: list[str] | None = None,
 ) -> dict[str, CheckResult]:
-    """Every node reachable and fit before any is changed (OperationError naming the ones that
-    are not); the nodes probed for drift, by name."""
+    """Every node (or `only` these) reachable and fit before any is changed (OperationError
+    naming the ones that are not); the nodes probed for drift, by name."""
     with _Phase(run.report, "preflight"):
-        checks = preflight(cluster, run.state, key, {h: v.probe() for h, v in left.items()})
+        probes = {h: v.probe() for h, v in left.items()}
+        checks = preflight(cluster, run.state, key, probes, only)
     drift = {c.target: c for c in checks if c.check == DRIFT}
     checks = [c for c in checks if c.check != DRIFT]
     bad = [c for c in checks if not c.passed]
@@ -436,6 +479,9 @@ def _converge_vars(
     extra_vars["provision_drained"] = new_nodes
     # and their first converge: the later roles' packages in one transaction (site.yml)
     extra_vars["provision_new_nodes"] = new_nodes
+    images = boot.images(cluster, run.state, say)  # the boot server's, every converge
+    if images:
+        extra_vars["netboot_images"] = images
     wanted = (cluster.spec.health, cluster.spec.monitoring)  # the nodes' programs run from it
     if any(n.elastic for n in cluster.nodes) or any(w is not None for w in wanted):
         extra_vars["provision_wheel"] = str(build_wheel(run.state.dir / "wheel").resolve())

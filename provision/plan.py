@@ -16,6 +16,7 @@ from provision.errors import ProvisionError
 from provision.providers import ProviderPlan, get_provider
 from provision.render import read_render, render
 from provision.render.firewall import OpenRule, Reach, admin_reach, internet_rules
+from provision.render.netboot import boot_server, booted_nodes
 from provision.run import pull
 from provision.spec.models import PROVIDER_ORDER
 from provision.state import State
@@ -91,6 +92,7 @@ class Plan:
     mode: str = "push"
     pulled: list[str] = field(default_factory=list)
     reach: list[Reach] = field(default_factory=list)  # who reaches SSH and the monitoring
+    boot: str = ""  # the nodes that boot from the network, and what apply does for them
 
     @property
     def total_kw(self) -> float:
@@ -168,6 +170,21 @@ def make_plan(cluster: Cluster, state: State) -> Plan:
         mode=mode,
         pulled=pulled if mode == "pull" else [],
         reach=admin_reach(cluster),
+        boot=_boot(cluster),
+    )
+
+
+def _boot(cluster: Cluster) -> str:
+    """What apply does for the nodes of the pools that boot from the network (boot.py)."""
+    server = boot_server(cluster)
+    if server is None:
+        return ""
+    names = compress([n.name for n in booted_nodes(cluster)])
+    return (
+        f"{names} boot from the network, served by {server.name} (DHCP for their MAC addresses, "
+        "iPXE, their pool's image run from memory); apply builds the image, converges "
+        f"{server.name} and powers each of them that does not answer SSH through its BMC (next "
+        "boot from the network, then on, or a cycle where it is on), then waits for it"
     )
 
 
@@ -216,6 +233,7 @@ def plan_json(plan: Plan, cluster: Cluster) -> dict[str, Any]:
             for o in plan.exposed
         ],
         "who_reaches": [dataclasses.asdict(r) for r in plan.reach],
+        "network_boot": plan.boot or None,
         "power_kw": {"total": round(plan.total_kw, 3), "lasting": round(plan.lasting_kw, 3)},
         "pools_power": [
             {"pool": p.pool, "nodes": p.nodes, "kw": round(p.kw, 3), "elastic": p.elastic}

@@ -36,11 +36,20 @@ PROBE = (
 
 
 def preflight(
-    cluster: Cluster, state: State, key: Path | None, drift: Mapping[str, str] | None = None
+    cluster: Cluster,
+    state: State,
+    key: Path | None,
+    drift: Mapping[str, str] | None = None,
+    only: list[str] | None = None,
 ) -> list[CheckResult]:
     """drift: a node's drift probe (provision/converged.py), run in the same session; its
-    result is the check DRIFT, passed when the node is as the last converge left it."""
-    nodes = [n for n in cluster.lasting_nodes if n.address is not None]
+    result is the check DRIFT, passed when the node is as the last converge left it. only:
+    these nodes alone (None: every node with an address)."""
+    nodes = [
+        n
+        for n in cluster.lasting_nodes
+        if n.address is not None and (only is None or n.name in only)
+    ]
     remotes, results = connect_all(cluster, state, key, nodes)
     admin = cluster.spec.security.admin_cidrs
     ours = _munge_digest(state) if cluster.spec.scheduler == "slurm" else None

@@ -166,6 +166,8 @@ def print_plan(plan: Plan, cluster: Cluster, console: Console, diff: bool = Fals
     for group, hosts in plan.groups.items():
         groups.add_row(group, hosts)
     console.print(groups)
+    if plan.boot:
+        console.print(f"boot: {plan.boot}", markup=False)
 
     base = "the last apply" if not plan.first_apply else "nothing (first apply)"
     files = Table(title=f"Rendered files compared with {base}")

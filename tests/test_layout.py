@@ -18,7 +18,7 @@ LAYERS: list[set[str]] = [
     {"providers"},
     {"run"},
     {"preflight", "verify", "head"},
-    {"lifecycle", "plan", "power", "bursting", "drain", "rolling"},
+    {"lifecycle", "plan", "power", "boot", "bursting", "drain", "rolling"},
     {"cli", "views", "__main__"},
 ]
 

@@ -1,10 +1,11 @@
 """The netboot role's files, as Ansible's own templating makes them from its defaults, vars and
 Debian family file: dnsmasq's configuration checked by the real `dnsmasq --test`, the iPXE
 scripts (the chain by MAC address, each node's kernel line), nginx's site. Live, the role boots a
-machine from the network in tests/integration/test_netboot.py."""
+machine from the network, through `provision apply`, in tests/integration/test_metal.py."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROLES_DIR, ROOT, run_provision
+from .conftest import ROLES_DIR, ROOT, run_provision, unwrap_unsafe
 
 ROLE = ROLES_DIR / "netboot"
 NODES = [
@@ -73,9 +74,24 @@ def test_dnsmasq_answers_only_the_nodes_and_passes_its_own_check(tmp_path: Path)
     # the same check refuses a broken file, as the role's validate does before it is replaced
     path.write_text(conf.replace("dhcp-range=10.0.0.0,static", "dhcp-range=10.0.0.0,nonsense"))
     assert subprocess.run([dnsmasq, "--test", f"--conf-file={path}"]).returncode != 0
-    # no router: no default route handed out
+    # no router: no default route handed out; no name server known: none
     bare = str(_template((ROLE / "templates" / "dnsmasq.conf.j2").read_text(), netboot_router=""))
-    assert "option:router" not in bare
+    assert "option:router" not in bare and "dns-server" not in bare
+
+
+def test_the_nodes_get_the_servers_own_name_servers_unless_told() -> None:
+    import base64
+
+    resolv = "# resolv\nnameserver 127.0.0.53\nnameserver 10.255.255.53\n nameserver 10.0.0.9 \n"
+    resolv += "nameserver fe80::1\nsearch lab\n"
+    read = {"content": base64.b64encode(resolv.encode()).decode()}
+    template = (ROLE / "templates" / "dnsmasq.conf.j2").read_text()
+    lines = str(_template(template, _netboot_resolv=read)).splitlines()
+    assert [x for x in lines if "dns-server" in x] == [
+        "dhcp-option=option:dns-server,10.255.255.53,10.0.0.9"
+    ]  # not the loopback's resolver, not an IPv6 one (DHCP's option 6 is IPv4)
+    told = str(_template(template, _netboot_resolv=read, netboot_dns=["10.0.0.53"])).splitlines()
+    assert [x for x in told if "dns-server" in x] == ["dhcp-option=option:dns-server,10.0.0.53"]
 
 
 def test_each_node_boots_its_own_image_by_its_mac() -> None:
@@ -110,18 +126,11 @@ def test_nginx_serves_the_images_read_only_on_the_nodes_network() -> None:
     assert "limit_except GET { deny all; }" in site and "autoindex off;" in site
 
 
-def test_a_pool_that_boots_from_the_network_is_checked_and_refused_for_now(
-    tmp_path: Path,
-) -> None:
-    from provision.errors import SpecError
-    from provision.spec.loader import load_spec
-
-    spec = tmp_path / "metal.yaml"
-    spec.write_text("""\
+METAL = """\
 name: metal
 os: debian12
 network:
-  management: {cidr: 10.92.0.0/24}
+  management: {cidr: 10.92.0.0/24, gateway: 10.92.0.1}
   bmc: {cidr: 10.93.0.0/24}
 pools:
   - {name: head, role: head, profile: cpu-node, hosts: [{name: head001, address: 10.92.0.11}]}
@@ -132,19 +141,83 @@ pools:
     hosts:
       - {name: cpu001, address: 10.92.0.21, bmc_address: 10.93.0.21, mac: "52:54:00:AB:00:21"}
       - {name: cpu002, address: 10.92.0.22, bmc_address: 10.93.0.22, mac: "52:54:00:ab:00:22"}
+  - {name: disk, role: compute, profile: cpu-node, hosts: [{name: disk001, address: 10.92.0.31}]}
 security:
   admin_cidrs: [10.9.0.0/24]
-""")
-    # every check but the one for what apply does not build yet passes; MACs as iPXE writes them
-    loaded = load_spec(spec, unbuilt=True)
+"""
+
+
+def test_the_first_head_serves_the_pools_that_boot_from_the_network(tmp_path: Path) -> None:
+    """The rendered inventory, read by the real ansible-inventory: head001 is the boot server
+    with each node by its MAC, address and pool; its firewall lets the booting nodes' DHCP
+    (from 0.0.0.0), TFTP and HTTP in, and no other pool's does."""
+    import sys
+
+    from provision.cluster import Cluster
+    from provision.render import render, write_render
+    from provision.spec.loader import load_spec
+
+    (tmp_path / "metal.yaml").write_text(METAL)
+    files = render(Cluster(load_spec(tmp_path / "metal.yaml", unbuilt=True)))
+    write_render(files, tmp_path / "out")
+    listed = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "--list", "-i",
+         str(tmp_path / "out" / "inventory" / "hosts.yml")],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    data = unwrap_unsafe(json.loads(listed.stdout))
+    assert data["boot_server"]["hosts"] == ["head001"]
+    head = data["_meta"]["hostvars"]["head001"]
+    assert (head["netboot_address"], head["netboot_network"], head["netboot_router"]) == (
+        "10.92.0.11",
+        "10.92.0.0/24",
+        "10.92.0.1",
+    )
+    assert head["netboot_nodes"] == [
+        {"name": "cpu001", "mac": "52:54:00:ab:00:21", "address": "10.92.0.21", "image": "cpu"},
+        {"name": "cpu002", "mac": "52:54:00:ab:00:22", "address": "10.92.0.22", "image": "cpu"},
+    ]
+    assert not any(k.startswith("netboot_") for k in data["_meta"]["hostvars"]["cpu001"])
+    sets = files["files/nftables/address-sets.nft"]
+    booted = sets.split("set netboot_nodes {")[1].split("elements = {")[1].split("}")[0]
+    assert booted.split() == ["10.92.0.21,", "10.92.0.22,"]
+    boot = [
+        line.strip() for line in files["files/nftables/head.nft"].splitlines() if "boot" in line
+    ]
+    assert boot == [
+        'ip saddr 0.0.0.0/32 udp dport 67 accept comment "dhcp for the nodes that boot"',
+        'ip saddr @netboot_nodes udp dport 67 accept comment "dhcp for the nodes that boot"',
+        'ip saddr @netboot_nodes udp dport 69 accept comment "tftp for the nodes that boot (iPXE)"',
+        'ip saddr @netboot_nodes tcp dport 8069 accept comment "http for the nodes that boot '
+        '(images)"',
+    ]
+    for pool in ("cpu", "disk"):
+        assert "boot" not in files[f"files/nftables/{pool}.nft"]
+    # the real nft reads the head's whole rule set with the sets (a syntax error fails here)
+    (tmp_path / "sets.nft").write_text(sets)
+    ruleset = tmp_path / "head.nft"
+    ruleset.write_text(
+        files["files/nftables/head.nft"].replace(
+            "/etc/nftables.d/provision-sets.nft", str(tmp_path / "sets.nft")
+        )
+    )
+    nft = shutil.which("nft") or "/usr/sbin/nft"
+    done = subprocess.run([nft, "-c", "-f", str(ruleset)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_pool_that_boots_from_the_network_is_taken_with_its_macs_as_ipxe_writes_them(
+    tmp_path: Path,
+) -> None:
+    from provision.spec.loader import load_spec
+
+    spec = tmp_path / "metal.yaml"
+    spec.write_text(METAL)
+    loaded = load_spec(spec)
     assert [h.mac for h in loaded.pools[1].hosts or []] == [
         "52:54:00:ab:00:21",
         "52:54:00:ab:00:22",
     ]
-    with pytest.raises(SpecError) as refused:
-        load_spec(spec)
-    assert [f"{i.line} {i.path}" for i in refused.value.issues] == ["11 pools[1].boot"]
-    assert "not supported yet" in refused.value.issues[0].message
 
 
 def test_a_mac_address_reaches_the_terminal_as_written() -> None:
@@ -154,3 +227,22 @@ def test_a_mac_address_reaches_the_terminal_as_written() -> None:
     assert r.returncode == 2
     # rich would turn ":ab:" into an emoji
     assert "pools[1].hosts[1].mac: MAC address 52:54:00:ab:00:21 is also" in r.stderr, r.stderr
+
+
+def test_plan_says_which_nodes_boot_from_the_network_and_what_apply_does(tmp_path: Path) -> None:
+    spec = tmp_path / "metal.yaml"
+    spec.write_text(METAL)
+    r = run_provision("plan", str(spec), "--state-dir", str(tmp_path / "state"))
+    assert r.returncode == 0, r.stderr
+    said = " ".join(r.stdout.split())
+    assert (
+        "boot: cpu[001-002] boot from the network, served by head001 (DHCP for their MAC "
+        "addresses, iPXE, their pool's image run from memory); apply builds the image, converges "
+        "head001 and powers each of them that does not answer SSH through its BMC"
+    ) in said, r.stdout
+    r = run_provision("plan", str(spec), "--json", "--state-dir", str(tmp_path / "state"))
+    assert json.loads(r.stdout)["network_boot"].startswith("cpu[001-002] boot from the network")
+    # a cluster without such a pool: nothing said
+    plain = run_provision("plan", str(ROOT / "examples" / "lab.yaml"), "--json",
+                          "--state-dir", str(tmp_path / "state"))  # fmt: skip
+    assert json.loads(plain.stdout)["network_boot"] is None

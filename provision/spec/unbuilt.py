@@ -36,16 +36,6 @@ def check_unbuilt(spec: Spec) -> list[Problem]:
                 )
             )
     problems.extend(_cloud_heads(spec))
-    problems.extend(
-        (
-            ("pools", i, "boot"),
-            "boot: network is not supported yet by provision apply (it does not build the image, "
-            "serve it and power the nodes yet): the netboot role boots them from a play of your "
-            "own (docs/netboot.md); boot: disk for now",
-        )
-        for i, pool in enumerate(spec.pools)
-        if pool.boot == "network"
-    )
     if spec.identity is not None:
         problems.extend(
             (

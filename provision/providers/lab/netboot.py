@@ -34,10 +34,13 @@ PACKAGES = [
     "linux-image-amd64", "initramfs-tools", "live-boot", "live-boot-initramfs-tools", "busybox",
     "libnss-myhostname",
 ]  # fmt: skip
+# the lists go, and with them what says they are fresh (the stamp, the directory's time): a
+# booted node's first converge fetches them, as it would on any machine whose lists are old
 RECIPE = """\
 FROM {base}
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
---no-install-recommends {packages} >/dev/null && apt-get clean && rm -rf /var/lib/apt/lists/*
+--no-install-recommends {packages} >/dev/null && apt-get clean && rm -rf /var/lib/apt/lists/* \
+/var/lib/apt/periodic/update-success-stamp && touch -d @0 /var/lib/apt/lists
 """
 # what the squashfs leaves out: the kernel and initramfs are served beside it
 EXCLUDE = ["boot"]

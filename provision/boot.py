@@ -1,0 +1,181 @@
+"""The nodes of the pools that boot from the network (pools[].boot: network), as apply brings
+them up before its preflight.
+
+Each apply with such pools has their image (providers/lab/netboot.py: built once for its
+inputs, kept after) for the boot server's role. A node that does not answer SSH is booted: the
+boot server (the first head) is converged first, so that it serves; then each silent node is
+told through its BMC to boot from the network once and powered on (power cycled if it is on
+and silent: a diskless node holds nothing a cycle loses), all of them in spec order, and apply
+waits until each answers SSH. A node booted so is a new machine: its host key is forgotten
+before it is powered and learned when it answers. One that does not answer in time is
+reported with its BMC's power state and its console's last lines where one is kept (the metal
+lab's machines keep one each in the state directory), and apply stops before anything else is
+changed: a rerun boots only the nodes still silent.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from provision.cluster import Cluster, compress
+from provision.errors import OperationError
+from provision.power import Action, Credentials, PowerResult, load_credentials, power
+from provision.render.netboot import booted_nodes
+from provision.spec.nodes import Node
+from provision.sshkeys import forget_host_key, public_key
+from provision.state import State
+from provision.verify.base import probe_ports
+
+BOOT_TIMEOUT_S = 900.0  # power-on to SSH: a server's firmware alone may take minutes
+POLL_S = 5.0
+CONSOLES = "consoles"  # state/consoles/NODE.log: a machine's console, where one is kept
+CONSOLE_LINES = 12
+_NOT_TEXT = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x08\x0b-\x1f\x7f]")
+
+Say = Callable[[str], None]
+
+
+def images(cluster: Cluster, state: State, say: Say) -> dict[str, str]:
+    """The image of each pool that boots from the network, by the pool's name: the lab's base
+    image with Debian's kernel and live-boot, root letting in the cluster's key (the same image
+    for every such pool: one OS, one key); built unless kept for the same inputs."""
+    from provision.providers.lab import image, netboot  # podman: only where a pool boots so
+
+    pools = [p.name for p in cluster.spec.pools if p.boot == "network"]
+    if not pools:
+        return {}
+    base, _ = image.ensure_image(image.debian_mirror(), log=say)
+    started = time.monotonic()
+    built = netboot.build(base, public_key(cluster.spec, state) + "\n", log=say)
+    spent = time.monotonic() - started
+    if spent > 5:
+        say(f"netboot: image {built.tag} made in {spent:.0f} s")
+    return dict.fromkeys(pools, str(built.directory.resolve()))
+
+
+def silent(cluster: Cluster, hosts: list[str]) -> list[Node]:
+    """The nodes of `hosts` that boot from the network and whose SSH port does not answer."""
+    port = cluster.spec.ssh.port
+    nodes = [n for n in booted_nodes(cluster) if n.name in hosts]
+    states = probe_ports([(n, port) for n in nodes])
+    return [n for n in nodes if states[(n, port)] != "open"]
+
+
+def power_on(
+    cluster: Cluster, state: State, nodes: list[Node], creds: Credentials, say: Say
+) -> list[PowerResult]:
+    """Each node's next boot from the network, then its power on (a cycle where it is on); the
+    results of the nodes whose BMC refused or did not answer."""
+    settings = cluster.spec.network.bmc
+    assert settings is not None  # the spec's checks: a pool that boots so has BMCs
+    for node in nodes:  # a new machine at that address: new host keys
+        forget_host_key(state, str(node.login_address))
+    told = power(nodes, "pxe", settings, creds)
+    failed = [r for r in told if not r.ok]
+    ready = {r.node for r in told if r.ok}
+    on = [n for n, r in zip(nodes, told, strict=True) if r.ok and r.state.startswith("on")]
+    off = [n for n in nodes if n.name in ready and n not in on]
+    steps: tuple[tuple[list[Node], Action], ...] = ((off, "on"), (on, "cycle"))
+    for group, action in steps:
+        if not group:
+            continue
+        done = power(group, action, settings, creds)
+        failed += [r for r in done if not r.ok]
+        for r in done:
+            if r.ok:
+                say(f"boot: {r.node}: {r.state} (next boot from the network)")
+    return failed
+
+
+def wait_for_ssh(
+    argv: Callable[[str], list[str]],
+    nodes: list[Node],
+    say: Say,
+    timeout: float = BOOT_TIMEOUT_S,
+) -> list[Node]:
+    """Wait until each node answers SSH (`argv(name)`: the ssh command line that runs `true`
+    there without asking anything, learning its new host key); the nodes that did not within
+    `timeout`."""
+    waiting = {n.name: n for n in nodes}
+    started = time.monotonic()
+    said = started
+
+    def answers(name: str) -> bool:
+        try:
+            done = subprocess.run(argv(name), capture_output=True, timeout=30, check=False)
+        except subprocess.TimeoutExpired:
+            return False
+        return done.returncode == 0
+
+    with ThreadPoolExecutor(max_workers=min(32, len(nodes) or 1)) as pool:
+        while waiting:
+            names = list(waiting)
+            for name, up in zip(names, pool.map(answers, names), strict=True):
+                if up:
+                    spent = time.monotonic() - started
+                    say(f"boot: {name} answers SSH, {spent:.0f} s after its power-on")
+                    del waiting[name]
+            now = time.monotonic()
+            if not waiting or now - started > timeout:
+                break
+            if now - said >= 30:
+                say(f"boot: waiting for {compress(list(waiting))} ({now - started:.0f} s)")
+                said = now
+            time.sleep(POLL_S)
+    return list(waiting.values())
+
+
+def console_tail(state: State, node: str, lines: int = CONSOLE_LINES) -> list[str]:
+    """The last lines of a node's console where one is kept (state/consoles/NODE.log), as text
+    a terminal shows as it is (escape sequences and control characters dropped)."""
+    path = state.dir / CONSOLES / f"{node}.log"
+    if not path.is_file():
+        return []
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - 64 * 1024))
+        text = f.read().decode("utf-8", "replace")
+    found = [_NOT_TEXT.sub("", line).rstrip() for line in text.splitlines()]
+    return [line for line in found if line.strip()][-lines:]
+
+
+def not_booted(state: State, failed: list[PowerResult], silent_nodes: list[Node]) -> str:
+    """Why apply stops: each node that did not come up, its BMC's word or its console's."""
+    parts = [f"{r.node}: its BMC: {r.state}" for r in failed]
+    for node in silent_nodes:
+        tail = console_tail(state, node.name)
+        where = (
+            "its console's last lines:\n    " + "\n    ".join(tail)
+            if tail
+            else "no console is kept here (a server's serial console is on its BMC)"
+        )
+        parts.append(f"{node.name}: did not answer SSH after its power-on; {where}")
+    return (
+        "boot failed: " + "; ".join(parts) + "\nnothing else was changed; fix the cause and run "
+        "apply again: it boots the nodes still silent"
+    )
+
+
+def boot(
+    cluster: Cluster,
+    state: State,
+    nodes: list[Node],
+    argv: Callable[[str], list[str]],
+    say: Say,
+    serve: Callable[[], object],
+    timeout: float = BOOT_TIMEOUT_S,
+) -> None:
+    """Boot `nodes` (silent ones): `serve` converges the boot server, then each node is
+    powered on from the network and waited for; OperationError naming those that failed."""
+    creds = load_credentials(state)  # the command that saves it, where missing
+    say(f"boot: {compress([n.name for n in nodes])} silent: the boot server first")
+    serve()
+    failed = power_on(cluster, state, nodes, creds, say)
+    gone = {r.node for r in failed}
+    waited = [n for n in nodes if n.name not in gone]
+    late = wait_for_ssh(argv, waited, say, timeout) if waited else []
+    if failed or late:
+        raise OperationError(not_booted(state, failed, late))

@@ -1,0 +1,187 @@
+"""apply's boot of the nodes that boot from the network (provision/boot.py), against Redfish's
+emulator (sushy-tools, one a BMC): the boot server first, each silent node's next boot from the
+network and its power (on, or a cycle where it is on), the wait for SSH; a BMC that refuses,
+and a node that never answers, named with its console's last lines, as plain text."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from provision import boot
+from provision.cluster import Cluster
+from provision.errors import OperationError, UsageError
+from provision.power import CREDENTIALS, Credentials, save_credentials
+from provision.spec.loader import load_spec
+from provision.state import State
+
+from .fakebmc import Emulator
+from .test_power import OTHER, PASSWORD, USER, _free_port
+
+SPEC = """\
+name: metal
+os: debian12
+network:
+  management: {{cidr: 10.92.0.0/24}}
+  bmc: {{cidr: 127.0.0.0/24, protocol: redfish, port: {port}, ca_file: {bundle}}}
+pools:
+  - {{name: head, role: head, profile: cpu-node, hosts: [{{name: head001, address: 10.92.0.11}}]}}
+  - name: cpu
+    role: compute
+    profile: cpu-node
+    boot: network
+    hosts:
+      - {{name: cpu001, address: 10.92.0.21, bmc_address: 127.0.0.21, mac: "52:54:00:ab:00:21"}}
+      - {{name: cpu002, address: 10.92.0.22, bmc_address: 127.0.0.22, mac: "52:54:00:ab:00:22"}}
+security:
+  admin_cidrs: [10.9.0.0/24]
+"""
+
+
+@pytest.fixture
+def metal(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[Cluster, State, list[Emulator]]]:
+    """cpu001's BMC powered off (its account's password the test's parameter, else the one
+    saved), cpu002's on (a silent node that is on); the account saved."""
+    port = _free_port()
+    bmcs = [
+        Emulator("127.0.0.21", port, USER, getattr(request, "param", PASSWORD), tmp_path),
+        Emulator("127.0.0.22", port, USER, PASSWORD, tmp_path, power="On"),
+    ]
+    bundle = tmp_path / "bmc-ca.pem"
+    bundle.write_text("".join(b.cert.read_text() for b in bmcs))
+    (tmp_path / "metal.yaml").write_text(SPEC.format(port=port, bundle=bundle))
+    cluster = Cluster(load_spec(tmp_path / "metal.yaml", unbuilt=True))
+    state = State(tmp_path / "state", "metal")
+    save_credentials(state, Credentials(USER, PASSWORD))
+    with contextlib.ExitStack() as running:
+        for b in bmcs:
+            running.enter_context(b)
+        yield cluster, state, bmcs
+
+
+def _nodes(cluster: Cluster) -> list:  # type: ignore[type-arg]
+    return [n for n in cluster.nodes if n.pool == "cpu"]
+
+
+def test_the_server_first_then_each_node_from_the_network_and_waited_for(
+    metal: tuple[Cluster, State, list[Emulator]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster, state, bmcs = metal
+    monkeypatch.setattr(boot, "POLL_S", 0.5)
+    state.ensure()
+    state.known_hosts.write_text(
+        "10.92.0.21 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOld0ne\n"
+        "10.92.0.11 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHeadKey\n"
+    )
+    said: list[str] = []
+    order: list[str] = []
+
+    def serve() -> None:  # the boot server's converge: before any BMC is told anything
+        order.append("serve")
+        assert all(b.get()["Boot"]["BootSourceOverrideTarget"] != "Pxe" for b in bmcs)
+        assert bmcs[0].get()["PowerState"] == "Off"
+
+    def answers(name: str) -> list[str]:  # "ssh": answers once its BMC has it on
+        bmc = bmcs[0] if name == "cpu001" else bmcs[1]
+        up = bmc.get()["PowerState"] == "On" and bmc.resets() > 0
+        return ["true"] if up else ["false"]
+
+    boot.boot(cluster, state, _nodes(cluster), answers, said.append, serve, timeout=60)
+    assert order == ["serve"]
+    for bmc in bmcs:
+        assert bmc.get()["Boot"]["BootSourceOverrideTarget"] == "Pxe"
+        assert bmc.resets() == 1
+    assert "boot: cpu001: powered on (next boot from the network)" in said
+    assert "boot: cpu002: power cycled (next boot from the network)" in said
+    assert {line.split(" answers")[0] for line in said if "answers SSH" in line} == {
+        "boot: cpu001",
+        "boot: cpu002",
+    }
+    # the booted node's old host key is forgotten (a new machine), the head's kept
+    assert state.known_hosts.read_text().split()[0] == "10.92.0.11"
+
+
+@pytest.mark.parametrize("metal", [OTHER], indirect=True)
+def test_a_refusing_bmc_stops_apply_at_its_node_once_the_others_are_up(
+    metal: tuple[Cluster, State, list[Emulator]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster, state, bmcs = metal
+    monkeypatch.setattr(boot, "POLL_S", 0.5)
+    waited: list[str] = []
+
+    def answers(name: str) -> list[str]:
+        waited.append(name)
+        return ["true"]
+
+    with pytest.raises(OperationError) as stopped:
+        boot.boot(cluster, state, _nodes(cluster), answers, lambda _m: None, lambda: None)
+    text = str(stopped.value)
+    assert text.startswith("boot failed: cpu001: its BMC: ")
+    assert "credentials" in text.lower() and PASSWORD not in text and OTHER not in text
+    assert "cpu002" not in text
+    # cpu002 was booted and waited for all the same; cpu001 neither told nor powered
+    assert set(waited) == {"cpu002"} and bmcs[1].resets() == 1
+    assert bmcs[0].resets() == 0 and bmcs[0].get()["Boot"]["BootSourceOverrideTarget"] != "Pxe"
+
+
+def test_a_node_that_never_answers_is_named_with_its_console(
+    metal: tuple[Cluster, State, list[Emulator]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster, state, _bmcs = metal
+    monkeypatch.setattr(boot, "POLL_S", 0.5)
+    consoles = state.dir / boot.CONSOLES
+    consoles.mkdir(parents=True)
+    (consoles / "cpu001.log").write_bytes(
+        b"iPXE 1.21\r\n" + b"".join(b"line %d\r\n" % i for i in range(30))
+        + b"\x1b[1;31mNo configuration methods succeeded\x1b[0m\x07\r\n"
+    )  # fmt: skip
+    with pytest.raises(OperationError) as stopped:
+        boot.boot(
+            cluster, state, _nodes(cluster),
+            lambda name: ["true"] if name == "cpu002" else ["false"], lambda _m: None,
+            lambda: None, timeout=3,
+        )  # fmt: skip
+    text = str(stopped.value)
+    assert text.startswith("boot failed: cpu001: did not answer SSH after its power-on; its ")
+    lines = text.split("its console's last lines:\n")[1].split("\nnothing else")[0].splitlines()
+    assert len(lines) == boot.CONSOLE_LINES
+    assert lines[-1] == "    No configuration methods succeeded"  # no escape sequence, no bell
+    assert "cpu002" not in text
+    assert "a rerun" in text or "run apply again" in text
+
+
+def test_without_their_bmcs_account_nothing_is_asked(
+    metal: tuple[Cluster, State, list[Emulator]],
+) -> None:
+    cluster, state, bmcs = metal
+    (state.secrets / CREDENTIALS).unlink()
+    served: list[bool] = []
+    with pytest.raises(UsageError, match="run `provision bmc-credentials SPEC --user NAME` first"):
+        boot.boot(cluster, state, _nodes(cluster), lambda n: ["true"], print,
+                  lambda: served.append(True))  # fmt: skip
+    assert not served and all(b.resets() == 0 for b in bmcs)
+
+
+def test_silent_names_the_nodes_whose_ssh_port_does_not_answer(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        spec = SPEC.format(port=443, bundle="x").replace("10.92.0.", "127.0.0.")
+        spec = spec.replace("127.0.0.0/24, protocol", "127.0.1.0/24, protocol")
+        spec = spec.replace("bmc_address: 127.0.0.2", "bmc_address: 127.0.1.2")
+        spec = spec.replace("security:", f"ssh: {{port: {port}}}\nsecurity:")
+        (tmp_path / "metal.yaml").write_text(spec.replace("127.0.0.22", "127.0.0.1"))
+        cluster = Cluster(load_spec(tmp_path / "metal.yaml", unbuilt=True))
+        assert ipaddress.IPv4Address("127.0.0.1") in {n.address for n in cluster.nodes}
+        # cpu002 (127.0.0.1) answers on the port, cpu001 (127.0.0.21) does not
+        assert [n.name for n in boot.silent(cluster, ["cpu001", "cpu002", "head001"])] == ["cpu001"]
+        assert boot.silent(cluster, ["head001"]) == []
