@@ -5,7 +5,7 @@
 # and each scenario has its own).
 #   lane 1: the unit tests, the bursting, two-head, VM storage and Kubernetes lab tests, then
 #           Molecule's kubernetes, nvidia and common scenarios
-#   lane 2: the lab, static-host and network boot tests, then Molecule's slurm, storage and
+#   lane 2: the lab, static-host, lab image and metal lab tests, then Molecule's slurm, storage and
 #           fabric scenarios
 # Each line is printed as it comes, marked with its lane's part; every part runs even after
 # another failed, and the exit code is 1 if any did.
@@ -16,7 +16,7 @@ PYTEST=(.venv/bin/pytest -q -p no:cacheprovider)
 INTEGRATION_1=(tests/integration/test_burst.py tests/integration/test_ha.py
   tests/integration/test_vm_storage.py tests/integration/test_k8s_lab.py)
 INTEGRATION_2=(tests/integration/test_lab.py tests/integration/test_static_apply.py
-  tests/integration/test_lab_image_live.py tests/integration/test_netboot.py)
+  tests/integration/test_lab_image_live.py tests/integration/test_metal.py)
 
 # an integration file in no lane would never run: refuse to start without it in one
 for file in tests/integration/test_*.py; do

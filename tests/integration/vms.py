@@ -190,6 +190,9 @@ class VM:
             stderr=subprocess.STDOUT,
         )  # fmt: skip
 
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
     def console_tail(self, lines: int = 15) -> str:
         text = self.console.read_bytes().decode(errors="replace") if self.console.exists() else ""
         return "\n".join(text.replace("\r", "").splitlines()[-lines:])
