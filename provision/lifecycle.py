@@ -309,7 +309,9 @@ def _apply(cluster: Cluster, applied: dict[str, str], run: _Run, verify: bool) -
         decision = converged.decide(state, stamp, run.hosts, elastic)
     extra_vars, new_nodes, action = _converge_vars(made, applied, known, rolling, run)
     booted = _boot_phase(made, key, run, extra_vars)
-    new_nodes += [h for h in booted if h not in new_nodes]  # each a new machine, idle
+    # each a new machine, idle: added to the very list extra_vars hands the roles as
+    # provision_new_nodes and provision_drained
+    new_nodes += [h for h in booted if h not in new_nodes]
     drift = _preflight_phase(made.cluster, key, decision.left, run)
     for c in drift.values():
         if not c.passed:
@@ -406,14 +408,7 @@ def _boot_phase(
         return argv
 
     with _Phase(run.report, "boot"):
-        boot.boot(
-            cluster,
-            run.state,
-            nodes,
-            reach,
-            run.say,
-            serve,
-        )
+        boot.boot(cluster, run.state, nodes, reach, run.say, serve)
     return [n.name for n in nodes]
 
 

@@ -107,6 +107,7 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
     srun = str(spec.slurm.srun_port_range)
     exporting = {e.pool for e in spec.storage.exports}
     ports = service_ports(spec)
+    server = boot_server(cluster)
     out: dict[str, list[Rule]] = {}
     for view in cluster.pools:
         role = view.pool.role
@@ -166,10 +167,10 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
                 if c.network is not None
             ]
             rules.append(Rule("nfs", "tcp", ports.nfs, (CLUSTER, *dict.fromkeys(networks))))
-        server = boot_server(cluster)
         if server is not None and server.pool == view.name:
-            # the boot server (the first head): a booting node asks for its address from 0.0.0.0,
-            # then fetches iPXE (TFTP) and its image (HTTP) from the address it got
+            # the boot server's pool (the first head's; rules are per pool): a booting node asks
+            # for its address from 0.0.0.0, then fetches iPXE (TFTP) and its image (HTTP) from
+            # the address it got
             rules.append(Rule("dhcp for the nodes that boot", "udp", "67", ("0.0.0.0/32", NETBOOT)))
             rules.append(Rule("tftp for the nodes that boot (iPXE)", "udp", "69", (NETBOOT,)))
             rules.append(
