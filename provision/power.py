@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import json
 import logging
 import os
 import queue
@@ -30,14 +29,18 @@ import requests
 import sushy
 
 from provision.errors import NOT_ONE_LINE, UsageError
-from provision.secrets import check_secret_file, write_private
-from provision.spec.models import BmcNetwork
-from provision.spec.nodes import Node
+
+# the BMCs' account is one of the cluster's secrets (secrets.py); here for the CLI
+from provision.secrets import CREDENTIALS as CREDENTIALS
+from provision.secrets import Credentials as Credentials
+from provision.secrets import load_credentials as load_credentials
+from provision.secrets import save_credentials as save_credentials
+from provision.spec.models import BmcNetwork, Spec
+from provision.spec.nodes import Node, metal_lab_pools
 from provision.state import State
 
 Action = Literal["status", "on", "off", "cycle", "pxe"]
 ACTIONS: tuple[Action, ...] = ("status", "on", "off", "cycle", "pxe")
-CREDENTIALS = "bmc.json"
 TIMEOUT_S = 20.0  # one socket operation
 DEADLINE_S = 60.0  # the whole command, every BMC together (--timeout)
 MAX_ANSWER = 1024 * 1024  # a Redfish answer larger than this is not one power control reads
@@ -53,15 +56,6 @@ class BmcError(Exception):
 
 
 @dataclass(frozen=True)
-class Credentials:
-    user: str
-    password: str
-
-    def __repr__(self) -> str:  # never print the password, even by accident
-        return f"Credentials(user={self.user!r}, password=<hidden>)"
-
-
-@dataclass(frozen=True)
 class PowerResult:
     node: str
     bmc: str
@@ -69,30 +63,21 @@ class PowerResult:
     state: str  # "on", "off", or what went wrong
 
 
-# --- credentials -------------------------------------------------------------------------
+def bmc_settings(spec: Spec, state: State) -> BmcNetwork | None:
+    """The spec's BMC network; the metal lab's BMCs (emulators apply starts) answer with a
+    certificate the lab made, which is trusted for them alone (the spec's checks: a metal lab
+    has no other BMCs and no ca_file)."""
+    settings = spec.network.bmc
+    if settings is None or not metal_lab_pools(spec):
+        return settings
+    from provision.providers.lab.metal import ca_file
 
-
-def save_credentials(state: State, creds: Credentials) -> Path:
-    state.ensure()
-    data = json.dumps({"user": creds.user, "password": creds.password}).encode()
-    return write_private(state.secrets / CREDENTIALS, data)
-
-
-def load_credentials(state: State) -> Credentials:
-    path = state.secrets / CREDENTIALS
+    path = ca_file(state.dir)
     if not path.exists():
         raise UsageError(
-            f"no BMC credentials for cluster '{state.cluster}': "
-            "run `provision bmc-credentials SPEC --user NAME` first"
+            f"the metal lab of cluster '{spec.name}' has no BMCs yet: `provision apply` makes them"
         )
-    check_secret_file(path, (2, 64 * 1024))
-    try:
-        data = json.loads(path.read_text())
-        return Credentials(str(data["user"]), str(data["password"]))
-    except (ValueError, KeyError, TypeError):
-        raise UsageError(
-            f"{path} is damaged: run `provision bmc-credentials SPEC --user NAME` again"
-        ) from None
+    return settings.model_copy(update={"ca_file": str(path)})
 
 
 # --- which nodes ---------------------------------------------------------------------------

@@ -5,10 +5,12 @@ Ansible gets the directory's path, never a secret's value; the tasks that read t
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from provision.errors import UsageError
@@ -20,6 +22,8 @@ GRAFANA_PASSWORD = "grafana-admin.password"
 # the directory's (identity): its bind password, and the CA the nodes trust for it
 DIRECTORY_BIND_PASSWORD = "directory-bind.password"
 DIRECTORY_CA = "directory-ca.pem"
+# the BMCs' account (`provision bmc-credentials`; the metal lab makes one where it has none)
+CREDENTIALS = "bmc.json"
 
 
 def smtp_password(receiver: str) -> str:
@@ -142,3 +146,35 @@ def directory_secrets(directory: Path, password_file: str | None, ca: bytes | No
         copy_password(directory, password_file, "identity.bind_password_file", bind.name)
     if not copy.exists() or copy.read_bytes() != ca:
         write_private(copy, ca)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    user: str
+    password: str
+
+    def __repr__(self) -> str:  # never print the password, even by accident
+        return f"Credentials(user={self.user!r}, password=<hidden>)"
+
+
+def save_credentials(state: State, creds: Credentials) -> Path:
+    state.ensure()
+    data = json.dumps({"user": creds.user, "password": creds.password}).encode()
+    return write_private(state.secrets / CREDENTIALS, data)
+
+
+def load_credentials(state: State) -> Credentials:
+    path = state.secrets / CREDENTIALS
+    if not path.exists():
+        raise UsageError(
+            f"no BMC credentials for cluster '{state.cluster}': "
+            "run `provision bmc-credentials SPEC --user NAME` first"
+        )
+    check_secret_file(path, (2, 64 * 1024))
+    try:
+        data = json.loads(path.read_text())
+        return Credentials(str(data["user"]), str(data["password"]))
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(
+            f"{path} is damaged: run `provision bmc-credentials SPEC --user NAME` again"
+        ) from None
