@@ -474,7 +474,10 @@ def _converge_vars(
     extra_vars["provision_drained"] = new_nodes
     # and their first converge: the later roles' packages in one transaction (site.yml)
     extra_vars["provision_new_nodes"] = new_nodes
-    images = boot.images(cluster, run.state, say)  # the boot server's, every converge
+    images: dict[str, str] = {}
+    if boot_server(cluster) is not None:
+        with _Phase(run.report, "images"):  # the boot server's, every converge
+            images = boot.images(cluster, run.state, say)
     if images:
         extra_vars["netboot_images"] = images
     wanted = (cluster.spec.health, cluster.spec.monitoring)  # the nodes' programs run from it
