@@ -23,7 +23,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from provision.cluster import Cluster, compress
 from provision.errors import OperationError
-from provision.power import Action, Credentials, PowerResult, load_credentials, power
+from provision.power import (
+    Action,
+    Credentials,
+    PowerResult,
+    bmc_settings,
+    load_credentials,
+    power,
+)
 from provision.render.netboot import booted_nodes
 from provision.spec.nodes import Node
 from provision.sshkeys import forget_host_key, public_key
@@ -70,7 +77,7 @@ def power_on(
 ) -> list[PowerResult]:
     """Each node's next boot from the network, then its power on (a cycle where it is on); the
     results of the nodes whose BMC refused or did not answer."""
-    settings = cluster.spec.network.bmc
+    settings = bmc_settings(cluster.spec, state)
     assert settings is not None  # the spec's checks: a pool that boots so has BMCs
     for node in nodes:  # a new machine at that address: new host keys
         forget_host_key(state, str(node.login_address))

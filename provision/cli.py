@@ -488,11 +488,13 @@ def power(
     if action not in pw.ACTIONS:
         raise UsageError(f"'{action}' is not a power action: use one of {', '.join(pw.ACTIONS)}")
     cluster = load_spec(spec)
-    settings = cluster.network.bmc
-    if settings is None:
+    if cluster.network.bmc is None:
         raise UsageError(f"{spec}: network.bmc is not set: the spec names no BMC network")
     chosen = pw.select_nodes(expand_nodes(cluster), nodes)
-    creds = pw.load_credentials(State(_state_root(state_dir, spec), cluster.name))
+    state = State(_state_root(state_dir, spec), cluster.name)
+    settings = pw.bmc_settings(cluster, state)
+    assert settings is not None
+    creds = pw.load_credentials(state)
     pw.check_settings(settings)
     names = compress([n.name for n in chosen])
     if action in ("off", "cycle") and not yes:

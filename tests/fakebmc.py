@@ -88,11 +88,7 @@ class Emulator:
         password: str,
         workdir: Path,
         power: str = "Off",
-        notify: str | None = None,
-        name: str | None = None,
     ) -> None:
-        """notify: a URL the emulator PUTs its system to (JSON) at each change of its power or
-        boot device, as its external notifier does; name: the system's (a machine's) name."""
         import bcrypt
 
         self.address, self.port, self.user, self.password = address, port, user, password
@@ -105,9 +101,8 @@ class Emulator:
         self.mac = f"52:54:00:00:00:{int(address.rsplit('.', 1)[1]):02x}"
         system = {
             "uuid": str(uuid.uuid4()),
-            "name": name or f"node-{address}",
+            "name": f"node-{address}",
             "power_state": power,
-            "external_notifier": notify is not None,
             "nics": [{"mac": self.mac, "ip": "10.1.0.2"}],
         }
         config = self.workdir / "emulator.conf"
@@ -120,7 +115,6 @@ class Emulator:
             f"SUSHY_EMULATOR_STATE_DIR = {str(self.workdir / 'state')!r}\n"
             "SUSHY_EMULATOR_FAKE_DRIVER = True\n"
             f"SUSHY_EMULATOR_FAKE_SYSTEMS = [{system!r}]\n"
-            f"EXTERNAL_NOTIFICATION_URL = {notify!r}\n"
         )
         self.system = f"/redfish/v1/Systems/{system['uuid']}"
         self.log = self.workdir / "emulator.log"

@@ -20,11 +20,21 @@ def get_provider(kind: str, spec: Spec, log: Callable[[str], None] | None = None
     if kind == "lab":
         from provision.cluster import Cluster
         from provision.providers.lab import LabProvider
+        from provision.providers.lab.metal import machines
         from provision.providers.lab.storage import lab_volumes
 
         elastic = [p.name for p in spec.pools if p.elastic and p.provider == "lab"]
         volumes = lab_volumes(Cluster(spec)) if spec.storage.exports or spec.storage.mounts else {}
-        return LabProvider(spec.name, spec.network.management.cidr, log, elastic, volumes)
+        bmc_port = (spec.network.bmc.port or 443) if spec.network.bmc else 443
+        return LabProvider(
+            spec.name,
+            spec.network.management.cidr,
+            log,
+            elastic,
+            volumes,
+            machines(spec),
+            bmc_port,
+        )
     if kind in CLOUD_PROVIDERS:
         from provision.providers.cloud import CloudProvider
 

@@ -10,7 +10,7 @@ network gets nothing.
 from __future__ import annotations
 
 from provision.cluster import Cluster
-from provision.spec.nodes import Node
+from provision.spec.nodes import Node, lab_mac
 
 HTTP_PORT = 8069  # the netboot role's netboot_http_port: the images and iPXE scripts
 
@@ -40,6 +40,9 @@ def netboot_host_vars(cluster: Cluster) -> dict[str, dict[str, object]]:
         if pool.boot == "network"
         for host in pool.hosts or []
     }
+    for node in booted_nodes(cluster):  # the metal lab's machines: theirs from their address
+        if node.provider == "lab" and node.address is not None:
+            macs[node.name] = lab_mac(node.address)
     values: dict[str, object] = {
         "netboot_address": str(server.address),
         "netboot_network": str(management.cidr),

@@ -72,6 +72,21 @@ class Node:
         return str(self.address) if self.address is not None else self.name
 
 
+# the metal lab's BMCs (emulators) listen on this machine's loopback
+LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
+
+
+def metal_lab_pools(spec: Spec) -> list[str]:
+    """The pools of the metal lab: lab pools that boot from the network, whose nodes are QEMU
+    machines without a disk, each with a Redfish BMC (providers/lab/metal.py)."""
+    return [p.name for p in spec.pools if p.provider == "lab" and p.boot == "network"]
+
+
+def lab_mac(address: ipaddress.IPv4Address) -> str:
+    """A metal lab machine's MAC address: QEMU's prefix and its address's last three bytes."""
+    return "52:54:00:" + ":".join(f"{b:02x}" for b in address.packed[1:])
+
+
 def expand_nodes(spec: Spec) -> list[Node]:
     nodes, _ = expand_nodes_checked(spec)
     return nodes

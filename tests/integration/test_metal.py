@@ -1,12 +1,14 @@
-"""From power-off to a verified Slurm cluster, for real: a lab head (a container) and a machine
-with no disk and a Redfish BMC (the metal lab: tests/integration/metal.py), one spec, one
-`provision apply`. apply builds the node image, converges the head (its boot server: dnsmasq,
-iPXE, nginx, and the firewall openings for them), tells the BMC to boot the machine from the
-network and powers it on, waits for SSH, converges both and verifies the cluster; a user's job
-then runs on the machine's own kernel, from memory.
+"""From power-off to a verified Slurm cluster, for real, the way a user runs the metal lab
+(examples/metal-lab.yaml): a lab head (a container) and a lab pool that boots from the network,
+whose machine apply makes as a QEMU machine without a disk and a Redfish BMC (sushy-tools'
+emulator, providers/lab/metal.py). One `provision apply` makes the BMC, builds the node image,
+converges the head (its boot server: dnsmasq, iPXE, nginx, and the firewall openings for them),
+tells the BMC to boot the machine from the network and powers it on, waits for SSH, converges
+both and verifies the cluster; a user's job then runs on the machine's own kernel, from memory.
 
-Then the machine is powered off behind apply's back: the next apply finds it silent, boots it
-again (a new machine: its host key learned anew) and converges it from its image.
+Then the machine is powered off through its BMC (`provision power off`): the next apply finds
+it silent, boots it again (a new machine: its host key learned anew) and converges it from its
+image. destroy leaves nothing of the lab: no daemon, no routing rule, no tap.
 """
 
 from __future__ import annotations
@@ -20,18 +22,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
-from provision.providers.lab import podman
+from provision.power import load_credentials
+from provision.providers.lab import metal, podman
+from provision.state import State
 
 from ..conftest import run_provision as provision
-from ..fakebmc import Emulator
-from ..test_power import PASSWORD, USER, _free_port
-from .metal import PowerService
+from ..test_power import _free_port
 from .vms import VM
 
 NAME = "metaltest"
 PREFIX = "10.95.0"
-NODE, ADDRESS, MAC, BMC = "cpu001", f"{PREFIX}.21", "52:54:00:95:00:21", "127.0.0.95"
+NODE, ADDRESS, BMC = "cpu001", f"{PREFIX}.21", "127.0.95.21"
 
 SPEC = """\
 name: {name}
@@ -43,55 +46,62 @@ slurm:
     JobAcctGatherType: jobacct_gather/linux
 network:
   management: {{cidr: {prefix}.0/24, gateway: {prefix}.1}}
-  bmc: {{cidr: 127.0.0.0/24, protocol: redfish, port: {port}, ca_file: {bundle}}}
+  bmc: {{cidr: 127.0.95.0/24, port: {port}}}
 pools:
   - {{name: head, role: head, profile: lab-container, provider: lab, count: 1}}
   - name: cpu
     role: compute
-    profile: vm
+    profile: lab-vm
+    provider: lab
     boot: network
-    hosts: [{{name: {node}, address: {address}, mac: "{mac}", bmc_address: {bmc}}}]
-profiles:
-  vm:
-    description: a QEMU machine of the metal lab, booted from the network
-    providers: [static]
-    cpu: {{model: any, sockets: 1, cores_per_socket: 1, threads_per_core: 1}}
-    memory_gib: 1
-    max_power_w: 50
+    count: 1
+    first_address: {address}
+    first_bmc_address: {bmc}
 security:
   admin_cidrs: [{prefix}.1/32]
 """
 
 
 @pytest.fixture(scope="module")
-def metal(
+def metal_lab(
     lab_image: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Path, Path, PowerService, Emulator]]:
+) -> Iterator[tuple[Path, Path, State]]:
     work = tmp_path_factory.mktemp("metal")
     spec = work / "metal.yaml"
     port = _free_port()
-    consoles = work / ".provision" / NAME / "consoles"
-    power = PowerService({NODE: (ADDRESS, MAC)}, f"provision-{NAME}", consoles, work)
-    bmc = Emulator(BMC, port, USER, PASSWORD, work, notify=power.url, name=NODE)
-    spec.write_text(
-        SPEC.format(
-            name=NAME, prefix=PREFIX, port=port, bundle=bmc.cert, node=NODE, address=ADDRESS,
-            mac=MAC, bmc=BMC,
-        )
-    )  # fmt: skip
+    spec.write_text(SPEC.format(name=NAME, prefix=PREFIX, port=port, address=ADDRESS, bmc=BMC))
+    state = State(work / ".provision", NAME)
     provision("destroy", str(spec), "--yes", cwd=work)  # a crashed earlier run's leftovers
     try:
-        with bmc:
-            saved = provision(
-                "bmc-credentials", str(spec), "--user", USER, "--password-stdin", cwd=work,
-                stdin=PASSWORD + "\n",
-            )  # fmt: skip
-            assert saved.returncode == 0, saved.stderr
-            yield spec, work, power, bmc
+        yield spec, work, state
     finally:
-        power.close()
-        provision("destroy", str(spec), "--yes", cwd=work)
+        gone = provision("destroy", str(spec), "--yes", cwd=work)
         podman.podman("network", "rm", "-f", f"provision-{NAME}", check=False)
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    # nothing of the lab is left on this machine: no daemon, no machine's rule or tap
+    assert metal.MetalLab(state, "", port, print).pid() is None
+    rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+    assert f"{metal.RULE_MARK} provision-{NAME} {ADDRESS}" not in rules
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert "t21:" not in links, links
+
+
+def _daemon_log(state: State) -> list[str]:
+    return (metal.directory(state.dir) / metal.LOG).read_text().splitlines()
+
+
+def _system(spec: Path, state: State) -> dict[str, object]:
+    """The machine's system as its BMC answers an administrator (the lab's certificate)."""
+    creds = load_credentials(state)
+    port = int(re.search(r"port: (\d+)", spec.read_text())[1])  # type: ignore[index]
+    base = f"https://{BMC}:{port}"
+    auth, ca = (creds.user, creds.password), str(metal.ca_file(state.dir))
+    systems = requests.get(f"{base}/redfish/v1/Systems", auth=auth, verify=ca, timeout=10)
+    member = systems.json()["Members"][0]["@odata.id"]
+    answer = requests.get(base + member, auth=auth, verify=ca, timeout=10)
+    answer.raise_for_status()
+    result: dict[str, object] = answer.json()
+    return result
 
 
 def _apply(spec: Path, work: Path) -> subprocess.CompletedProcess[str]:
@@ -102,19 +112,26 @@ def _apply(spec: Path, work: Path) -> subprocess.CompletedProcess[str]:
     return r
 
 
-def test_power_off_to_a_verified_cluster(
-    metal: tuple[Path, Path, PowerService, Emulator],
-) -> None:
-    spec, work, power, bmc = metal
+def test_power_off_to_a_verified_cluster(metal_lab: tuple[Path, Path, State]) -> None:
+    spec, work, state = metal_lab
     r = _apply(spec, work)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr
     out = r.stdout
-    # the head served before the machine was powered; it was told to boot from the network
+    # the BMC made first, the head served before the machine was powered, which was told to
+    # boot from the network
+    assert out.index(f"the metal lab's BMCs answer ({NODE} at {BMC}") < out.index(
+        "boot: cpu001 silent: the boot server first"
+    )
     assert out.index("boot: cpu001 silent: the boot server first") < out.index(
         "boot: cpu001: powered on (next boot from the network)"
     )
-    assert bmc.get()["Boot"]["BootSourceOverrideTarget"] == "Pxe"
-    assert power.events == [(NODE, "started")]
+    system = _system(spec, state)
+    assert system["Boot"]["BootSourceOverrideTarget"] == "Pxe"  # type: ignore[index]
+    assert system["PowerState"] == "On"
+    # the machine started once, by its BMC's notification, and runs
+    assert [line.split(" (")[0] for line in _daemon_log(state) if line.startswith(NODE)] == [
+        f"{NODE}: started"
+    ]
     booted = re.search(r"boot: cpu001 answers SSH, (\d+) s after its power-on", out)
     assert booted is not None, out
     print(f"power-on to SSH: {booted[1]} s")
@@ -150,17 +167,22 @@ def test_power_off_to_a_verified_cluster(
         stranger.stop()
 
 
-def test_a_node_powered_off_behind_applys_back_is_booted_again(
-    metal: tuple[Path, Path, PowerService, Emulator],
+def test_a_node_powered_off_through_its_bmc_is_booted_again(
+    metal_lab: tuple[Path, Path, State],
 ) -> None:
-    spec, work, power, _bmc = metal
-    power.notified({"name": NODE, "power_state": "Off"})  # pulled from its socket
-    assert power.events[-1] == (NODE, "stopped")
+    spec, work, state = metal_lab
+    off = provision("power", "off", NODE, "-f", str(spec), "--yes", cwd=work)
+    assert off.returncode == 0, off.stdout + off.stderr
+    deadline = time.monotonic() + 60  # the emulator applies a power change 1-11 s late
+    while _daemon_log(state)[-1] != f"{NODE}: stopped":
+        assert time.monotonic() < deadline, _daemon_log(state)[-5:]
+        time.sleep(1)
     r = _apply(spec, work)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr
     assert "boot: cpu001 silent" in r.stdout
-    assert power.events[-1] == (NODE, "started")
+    assert "the metal lab's BMCs answer" not in r.stdout  # the same daemon: nothing made again
+    assert _daemon_log(state)[-1].startswith(f"{NODE}: started")
     # the head, its boot server among its roles, as the first apply left it: nothing changed
-    report = json.loads((work / ".provision" / NAME / "last-apply.json").read_text())
+    report = json.loads((state.dir / "last-apply.json").read_text())
     assert report["hosts"]["head001"]["changed"] == 0, report["hosts"]
     assert report["hosts"][NODE]["changed"] > 0  # a new machine, converged from its image

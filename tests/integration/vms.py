@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from provision.providers.lab import podman
+from provision.providers.lab.metal import qemu_command, tap_name
 
 # libnss-myhostname: a VM's name resolves before the cluster's /etc/hosts is written (sudo
 # looks it up); there is no DNS on the VMs' bridge
@@ -150,7 +151,7 @@ class VM:
         self.memory_mib = memory_mib
         last = int(address.rsplit(".", 1)[1])
         self.mac = mac or f"52:54:00:00:{last // 256:02x}:{last % 256:02x}"
-        self.tap = f"{bridge[:10]}t{last}"
+        self.tap = tap_name(bridge, address)
         self.overlay = workdir / f"{name}.qcow2"
         self.console = workdir / f"{name}.console"
         self._process: subprocess.Popen[bytes] | None = None
@@ -178,17 +179,11 @@ class VM:
             ]  # fmt: skip
         self._log = self.console.open("wb")
         self._process = subprocess.Popen(
-            [
-                "qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m", str(self.memory_mib),
-                "-smp", "1", "-nographic", "-no-reboot", "-serial", "stdio", "-monitor", "none",
-                *boot,
-                "-netdev", f"tap,id=n0,ifname={self.tap},script=no,downscript=no",
-                "-device", f"virtio-net-pci,netdev=n0,mac={self.mac}",
-            ],
+            qemu_command(self.name, self.mac, self.tap, self.memory_mib, boot, reboot=False),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
 
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None

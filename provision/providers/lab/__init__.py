@@ -22,6 +22,7 @@ from provision.errors import OperationError, UsageError
 from provision.providers.base import Defaults, ProviderPlan
 from provision.providers.lab import burst, podman
 from provision.providers.lab.image import debian_mirror, ensure_image
+from provision.providers.lab.metal import Machine, MetalLab
 from provision.providers.lab.storage import Volume
 from provision.render.burst import burst_config
 from provision.spec.nodes import Node
@@ -77,6 +78,8 @@ class LabProvider(Defaults):
         log: Callable[[str], None] | None = None,
         burst_pools: list[str] | None = None,
         volumes: dict[str, list[Volume]] | None = None,
+        machines: list[Machine] | None = None,
+        bmc_port: int = 443,
     ) -> None:
         self.cluster = cluster
         self.cidr = cidr
@@ -85,6 +88,10 @@ class LabProvider(Defaults):
         self.burst_pools = burst_pools or []
         # the spec's storage: node -> the shared volumes standing in for NFS (storage.py)
         self.volumes = volumes or {}
+        # the metal lab's machines (lab pools that boot from the network): QEMU, each with
+        # its BMC, made powered off; apply's boot phase powers them on (metal.py)
+        self.machines = machines or []
+        self.bmc_port = bmc_port
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -111,7 +118,8 @@ class LabProvider(Defaults):
             existing: dict[str, str] = {}
         else:
             existing = self.containers()
-        lasting = [n for n in nodes if not n.elastic]
+        machines = {m.name for m in self.machines}
+        lasting = [n for n in nodes if not n.elastic and n.name not in machines]
         return ProviderPlan(
             provider="lab",
             create=[
@@ -120,9 +128,20 @@ class LabProvider(Defaults):
             existing=[n.name for n in lasting if container_name(self.cluster, n.name) in existing],
             on_demand=[n.name for n in nodes if n.elastic],
             what="container",
-            resources=self._volume_lines(),
+            resources=self._volume_lines() + self._machine_lines(state),
             resources_label="lab",
         )
+
+    def _machine_lines(self, state: State) -> list[str]:
+        if not self.machines:
+            return []
+        running = MetalLab(state, network_name(self.cluster), self.bmc_port, self.log).pid()
+        names = compress([m.name for m in self.machines])
+        return [
+            f"{names}: QEMU machines without a disk (the metal lab), each with a Redfish BMC "
+            f"emulator on {self.machines[0].bmc} and after (port {self.bmc_port}): "
+            + ("running" if running else "made powered off; apply's boot phase powers them on")
+        ]
 
     def _volume_lines(self) -> list[str]:
         where: dict[Volume, list[str]] = {}
@@ -148,6 +167,9 @@ class LabProvider(Defaults):
                 f"state (keys, secrets) is not in {state.dir}: pass the state it was made with "
                 f"(--state-dir), or `provision destroy` it first"
             )
+        machines = {m.name for m in self.machines}
+        booted = [n for n in nodes if n.name in machines]  # powered on by apply's boot phase
+        nodes = [n for n in nodes if n.name not in machines]
         key = ensure_ssh_key(state)
         image, seconds = ensure_image(debian_mirror(), log=self.log)
         if seconds:
@@ -180,10 +202,14 @@ class LabProvider(Defaults):
                     podman.podman("start", name)
         for node in created:
             forget_host_key(state, str(node.address))  # a new container has new host keys
+        if self.machines:
+            MetalLab(state, network_name(self.cluster), self.bmc_port, self.log).ensure(
+                self.machines
+            )
         _wait_for_ssh(
             [str(n.address) for n in nodes], SSH_WAIT_S + SSH_WAIT_PER_NODE_S * len(nodes)
         )
-        return {n.name: n.address for n in nodes if n.address is not None}
+        return {n.name: n.address for n in nodes + booted if n.address is not None}
 
     def _ensure_inotify(self, new: int, limit: Path = INOTIFY_LIMIT) -> None:
         """Enough inotify instances for every running container's systemd and the new ones':
@@ -339,9 +365,10 @@ class LabProvider(Defaults):
         return f"lab: removed {compress(removed) or 'no container'} (left the spec)"
 
     def destroy(self, nodes: list[Node], state: State) -> list[str]:
+        # the metal lab's machines and their BMCs, before the network they are on
+        removed = MetalLab(state, network_name(self.cluster), self.bmc_port, self.log).stop()
         if _podman_missing():
-            return []
-        removed = []
+            return removed
         for name in sorted(self.containers()):
             podman.podman("rm", "-f", "-t", "0", name)
             removed.append(name)

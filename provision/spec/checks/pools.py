@@ -10,7 +10,7 @@ import re
 from provision.spec.checks.base import Problem, first_per_loc, is_address
 from provision.spec.fabric import efa_count
 from provision.spec.models import BURST_PROVIDERS, CLOUD_PROVIDERS, Spec
-from provision.spec.nodes import Loc, Node, node_network
+from provision.spec.nodes import LOOPBACK, Loc, Node, metal_lab_pools, node_network
 from provision.spec.profiles import load_profiles
 from provision.spec.storage import (
     split_source,
@@ -395,12 +395,13 @@ def check_network_boot(spec: Spec) -> list[Problem]:
                         "boot: disk for the head pool",
                     )
                 )
-            elif pool.provider != "static" or pool.elastic or pool.network is not None:
+            elif pool.provider not in ("static", "lab") or pool.elastic or pool.network:
                 problems.append(
                     (
                         (*at, "boot"),
-                        "a pool that boots from the network is of static hosts on the management "
-                        "network (the head's DHCP answers there), not elastic",
+                        "a pool that boots from the network is of static hosts (or the metal "
+                        "lab's machines: provider lab) on the management network (the head's "
+                        "DHCP answers there), not elastic",
                     )
                 )
             elif spec.os not in NETWORK_BOOT_OS:
@@ -411,7 +412,7 @@ def check_network_boot(spec: Spec) -> list[Problem]:
                         f"{', '.join(NETWORK_BOOT_OS)}",
                     )
                 )
-            elif pool.hosts is None:
+            elif pool.provider == "static" and pool.hosts is None:
                 problems.append(
                     (
                         (*at, "boot"),
@@ -425,6 +426,14 @@ def check_network_boot(spec: Spec) -> list[Problem]:
                         (*at, "boot"),
                         "apply powers the nodes that boot from the network through their BMCs: "
                         "set network.bmc (its protocol and network) and each host's bmc_address",
+                    )
+                )
+            elif pool.provider == "lab" and pool.first_bmc_address is None:
+                problems.append(
+                    (
+                        (*at, "boot"),
+                        "each machine of the metal lab gets a Redfish BMC on this machine's "
+                        "loopback: give the pool's first_bmc_address (inside network.bmc.cidr)",
                     )
                 )
         for h, host in enumerate(pool.hosts or []):
@@ -443,7 +452,11 @@ def check_network_boot(spec: Spec) -> list[Problem]:
                 )
             if host.mac is None:
                 continue
-            if not network:
+            if pool.provider == "lab":
+                problems.append(
+                    ((*where, "mac"), "the metal lab gives its machines their MAC addresses")
+                )
+            elif not network:
                 problems.append(
                     (
                         (*where, "mac"),
@@ -460,6 +473,7 @@ def check_network_boot(spec: Spec) -> list[Problem]:
                     )
                 )
             macs.setdefault(host.mac, (*where, "mac"))
+    problems += _check_metal_lab(spec)
     management = spec.network.management
     if management.gateway is not None:
         where = ("network", "management", "gateway")
@@ -475,4 +489,58 @@ def check_network_boot(spec: Spec) -> list[Problem]:
                     "pool boots so (the others keep the route their OS has): remove it",
                 )
             )
+    return problems
+
+
+def _check_metal_lab(spec: Spec) -> list[Problem]:
+    """The metal lab (lab pools that boot from the network) makes its machines' BMCs: Redfish
+    emulators on this machine's loopback, behind a certificate of its own, and routes the
+    machines through this machine (the lab network's first address)."""
+    if not metal_lab_pools(spec):
+        return []
+    problems: list[Problem] = []
+    bmc = spec.network.bmc
+    if bmc is not None:
+        if bmc.protocol != "redfish":
+            problems.append(
+                (("network", "bmc", "protocol"), "the metal lab's BMCs speak Redfish: redfish")
+            )
+        if not bmc.cidr.subnet_of(LOOPBACK):
+            problems.append(
+                (
+                    ("network", "bmc", "cidr"),
+                    "the metal lab's BMCs listen on this machine's loopback: a network inside "
+                    f"{LOOPBACK}",
+                )
+            )
+        if bmc.ca_file is not None:
+            problems.append(
+                (
+                    ("network", "bmc", "ca_file"),
+                    "the metal lab signs its BMCs' certificate itself (kept in the cluster's "
+                    "state): remove ca_file",
+                )
+            )
+    for i, pool in enumerate(spec.pools):
+        if pool.provider != "lab" and (pool.first_bmc_address or any(
+            h.bmc_address for h in pool.hosts or []
+        )):  # fmt: skip
+            problems.append(
+                (
+                    ("pools", i),
+                    "the BMC network is the metal lab's (emulators on this machine): real "
+                    "machines' BMCs belong to a cluster of their own",
+                )
+            )
+    management = spec.network.management
+    router = management.cidr.network_address + 1
+    if management.gateway != router:
+        problems.append(
+            (
+                ("network", "management", "gateway") if management.gateway else
+                ("network", "management"),
+                f"the metal lab's machines route through this machine, {router} on the lab's "
+                f"network: gateway: {router}",
+            )
+        )  # fmt: skip
     return problems
