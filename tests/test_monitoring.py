@@ -536,3 +536,42 @@ def test_no_reload_right_after_a_restart_or_a_start() -> None:
         assert not _reload_runs(reload[name], started=[unit])
         other = [u for u in UNITS if u != unit]
         assert _reload_runs(reload[name], started=other)
+
+
+def test_a_restart_is_for_a_unit_the_start_task_found_running() -> None:
+    """The flags' restart handlers skip a unit the start task started from stopped (it read
+    its flags as it started: a first converge), and restart one it found running, or both
+    where the start task has not run. The expression as the roles' Ansible evaluates it, with
+    the collection's own started_now test."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+    from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
+
+    from provision.assets import collections_path
+
+    _AnsibleCollectionFinder(paths=[str(collections_path())])._install()
+    expression = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_monitoring_restartable"]
+
+    def restartable(found: dict[str, str] | None) -> list[str]:
+        variables = {}
+        if found is not None:  # unit -> ActiveState before the start task acted
+            results = [
+                {"item": u, "changed": found[u] != "active", "state": "started",
+                 "status": {"ActiveState": found[u]}}
+                for u in UNITS
+            ]  # fmt: skip
+            variables["_monitoring_run"] = {"results": results}
+        templar = Templar(loader=DataLoader(), variables=variables)
+        return list(templar.template(trust_as_template(expression)))
+
+    assert restartable({"prometheus": "inactive", "prometheus-alertmanager": "active"}) == [
+        "prometheus-alertmanager"
+    ]
+    assert restartable({"prometheus": "active", "prometheus-alertmanager": "failed"}) == [
+        "prometheus"
+    ]
+    assert restartable({u: "inactive" for u in UNITS}) == []
+    assert restartable(None) == UNITS
+    handlers = {h["name"]: h for h in yaml.safe_load((ROLE / "handlers" / "main.yml").read_text())}
+    for name, unit in (("Restart Prometheus", UNITS[0]), ("Restart Alertmanager", UNITS[1])):
+        assert handlers[name]["when"] == f"'{unit}' in _monitoring_restartable"
