@@ -538,18 +538,30 @@ def test_no_reload_right_after_a_restart_or_a_start() -> None:
         assert _reload_runs(reload[name], started=other)
 
 
+# the expression as a play's Ansible evaluates it, with the collection's own tests (a process of
+# its own: the collection loader is installed once a process)
+_EVALUATE = """
+import json, sys
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
+path, expression, variables = json.loads(sys.stdin.read())
+_AnsibleCollectionFinder(paths=[path])._install()
+templar = Templar(loader=DataLoader(), variables=variables)
+print(json.dumps(list(templar.template(trust_as_template(expression)))))
+"""
+
+
 def test_a_restart_is_for_a_unit_the_start_task_found_running() -> None:
     """The flags' restart handlers skip a unit the start task started from stopped (it read
     its flags as it started: a first converge), and restart one it found running, or both
-    where the start task has not run. The expression as the roles' Ansible evaluates it, with
-    the collection's own started_now test."""
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar, trust_as_template
-    from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
+    where the start task has not run."""
+    import json
+    import subprocess
+    import sys
 
     from provision.assets import collections_path
 
-    _AnsibleCollectionFinder(paths=[str(collections_path())])._install()
     expression = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["_monitoring_restartable"]
 
     def restartable(found: dict[str, str] | None) -> list[str]:
@@ -561,8 +573,14 @@ def test_a_restart_is_for_a_unit_the_start_task_found_running() -> None:
                 for u in UNITS
             ]  # fmt: skip
             variables["_monitoring_run"] = {"results": results}
-        templar = Templar(loader=DataLoader(), variables=variables)
-        return list(templar.template(trust_as_template(expression)))
+        done = subprocess.run(
+            [sys.executable, "-c", _EVALUATE],
+            input=json.dumps([str(collections_path()), expression, variables]),
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        answer: list[str] = json.loads(done.stdout)
+        return answer
 
     assert restartable({"prometheus": "inactive", "prometheus-alertmanager": "active"}) == [
         "prometheus-alertmanager"
