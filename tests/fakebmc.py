@@ -12,8 +12,6 @@ RMCP+ endpoint built on pyghmi's BMC class, the way virtual BMCs are; ipmitool t
 from __future__ import annotations
 
 import base64
-import datetime
-import ipaddress
 import json
 import socket
 import ssl
@@ -25,6 +23,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from provision.providers.lab import metal
 
 SESSIONS = "/redfish/v1/SessionService/Sessions"
 ROOT = {
@@ -38,39 +38,11 @@ RESET = SYSTEM + "/Actions/ComputerSystem.Reset"
 
 
 def self_signed(directory: Path, address: str) -> tuple[Path, Path]:
-    """A certificate for `address` and its key, as PEM files."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"bmc {address}")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
+    """A certificate for `address` (its own CA) and its key, as PEM files."""
+    cert, key = metal.self_signed([address], days=1)
     cert_path, key_path = directory / f"{address}.crt", directory / f"{address}.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    cert_path.write_bytes(cert)
+    key_path.write_bytes(key)
     return cert_path, key_path
 
 

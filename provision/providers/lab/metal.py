@@ -193,7 +193,7 @@ class MetalLab:
         cert = self.dir / CERT
         if cert.exists() and _names(cert) == sorted(addresses):
             return
-        pem_cert, pem_key = _self_signed(addresses)
+        pem_cert, pem_key = self_signed(addresses)
         write_private(self.dir / KEY, pem_key)
         cert.write_bytes(pem_cert)
 
@@ -279,14 +279,15 @@ def _names(cert: Path) -> list[str]:
     return sorted(str(a) for a in san.get_values_for_type(x509.IPAddress))
 
 
-def _self_signed(addresses: list[str]) -> tuple[bytes, bytes]:
+def self_signed(addresses: list[str], days: int = 825) -> tuple[bytes, bytes]:
+    """A certificate for `addresses` that is its own CA, and its key (PEM, unencrypted)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "provision metal lab BMCs")])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"bmc {addresses[0]}")])
     now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
@@ -295,7 +296,7 @@ def _self_signed(addresses: list[str]) -> tuple[bytes, bytes]:
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=825))
+        .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(
             x509.SubjectAlternativeName(
                 [x509.IPAddress(ipaddress.ip_address(a)) for a in sorted(addresses)]
