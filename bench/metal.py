@@ -12,6 +12,7 @@ Run as root with podman and QEMU (make bench). It makes and destroys its own clu
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from apply import ROOT
+from apply import ROOT, provision
 
 NAME = "benchmetal"
 
@@ -59,6 +60,7 @@ def main() -> int:
     keep = "--keep" in sys.argv
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        env = dict(os.environ)
         spec = work / "metal-lab.yaml"
         text = (ROOT / "examples" / "metal-lab.yaml").read_text()
         spec.write_text(
@@ -67,15 +69,6 @@ def main() -> int:
             .replace("127.0.78.", "127.0.72.")
         )
 
-        def provision(*args: str) -> None:
-            done = subprocess.run(
-                [sys.executable, "-m", "provision", *args, *(["--yes"] if args[0] in
-                 ("destroy", "power") else [])],
-                cwd=work, capture_output=True, text=True, check=False,
-            )  # fmt: skip
-            if done.returncode != 0:
-                raise SystemExit(f"provision {args[0]} failed: {done.stdout}{done.stderr}")
-
         try:
             wall, phases, ssh = timed_apply(spec, work)
             print(f"apply from power-off, 1 head and 2 machines: {wall:.0f} s")
@@ -83,7 +76,7 @@ def main() -> int:
             print(f"  power-on to SSH: {', '.join(f'{n} {s:.0f} s' for n, s in ssh.items())}")
             print(f"  power-on to verified: {phases['power-on to verified']:.0f} s")
             print("  phases: " + ", ".join(f"{k} {v:.0f} s" for k, v in phases.items()))
-            provision("power", "off", "cpu001", "-f", str(spec))
+            provision(["power", "off", "cpu001", "-f", str(spec), "--yes"], work, env)
             time.sleep(15)  # the emulator applies a change 1-11 s late
             wall, phases, ssh = timed_apply(spec, work)
             print(f"cpu001 powered off through its BMC, the next apply: {wall:.0f} s")
@@ -91,7 +84,7 @@ def main() -> int:
             print(f"  power-on to verified: {phases['power-on to verified']:.0f} s")
         finally:
             if not keep:
-                provision("destroy", str(spec))
+                provision(["destroy", str(spec), "--yes"], work, env)
     return 0
 
 

@@ -132,10 +132,13 @@ class LabProvider(Defaults):
             resources_label="lab",
         )
 
+    def _metal(self, state: State) -> MetalLab:
+        return MetalLab(state, network_name(self.cluster), self.bmc_port, self.log)
+
     def _machine_lines(self, state: State) -> list[str]:
         if not self.machines:
             return []
-        running = MetalLab(state, network_name(self.cluster), self.bmc_port, self.log).pid()
+        running = self._metal(state).pid()
         names = compress([m.name for m in self.machines])
         return [
             f"{names}: QEMU machines without a disk (the metal lab), each with a Redfish BMC "
@@ -203,9 +206,7 @@ class LabProvider(Defaults):
         for node in created:
             forget_host_key(state, str(node.address))  # a new container has new host keys
         if self.machines:
-            MetalLab(state, network_name(self.cluster), self.bmc_port, self.log).ensure(
-                self.machines
-            )
+            self._metal(state).ensure(self.machines)
         _wait_for_ssh(
             [str(n.address) for n in nodes], SSH_WAIT_S + SSH_WAIT_PER_NODE_S * len(nodes)
         )
@@ -366,7 +367,7 @@ class LabProvider(Defaults):
 
     def destroy(self, nodes: list[Node], state: State) -> list[str]:
         # the metal lab's machines and their BMCs, before the network they are on
-        removed = MetalLab(state, network_name(self.cluster), self.bmc_port, self.log).stop()
+        removed = self._metal(state).stop()
         if _podman_missing():
             return removed
         for name in sorted(self.containers()):
