@@ -22,6 +22,7 @@ class Rail:
     netdev: str | None  # interface name; None: RoCE adapter without netdevs in its profile
     device: str | None  # RDMA device (mlx5_0); None: not named by the profile
     rate_gbps: int
+    soft: bool = False  # software RoCE (rdma_rxe) over the netdev, made by the rdma role
 
 
 def cloud_only(profile: Profile) -> bool:
@@ -57,7 +58,7 @@ def rails(profile: Profile, kind: str) -> list[Rail]:
             n = len(out)
             netdev = hca.netdevs[i] if hca.netdevs else (f"ib{n}" if kind == "infiniband" else None)
             device = hca.devices[i] if hca.devices else None
-            out.append(Rail(n, netdev, device, hca.rate_gbps))
+            out.append(Rail(n, netdev, device, hca.rate_gbps, hca.soft))
     return out
 
 

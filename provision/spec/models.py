@@ -416,6 +416,12 @@ class HcaSpec(Model):
         description="network interfaces, one per adapter (ibp24s0, ...); unset: ib0, ib1, ... "
         "on InfiniBand; RoCE adapters need them for fabric addresses",
     )
+    soft: bool = Field(
+        default=False,
+        description="software RoCE (the kernel's rdma_rxe), no adapter: the rdma role makes "
+        "each device over its netdev, for RDMA verbs where a node has no RDMA card (the path, "
+        "not its speed); kind roce, with devices and netdevs named",
+    )
 
     @model_validator(mode="after")
     def _one_name_per_adapter(self) -> HcaSpec:
@@ -423,6 +429,11 @@ class HcaSpec(Model):
             names = getattr(self, field)
             if names and len(names) != self.count:
                 raise ValueError(f"{field} names {len(names)} adapters but count is {self.count}")
+        if self.soft and (self.kind != "roce" or not self.devices or not self.netdevs):
+            raise ValueError(
+                "soft RoCE (soft: true) is kind roce with its devices and netdevs named "
+                "(rxe0 over eth1, ...): the rdma role makes each device over its netdev"
+            )
         return self
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, replace
 
-from provision.spec.models import PoolRole, ProviderKind, Spec
+from provision.spec.models import Pool, PoolRole, ProviderKind, Spec
 
 # Lab nodes get addresses from the management network starting at this host offset; the
 # workstation owns the gateway (.1) and the low addresses stay free for it and the user.
@@ -80,6 +80,12 @@ def metal_lab_pools(spec: Spec) -> list[str]:
     """The pools of the metal lab: lab pools that boot from the network, whose nodes are QEMU
     machines without a disk, each with a Redfish BMC (providers/lab/metal.py)."""
     return [p.name for p in spec.pools if p.provider == "lab" and p.boot == "network"]
+
+
+def lab_container(pool: Pool) -> bool:
+    """A lab container shares this machine's kernel: no RDMA device or GPU of its own. A metal
+    lab machine has a kernel of its own (its soft RoCE is checked as a card is)."""
+    return pool.provider == "lab" and pool.boot != "network"
 
 
 def lab_mac(address: ipaddress.IPv4Address) -> str:

@@ -194,11 +194,31 @@ def check_fabric(spec: Spec) -> list[Problem]:
         problems.append(((*loc, "roce"), "RoCE settings need a roce fabric, not infiniband"))
     if fabric.kind == "infiniband":
         problems.extend(_check_ipoib(spec))
-    if fabric.kind == "roce" and fabric.subnet is not None:
+    if fabric.kind == "roce":
         profiles = load_profiles(spec.profiles)
         for i, pool in enumerate(spec.pools):
             profile = profiles.get(pool.profile)
             if profile is None:
+                continue
+            soft = any(h.soft for h in fabric_hcas(profile, "roce"))
+            if soft and not all(h.soft for h in fabric_hcas(profile, "roce")):
+                problems.append(
+                    (
+                        ("pools", i, "profile"),
+                        f"profile {pool.profile} mixes soft RoCE with RoCE adapters: not "
+                        "supported yet (their GID tables differ, and NCCL takes one index)",
+                    )
+                )
+            if soft and pool.provider == "lab" and pool.boot != "network":
+                problems.append(
+                    (
+                        ("pools", i, "profile"),
+                        f"profile {pool.profile} has soft RoCE, which a lab container cannot "
+                        "make (it shares this machine's kernel): give it to a metal lab pool "
+                        "(boot: network), whose machines have kernels of their own",
+                    )
+                )
+            if fabric.subnet is None:
                 continue
             if any(not h.netdevs for h in fabric_hcas(profile, "roce")):
                 problems.append(
