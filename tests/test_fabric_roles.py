@@ -113,3 +113,38 @@ def test_each_os_gets_its_own_form() -> None:
     assert "iface ibp64s0 inet static" in debian and "address 10.22.32.21/19" in debian
     assert "/doca/2.9.1/debian12/x86_64/" in debian
     assert "https://mirror.example.org/doca/2.9.1/ubuntu24.04/x86_64/" in render_case("ubuntu24.04")
+
+
+def test_soft_roce_is_made_over_its_netdev_and_its_qos_leaves_dcb_alone() -> None:
+    """A profile's soft RoCE device (rdma_rxe over a plain card) beside an adapter: the rdma
+    role's script makes that one device over its interface, and the QoS script (run here with
+    --dry-run by a real shell) sets the adapter's DCB and the traffic class of both, and no
+    DCB of the plain card, which has none."""
+    import subprocess
+
+    soft = _templar(
+        "debian12",
+        {
+            "provision_fabric": "roce",
+            "provision_fabric_netdevs": ["ens1f0np0", "eth1"],
+            "provision_fabric_devices": ["mlx5_0", "rxe0"],
+            "provision_fabric_soft_devices": ["rxe0"],
+        },
+    )
+    made = _file(soft, "rdma", "rdma-soft-roce.j2")
+    assert "rdma link add rxe0 type rxe netdev eth1" in made
+    assert "mlx5_0" not in made and "modprobe rdma_rxe" in made
+    qos = _file(soft, "rdma", "rdma-roce-qos.j2")
+    run = subprocess.run(
+        ["sh", "-s", "--", "--dry-run"], input=qos, capture_output=True, text=True, check=True
+    )
+    dry = run.stdout.splitlines()
+    assert [line.split()[:2] for line in dry if line.startswith("dcb")] == [
+        ["dcb", "app"],
+        ["dcb", "pfc"],
+    ]
+    assert all("eth1" not in line for line in dry)
+    assert "mkdir -p /sys/kernel/config/rdma_cm/rxe0" in dry
+    assert [line for line in dry if "default_roce_tos" in line and "rxe0" in line]
+    hardware = _file(_templar("debian12", {"provision_fabric": "roce"}), "rdma", "rdma-roce-qos.j2")
+    assert "soft" not in hardware

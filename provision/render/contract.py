@@ -207,6 +207,10 @@ _TABLE = (
     ),
     Variable("provision_fabric_devices", "pool", ("rdma",), "the profile's RDMA devices"),
     Variable(
+        "provision_fabric_soft_devices", "pool", ("rdma",),
+        "the profile's software RoCE devices (rdma_rxe), which the rdma role makes",
+    ),
+    Variable(
         "provision_fabric_addresses", "host", ("playbooks/site", "ipoib"),
         "the node's address on each rail",
     ),

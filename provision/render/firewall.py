@@ -151,11 +151,14 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
             port = str(spec.nvidia.dcgm_exporter_port)
             rules.append(Rule("dcgm-exporter (GPU metrics)", "tcp", port, scrapers))
         fabric = spec.network.fabric
-        if fabric.subnet is not None and rails(view.profile, fabric.kind):
+        pool_rails = rails(view.profile, fabric.kind)
+        if fabric.subnet is not None and pool_rails:
             # RDMA itself bypasses the kernel; IPoIB and RoCE interfaces carry IP like any other
             rules.append(
                 Rule("job traffic over the fabric (IP)", "tcp", "1024-65535", (str(fabric.subnet),))
             )
+            if any(r.soft for r in pool_rails):  # rdma_rxe is the kernel: its RoCE v2 is UDP
+                rules.append(Rule("soft RoCE (RoCE v2)", "udp", "4791", (str(fabric.subnet),)))
         if view.name in exporting:
             # the cluster's nodes, and the networks an export names as clients (the NFS server
             # itself admits each client to its own exports only)

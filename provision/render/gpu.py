@@ -49,9 +49,13 @@ def nccl_settings(cluster: Cluster, view: PoolView) -> list[tuple[str, str, str]
         if devices:
             # '=' : exactly these devices (no prefix match: mlx5_1 must not take mlx5_10)
             out.append(("NCCL_IB_HCA", "=" + ",".join(devices), "the compute rails only"))
-        if fabric.kind == "roce":
+        if fabric.kind == "roce" and all(r.soft for r in pool_rails):
+            # rdma_rxe speaks RoCE v2 alone: its IPv4 GID follows the link-local one
+            out.append(("NCCL_IB_GID_INDEX", "1", "RoCE v2 over IPv4 (soft RoCE's table)"))
+        elif fabric.kind == "roce":
             # RoCE v2 over IPv4 is GID index 3 on ConnectX with the default GID table
             out.append(("NCCL_IB_GID_INDEX", "3", "RoCE v2 over IPv4"))
+        if fabric.kind == "roce":
             out.append(
                 (
                     "NCCL_IB_TC",

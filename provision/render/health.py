@@ -12,6 +12,7 @@ from provision.health import DIAG_STATE, DRAIN_RECORD
 from provision.parsers.dcgm import DIAG_TIMEOUT_S
 from provision.parsers.gpu import GpuExpect
 from provision.spec.fabric import rails
+from provision.spec.nodes import lab_container
 
 # where the node exporter's textfile collector reads (the node_exporter role's default)
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
@@ -80,7 +81,7 @@ def health_config(cluster: Cluster, view: PoolView) -> dict[str, object]:
     # the prolog runs on every node of the cluster: it checks the GPU pools' nodes only
     config["prolog"] = spec.health.prolog and view.profile.gpu is not None
     pool_rails = rails(view.profile, spec.network.fabric.kind)
-    if pool_rails and view.pool.provider != "lab":  # a lab container has no adapter
+    if pool_rails and not lab_container(view.pool):  # a lab container has no adapter
         config["fabric"] = {
             "devices": [r.device for r in pool_rails if r.device],
             "count": len(pool_rails),

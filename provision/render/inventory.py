@@ -99,6 +99,9 @@ def render_inventory(cluster: Cluster) -> str:
                 gvars["provision_fabric_netdevs"] = netdevs
             if devices:
                 gvars["provision_fabric_devices"] = devices
+            soft = [r.device for r in pool_rails if r.soft and r.device]
+            if soft:  # software RoCE: the rdma role makes these devices over their netdevs
+                gvars["provision_fabric_soft_devices"] = soft
         if view.pool.provider != "lab":  # a lab's storage is podman volumes (lab/storage.py)
             gvars.update(_storage_vars(cluster, view.name))
         people = cluster.spec.security.admins or cluster.spec.users
