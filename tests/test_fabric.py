@@ -433,3 +433,55 @@ def test_gpudirect_goes_through_dmabuf_where_peermem_is_not_loaded(
     command = write_bw_command("mlx5_0", 18515, 0, "10.20.0.22", dmabuf)
     assert ("--use_cuda=0 --use_cuda_dmabuf" in command) is dmabuf
     assert "--use_cuda_dmabuf" not in write_bw_command("mlx5_0", 18515, None, None, True)
+
+
+def test_soft_roce_rails_and_nccls_gid_index(tmp_path: Path) -> None:
+    """The metal lab's soft RoCE (lab-vm-roce): one rail, rxe0 over eth1, soft; NCCL's GID
+    index is soft RoCE's IPv4 one (1: rdma_rxe has no RoCE v1 entries), not ConnectX's 3."""
+    cluster = Cluster(load_spec(ROOT / "examples" / "metal-lab.yaml"))
+    view = next(v for v in cluster.pools if v.name == "cpu")
+    assert [(r.netdev, r.device, r.soft) for r in rails(view.profile, "roce")] == [
+        ("eth1", "rxe0", True)
+    ]
+    settings = {k: v for k, v, _ in nccl_settings(cluster, view)}
+    assert settings["NCCL_IB_GID_INDEX"] == "1" and settings["NCCL_IB_HCA"] == "=rxe0"
+    roce = Cluster(load_spec(ROOT / "examples" / "roce.yaml"))
+    gpu = next(v for v in roce.pools if v.profile.gpu is not None)
+    assert {k: v for k, v, _ in nccl_settings(roce, gpu)}["NCCL_IB_GID_INDEX"] == "3"
+
+
+def test_soft_roce_is_checked_as_an_adapter_on_a_metal_lab_machine(tmp_path: Path) -> None:
+    """A metal lab machine's rxe0 (recorded there): ibstat's rate with its speed's name
+    ("10 (FDR10)") is read as 10, the link-down counter is found among soft RoCE's
+    hw_counters (an adapter keeps it in counters/), and the recorded write test parses and
+    passes the example's threshold."""
+    from provision.state import State
+    from provision.verify import VerifyContext
+    from provision.verify.fabric import check_fabric
+    from provision.verify.remote import Output
+
+    class Machine:
+        def run(self, command: str, sudo: bool = False, timeout: float = 60.0) -> Output:
+            if command == "ibstat":
+                return Output(0, _read("ibstat-soft-roce.txt"), "")
+            first = "cat /sys/class/infiniband/rxe0/ports/1/counters/link_downed 2>/dev/null"
+            if command.startswith(first + " || "):  # soft RoCE has no counters/ directory
+                assert "/ports/1/hw_counters/link_downed" in command
+                return Output(0, "1\n", "")
+            return Output(127, "", "not found")
+
+    cluster = Cluster(load_spec(ROOT / "examples" / "metal-lab.yaml"))
+    ctx = VerifyContext(cluster, State(tmp_path, "metal"), "")
+    node = next(n for n in cluster.nodes if n.name == "cpu001")
+    results = {r.check: r for r in check_fabric(ctx, node, Machine())}  # type: ignore[arg-type]
+    assert [(c, r.passed) for c, r in results.items()] == [
+        ("hca count", True),
+        ("hca rxe0", True),
+        ("link flaps rxe0", True),
+    ]
+    assert results["hca rxe0"].evidence == "port 1 Active/LinkUp at SDR 10"
+    assert results["link flaps rxe0"].evidence.startswith("1 link-down events (limit 5)")
+    result = fp.parse_ib_write_bw(_read("ib_write_bw-soft-roce.txt"))
+    assert result is not None and result.average_gbps == 0.095816
+    threshold = cluster.spec.network.fabric.ib_write_bw_gbps
+    assert threshold is not None and fp.write_bw_finding("a->b", "rxe0", result, "", threshold)[1]

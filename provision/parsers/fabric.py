@@ -67,7 +67,8 @@ def parse_ibstat(text: str) -> list[Ca]:
                     number=int(port["number"]),
                     state=port.get("State", ""),
                     physical=port.get("Physical state", ""),
-                    rate_gbps=_int(port.get("Rate", "")),
+                    # "400", or with the speed's name where it has one: "10 (FDR10)"
+                    rate_gbps=_int(port.get("Rate", "").split(" (")[0]),
                     link_layer=port.get("Link layer", ""),
                     sm_lid=_int(port.get("SM lid", "")),
                     lid=_int(port.get("Base lid", "")),

@@ -11,7 +11,7 @@ import time
 from provision.cluster import PoolView
 from provision.parsers import fabric as fp
 from provision.spec.fabric import Rail, cloud_infiniband, efa_count, rails
-from provision.spec.nodes import Node
+from provision.spec.nodes import Node, lab_container
 from provision.verify.base import CheckResult, VerifyContext, in_parallel
 from provision.verify.remote import Remote
 
@@ -34,7 +34,7 @@ def check_fabric(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckRe
         return _check_cloud_infiniband(node, remote, view)
     if not node_rails:
         return []
-    if node.provider == "lab":
+    if lab_container(view.pool):
         return [CheckResult("fabric", node.name, True, "lab container: no RDMA adapter to check")]
     fabric = ctx.cluster.spec.network.fabric
     infiniband = fabric.kind == "infiniband"
@@ -52,9 +52,12 @@ def check_fabric(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckRe
         if infiniband:
             pq = remote.run(f"perfquery -C {shlex.quote(device)} -P 1", timeout=30)
             counters = fp.parse_perfquery(pq.stdout)
-        else:  # no MADs on Ethernet: the kernel keeps the same counter in sysfs
-            path = f"/sys/class/infiniband/{device}/ports/1/counters/link_downed"
-            raw = remote.run(f"cat {shlex.quote(path)}", timeout=30).stdout.strip()
+        else:  # no MADs on Ethernet: the kernel keeps the same counter in sysfs (an adapter's
+            # in counters/, soft RoCE's among its hw_counters/)
+            port = f"/sys/class/infiniband/{device}/ports/1"
+            paths = [f"{port}/counters/link_downed", f"{port}/hw_counters/link_downed"]
+            read = " || ".join(f"cat {shlex.quote(p)} 2>/dev/null" for p in paths)
+            raw = remote.run(read, timeout=30).stdout.strip()
             counters = {"LinkDownedCounter": int(raw)} if raw.isdigit() else {}
         found.append(fp.link_flap_finding(device, counters, fabric.link_downed_limit))
     return [CheckResult(c, node.name, ok, ev) for c, ok, ev in found]
@@ -122,7 +125,7 @@ def check_fabric_bandwidth(
     jobs: list[tuple[PoolView, Node, Node]] = []
     for view in ctx.cluster.pools:
         members = [n for n in nodes if n.pool == view.name and n.name in remotes]
-        if _rails(ctx, view) and members and members[0].provider != "lab":
+        if _rails(ctx, view) and members and not lab_container(view.pool):
             jobs += [(view, a, b) for a, b in pairs(members)]
 
     def one(job: tuple[PoolView, Node, Node]) -> list[CheckResult]:
