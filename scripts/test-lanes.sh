@@ -4,9 +4,8 @@
 # Ansible runs. No two of them share containers, networks or addresses (each integration file
 # and each scenario has its own).
 #   lane 1: the unit tests, the bursting, two-head, VM storage and Kubernetes lab tests, then
-#           Molecule's kubernetes, nvidia and common scenarios
-#   lane 2: the lab, static-host, lab image and metal lab tests, then Molecule's slurm, storage and
-#           fabric scenarios
+#           all six Molecule scenarios (kubernetes, nvidia, common, slurm, storage, fabric)
+#   lane 2: the lab, static-host, lab image and metal lab tests
 # Each line is printed as it comes, marked with its lane's part; every part runs even after
 # another failed, and the exit code is 1 if any did.
 set -uo pipefail
@@ -43,14 +42,13 @@ lane1() {
   local failed=0
   part unit "${PYTEST[@]}" --durations=10 --ignore=tests/integration || failed=1
   part integration-1 "${PYTEST[@]}" --durations=10 "${INTEGRATION_1[@]}" || failed=1
-  part molecule-1 scripts/molecule.sh kubernetes nvidia common || failed=1
+  part molecule scripts/molecule.sh kubernetes nvidia common slurm storage fabric || failed=1
   return "$failed"
 }
 
 lane2() {
   local failed=0
   part integration-2 "${PYTEST[@]}" --durations=15 "${INTEGRATION_2[@]}" || failed=1
-  part molecule-2 scripts/molecule.sh slurm storage fabric || failed=1
   return "$failed"
 }
 

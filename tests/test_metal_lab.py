@@ -141,3 +141,25 @@ def test_a_wrong_password_is_refused_by_the_lab_bmc(
         "power", "status", "cpu001", "-f", str(spec), "--state-dir", str(state.root)
     )
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_a_soft_roce_machine_gets_a_card_on_its_labs_fabric_alone() -> None:
+    """A metal lab pool whose profile has soft RoCE (lab-vm-roce): each machine has a second
+    card, eth1 to its kernel, at the rail's rate, on a multicast segment of its lab's own (two
+    labs' fabrics never meet), its MAC from its address as the first card's is."""
+    spec = load_spec(EXAMPLE)
+    machines = metal.machines(spec)
+    assert [m.fabric for m in machines] == [(10,), (10,)]
+    command = metal.qemu_command("cpu001", machines[0].mac, "tap0", 2048, [], fabric=[
+        (metal.fabric_mac(machines[0].address, 0), metal.fabric_segment("provision-metal", 0), 10)
+    ])  # fmt: skip
+    cards = [command[i + 1] for i, arg in enumerate(command) if arg == "-device"]
+    assert cards == [
+        "virtio-net-pci,netdev=n0,mac=52:54:00:4e:00:15",
+        "virtio-net-pci,netdev=f0,mac=52:54:01:4e:00:15,speed=10000,duplex=full",
+    ]
+    segment = metal.fabric_segment("provision-metal", 0)
+    assert f"socket,id=f0,mcast={segment},localaddr=127.0.0.1" in command
+    assert segment.startswith("239.255.0.1:")
+    assert metal.fabric_segment("provision-metalbmc", 0) != segment
+    assert metal.fabric_segment("provision-metal", 1).startswith("239.255.1.1:")

@@ -1,14 +1,17 @@
 """From power-off to a verified Slurm cluster, for real, the way a user runs the metal lab
 (examples/metal-lab.yaml): a lab head (a container) and a lab pool that boots from the network,
-whose machine apply makes as a QEMU machine without a disk and a Redfish BMC (sushy-tools'
-emulator, providers/lab/metal.py). One `provision apply` makes the BMC, builds the node image,
-converges the head (its boot server: dnsmasq, iPXE, nginx, and the firewall openings for them),
-tells the BMC to boot the machine from the network and powers it on, waits for SSH, converges
-both and verifies the cluster; a user's job then runs on the machine's own kernel, from memory.
+whose two machines apply makes as QEMU machines without a disk, each with a Redfish BMC
+(sushy-tools' emulator, providers/lab/metal.py) and a second card on the lab's RoCE fabric. One
+`provision apply` makes the BMCs, builds the node image, converges the head (its boot server:
+dnsmasq, iPXE, nginx, and the firewall openings for them), tells each BMC to boot its machine
+from the network and powers it on, waits for SSH, converges all three and verifies the cluster,
+the machines' soft RoCE (rdma_rxe) and an RDMA write between them among the checks; a user's
+job then runs on a machine's own kernel, from memory.
 
-Then the machine is powered off through its BMC (`provision power off`): the next apply finds
+Then one machine is powered off through its BMC (`provision power off`): the next apply finds
 it silent, boots it again (a new machine: its host key learned anew) and converges it from its
-image. destroy leaves nothing of the lab: no daemon, no routing rule, no tap.
+image, while the head and the other machine change nothing. destroy leaves nothing of the lab:
+no daemon, no routing rule, no tap.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from .vms import VM
 NAME = "metaltest"
 PREFIX = "10.95.0"
 NODE, ADDRESS, BMC = "cpu001", f"{PREFIX}.21", "127.0.95.21"
+OTHER = "cpu002"  # its fabric peer (soft RoCE), at .22
 
 SPEC = """\
 name: {name}
@@ -47,14 +51,15 @@ slurm:
 network:
   management: {{cidr: {prefix}.0/24, gateway: {prefix}.1}}
   bmc: {{cidr: 127.0.95.0/24, port: {port}}}
+  fabric: {{kind: roce, subnet: 192.168.95.0/24, ib_write_bw_gbps: 0.01}}
 pools:
   - {{name: head, role: head, profile: lab-container, provider: lab, count: 1}}
   - name: cpu
     role: compute
-    profile: lab-vm
+    profile: lab-vm-roce
     provider: lab
     boot: network
-    count: 1
+    count: 2
     first_address: {address}
     first_bmc_address: {bmc}
 security:
@@ -83,7 +88,7 @@ def metal_lab(
     rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
     assert f"{metal.RULE_MARK} provision-{NAME} {ADDRESS}" not in rules
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    assert "t21:" not in links, links
+    assert "t21:" not in links and "t22:" not in links, links
 
 
 def _daemon_log(state: State) -> list[str]:
@@ -136,6 +141,14 @@ def test_power_off_to_a_verified_cluster(metal_lab: tuple[Path, Path, State]) ->
     assert booted is not None, out
     print(f"power-on to SSH: {booted[1]} s")
     assert re.search(r"verify: \d+ checks? passed|passed", out), out
+    # the RoCE path in the machines' own kernels: the rdma role's soft RoCE over eth1 on the
+    # lab's fabric, checked as an adapter, and an RDMA write between the two machines, through
+    # each one's nftables (the firewall role opens RoCE v2 to the fabric for soft RoCE alone)
+    for node in (NODE, OTHER):
+        assert f"PASS hca rxe0 {node}: port 1 Active/LinkUp at SDR 10" in out, out
+    assert re.search(rf"PASS ib_write_bw {NODE}->{OTHER} rxe0 {NODE}: [\d.]+ Gb/s", out), out
+    rules = provision("ssh", "-f", str(spec), OTHER, "--", "nft list ruleset", cwd=work)
+    assert "ip saddr 192.168.95.0/24 udp dport 4791 accept" in rules.stdout, rules.stdout
     # a machine the server does not know, powered on beside it: no address, never a kernel
     bridge = podman.text(
         "network", "inspect", "--format", "{{.NetworkInterface}}", f"provision-{NAME}"
@@ -186,3 +199,6 @@ def test_a_node_powered_off_through_its_bmc_is_booted_again(
     report = json.loads((state.dir / "last-apply.json").read_text())
     assert report["hosts"]["head001"]["changed"] == 0, report["hosts"]
     assert report["hosts"][NODE]["changed"] > 0  # a new machine, converged from its image
+    assert report["hosts"][OTHER]["changed"] == 0, report["hosts"]  # its peer left as it was
+    # the new machine's soft RoCE made again, and the write between the two passes again
+    assert re.search(rf"PASS ib_write_bw {NODE}->{OTHER} rxe0 {NODE}", r.stdout), r.stdout

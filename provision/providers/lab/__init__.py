@@ -140,11 +140,18 @@ class LabProvider(Defaults):
             return []
         running = self._metal(state).pid()
         names = compress([m.name for m in self.machines])
-        return [
+        lines = [
             f"{names}: QEMU machines without a disk (the metal lab), each with a Redfish BMC "
             f"emulator on {self.machines[0].bmc} and after (port {self.bmc_port}): "
             + ("running" if running else "made powered off; apply's boot phase powers them on")
         ]
+        fabric = [m.name for m in self.machines if m.fabric]
+        if fabric:
+            lines.append(
+                f"{compress(fabric)}: a card on the lab's RoCE fabric per soft RoCE rail (eth1, "
+                "...), a QEMU segment between the machines alone"
+            )
+        return lines
 
     def _volume_lines(self) -> list[str]:
         where: dict[Volume, list[str]] = {}

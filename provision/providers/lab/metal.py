@@ -37,7 +37,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -53,7 +54,7 @@ from provision.secrets import (
     write_private,
 )
 from provision.spec.models import Spec
-from provision.spec.nodes import metal_lab_pools
+from provision.spec.nodes import lab_mac, metal_lab_pools
 from provision.state import State
 
 DIRECTORY = "metal"  # state/metal: the machines, the BMCs' certificate and key, the daemon
@@ -68,6 +69,7 @@ DAEMON = (
     "import sys, pathlib; from provision.providers.lab.metal import serve; "
     "serve(pathlib.Path(sys.argv[1]))"
 )
+FABRIC_PORTS = 30000  # the lab fabric's UDP ports: from here, by the lab's network
 RULE_MARK = "provision metal lab"  # the iptables rules' comment, then the network and address
 
 
@@ -78,6 +80,7 @@ class Machine:
     mac: str
     bmc: str  # its BMC's (loopback) address
     memory_mib: int
+    fabric: tuple[int, ...] = ()  # its soft RoCE cards' rates in Gb/s, one per rail (eth1, ...)
 
 
 def directory(state_dir: Path) -> Path:
@@ -90,12 +93,15 @@ def ca_file(state_dir: Path) -> Path:
 
 
 def machines(spec: Spec) -> list[Machine]:
-    """The metal lab's machines, in spec order: their memory their profile's."""
-    from provision.spec.nodes import expand_nodes, lab_mac
+    """The metal lab's machines, in spec order: their memory their profile's, and a card on
+    the lab's fabric for each of its soft RoCE rails."""
+    from provision.spec.fabric import rails
+    from provision.spec.nodes import expand_nodes
     from provision.spec.profiles import load_profiles
 
     pools = {p.name: p for p in spec.pools if p.name in metal_lab_pools(spec)}
     profiles = load_profiles(spec.profiles)
+    kind = spec.network.fabric.kind
     return [
         Machine(
             n.name,
@@ -103,23 +109,52 @@ def machines(spec: Spec) -> list[Machine]:
             lab_mac(n.address),
             str(n.bmc_address),
             int(profiles[pools[n.pool].profile].memory_gib * 1024),
+            tuple(r.rate_gbps for r in rails(profiles[pools[n.pool].profile], kind) if r.soft),
         )
         for n in expand_nodes(spec)
         if n.pool in pools and n.address is not None and n.bmc_address is not None
     ]
 
 
+def fabric_segment(network: str, rail: int) -> str:
+    """The lab fabric's segment of one rail: a multicast group on this machine's loopback that
+    QEMU's socket cards join, so that the machines' fabric cards hear each other and nothing
+    else (no bridge, no address of this machine's); its port from the lab's network."""
+    return f"239.255.{rail}.1:{FABRIC_PORTS + zlib.crc32(network.encode()) % 20000}"
+
+
+def fabric_mac(address: str, rail: int) -> str:
+    """A machine's card on a rail: the management card's MAC with the rail in its third byte."""
+    return f"52:54:{rail + 1:02x}" + lab_mac(ipaddress.IPv4Address(address))[8:]
+
+
 def qemu_command(
-    name: str, mac: str, tap: str, memory_mib: int, boot: list[str], reboot: bool = True
+    name: str,
+    mac: str,
+    tap: str,
+    memory_mib: int,
+    boot: list[str],
+    reboot: bool = True,
+    fabric: Sequence[tuple[str, str, int]] = (),
 ) -> list[str]:
     """QEMU in software (this machine's KVM cannot run a stock kernel), one core, its serial
-    console on standard output, one virtio card on `tap`; `boot` its boot arguments."""
+    console on standard output, one virtio card on `tap`; `boot` its boot arguments. `fabric`:
+    a card more for each (MAC, multicast segment, rate in Gb/s), which the guest's kernel
+    names eth1, eth2, ... after the first and reports at that rate (rdma_rxe takes its own
+    rate from it)."""
+    cards = []
+    for i, (fmac, segment, gbps) in enumerate(fabric):
+        cards += [
+            "-netdev", f"socket,id=f{i},mcast={segment},localaddr=127.0.0.1",
+            "-device", f"virtio-net-pci,netdev=f{i},mac={fmac},speed={gbps * 1000},duplex=full",
+        ]  # fmt: skip
     return [
         QEMU, "-name", name, "-accel", "tcg", "-cpu", "max", "-m", str(memory_mib), "-smp", "1",
         "-nographic", "-serial", "stdio", "-monitor", "none",
         *([] if reboot else ["-no-reboot"]), *boot,
         "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no",
         "-device", f"virtio-net-pci,netdev=n0,mac={mac}",
+        *cards,
     ]  # fmt: skip
 
 
@@ -394,7 +429,10 @@ class _Power:
         self.consoles.mkdir(parents=True, exist_ok=True)
         console = (self.consoles / f"{name}.log").open("wb")
         process = subprocess.Popen(
-            qemu_command(name, m.mac, tap, m.memory_mib, ["-boot", "n"]),
+            qemu_command(name, m.mac, tap, m.memory_mib, ["-boot", "n"], fabric=[
+                (fabric_mac(m.address, i), fabric_segment(self.network, i), gbps)
+                for i, gbps in enumerate(m.fabric)
+            ]),
             stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.running[name] = (process, console, tap)
@@ -433,7 +471,7 @@ def serve(state_dir: Path) -> None:
     machines."""
     where = directory(state_dir)
     config = json.loads((where / CONFIG).read_text())
-    machines = [Machine(**m) for m in config["machines"]]
+    machines = [Machine(**{**m, "fabric": tuple(m.get("fabric", ()))}) for m in config["machines"]]
     power = _Power(machines, config["network"], state_dir / CONSOLES)
 
     class Handler(BaseHTTPRequestHandler):
