@@ -150,7 +150,9 @@ security:
 def test_the_first_head_serves_the_pools_that_boot_from_the_network(tmp_path: Path) -> None:
     """The rendered inventory, read by the real ansible-inventory: head001 is the boot server
     with each node by its MAC, address and pool; its firewall lets the booting nodes' DHCP
-    (from 0.0.0.0), TFTP and HTTP in, and no other pool's does."""
+    (from 0.0.0.0, to its address or the broadcast), TFTP and HTTP to its address in (another
+    head of its pool, which has the same rule set, takes none of it), and no other pool's
+    does."""
     import sys
 
     from provision.cluster import Cluster
@@ -184,12 +186,14 @@ def test_the_first_head_serves_the_pools_that_boot_from_the_network(tmp_path: Pa
     boot = [
         line.strip() for line in files["files/nftables/head.nft"].splitlines() if "boot" in line
     ]
+    dhcp = "ip daddr { 10.92.0.11, 255.255.255.255 } udp dport 67"
     assert boot == [
-        'ip saddr 0.0.0.0/32 udp dport 67 accept comment "dhcp for the nodes that boot"',
-        'ip saddr @netboot_nodes udp dport 67 accept comment "dhcp for the nodes that boot"',
-        'ip saddr @netboot_nodes udp dport 69 accept comment "tftp for the nodes that boot (iPXE)"',
-        'ip saddr @netboot_nodes tcp dport 8069 accept comment "http for the nodes that boot '
-        '(images)"',
+        f'ip saddr 0.0.0.0/32 {dhcp} accept comment "dhcp for the nodes that boot"',
+        f'ip saddr @netboot_nodes {dhcp} accept comment "dhcp for the nodes that boot"',
+        "ip saddr @netboot_nodes ip daddr 10.92.0.11 udp dport 69 accept comment "
+        '"tftp for the nodes that boot (iPXE)"',
+        "ip saddr @netboot_nodes ip daddr 10.92.0.11 tcp dport 8069 accept comment "
+        '"http for the nodes that boot (images)"',
     ]
     for pool in ("cpu", "disk"):
         assert "boot" not in files[f"files/nftables/{pool}.nft"]

@@ -44,6 +44,7 @@ class Rule:
     protocol: str  # tcp or udp; vrrp (IP protocol 112, no ports) between HA heads
     ports: str  # "22" or "60001-63000"; "" for vrrp
     sources: tuple[str, ...]  # set names above, or CIDRs
+    to: str = ""  # the node's address it is for, where the pool's other nodes must not take it
 
 
 def address_sets(cluster: Cluster) -> dict[str, list[str]]:
@@ -170,15 +171,20 @@ def pool_rules(cluster: Cluster) -> dict[str, list[Rule]]:
                 if c.network is not None
             ]
             rules.append(Rule("nfs", "tcp", ports.nfs, (CLUSTER, *dict.fromkeys(networks))))
-        if server is not None and server.pool == view.name:
-            # the boot server's pool (the first head's; rules are per pool): a booting node asks
-            # for its address from 0.0.0.0, then fetches iPXE (TFTP) and its image (HTTP) from
-            # the address it got
-            rules.append(Rule("dhcp for the nodes that boot", "udp", "67", ("0.0.0.0/32", NETBOOT)))
-            rules.append(Rule("tftp for the nodes that boot (iPXE)", "udp", "69", (NETBOOT,)))
-            rules.append(
-                Rule("http for the nodes that boot (images)", "tcp", str(HTTP_PORT), (NETBOOT,))
-            )
+        if server is not None and server.pool == view.name and server.address is not None:
+            # the boot server's pool (the first head's): a booting node asks for its address
+            # from 0.0.0.0 (a broadcast), then fetches iPXE (TFTP) and its image (HTTP) from the
+            # address it got. Rules are per pool: each is for the server's address alone, so
+            # another head of the pool opens nothing for it
+            me, booting = str(server.address), (NETBOOT,)
+            rules += [
+                Rule(
+                    "dhcp for the nodes that boot", "udp", "67", ("0.0.0.0/32", NETBOOT),
+                    f"{{ {me}, 255.255.255.255 }}",
+                ),
+                Rule("tftp for the nodes that boot (iPXE)", "udp", "69", booting, me),
+                Rule("http for the nodes that boot (images)", "tcp", str(HTTP_PORT), booting, me),
+            ]  # fmt: skip
         if role == "head" and spec.network.remote:  # the first head is the tunnel's hub
             sources = tuple(str(c) for c in spec.network.tunnel.sources)
             port = str(spec.network.tunnel.port)
@@ -295,6 +301,8 @@ def rule_lines(rules: list[Rule]) -> list[str]:
                 if not rule.ports
                 else f"{rule.protocol} dport {rule.ports}"
             )
+            if rule.to:
+                match += f" ip daddr {rule.to}"
             lines.append(f'{match} {what} accept comment "{rule.service}"')
     return lines
 
