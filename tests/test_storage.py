@@ -205,7 +205,7 @@ def _mount_task(filesystems: list[dict[str, str]], host: str) -> list[tuple[str,
     return made
 
 
-def _ganesha_conf(exports: list[dict[str, Any]]) -> str:
+def _ganesha_conf(exports: list[dict[str, Any]], template: str = "ganesha.conf.j2") -> str:
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar, trust_as_template
 
@@ -218,7 +218,7 @@ def _ganesha_conf(exports: list[dict[str, Any]]) -> str:
         "ansible_managed": "Managed by Ansible",
     }
     templar = Templar(loader=loader, variables=variables)
-    text = (role / "templates" / "ganesha.conf.j2").read_text()
+    text = (role / "templates" / template).read_text()
     return str(templar.template(trust_as_template(text)))
 
 
@@ -244,6 +244,31 @@ def test_a_client_entry_that_matches_no_node_writes_no_client_block() -> None:
         [{"path": "/srv/x", "clients": [{"match": [], "access": "rw", "squash": "root"}]}]
     )
     assert "CLIENT" not in conf and 'Path = "/srv/x";' in conf
+
+
+def test_the_kernel_servers_exports_admit_each_client_with_its_access(tmp_path: Path) -> None:
+    """storage.nfs_server: kernel: /etc/exports.d/provision.exports, one line an export, each
+    client with its access and squash; an export no client matches is not written at all (a
+    path alone there would export it to every host)."""
+    kernel = SPEC.replace("storage:\n", "storage:\n  nfs_server: kernel\n", 1)
+    store = _pool_vars(_cluster(tmp_path, kernel))["store"]
+    assert store["nfs_server_implementation"] == "kernel"
+    assert "nfs_server_implementation" not in _pool_vars(_cluster(tmp_path))["store"]
+    exports = store["nfs_server_exports"]
+    lines = _ganesha_conf(exports, "exports.j2").splitlines()
+    assert [line for line in lines if not line.startswith("#")] == [
+        "/srv/home 10.1.0.10(rw,sync,no_subtree_check,no_root_squash) "
+        "10.1.0.30(rw,sync,no_subtree_check,no_root_squash) "
+        "10.1.0.31(rw,sync,no_subtree_check,no_root_squash) "
+        "10.2.0.0/16(ro,sync,no_subtree_check,all_squash)"
+    ]
+    nobody = _ganesha_conf(
+        [{"path": "/srv/x", "clients": [{"match": [], "access": "rw", "squash": "root"}]}],
+        "exports.j2",
+    )
+    assert [line for line in nobody.splitlines() if "/srv/x" in line] == [
+        "# /srv/x: no client matches it, not exported"
+    ]
 
 
 def test_nfs_is_open_to_the_cluster_and_the_networks_exports_name(tmp_path: Path) -> None:

@@ -220,6 +220,10 @@ _TABLE = (
         "the directory the clients mount as /home, where the homes are made",
     ),
     Variable(
+        "nfs_server_implementation", "pool", ("nfs_server",),
+        "storage.nfs_server: the kernel's NFS server instead of nfs-ganesha",
+    ),
+    Variable(
         "mounts_filesystems", "pool", ("mounts",),
         "storage.mounts of the pool (skip_on: the node serving it at that path; bind_on, "
         "bind_src: the node serving it elsewhere, and where)",

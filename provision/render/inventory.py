@@ -172,6 +172,8 @@ def _storage_vars(cluster: Cluster, pool: str) -> dict[str, object]:
         exports.append(entry)
     if exports:
         out["nfs_server_exports"] = exports
+        if spec.storage.nfs_server != "ganesha":
+            out["nfs_server_implementation"] = spec.storage.nfs_server
     mounts = []
     for m in spec.storage.mounts:
         if m.pools is not None and pool not in m.pools:

@@ -1247,6 +1247,12 @@ class Mount(Model):
 
 
 class Storage(Model):
+    nfs_server: Literal["ganesha", "kernel"] = Field(
+        default="ganesha",
+        description="the exports' NFSv4 server: ganesha (nfs-ganesha, in user space: it runs "
+        "in containers too) or kernel (the kernel's nfsd: nfs-kernel-server, nfs-utils on "
+        "Rocky), NFSv4 alone either way",
+    )
     exports: list[Export] = Field(default=[], description="directories nodes serve over NFSv4")
     mounts: list[Mount] = Field(default=[], description="what nodes mount")
 

@@ -1,7 +1,9 @@
 """A shared /home on a root-squashing NFS export, for real: two VMs with their own kernels (the
-lab's containers have no NFS client), the head serving /srv/home with nfs-ganesha, and every node
-mounting it as /home with the kernel's NFS client. The login user is not root and its own home is
-under /home, as on most sites: the mount hides its keys, and root cannot write there.
+lab's containers have no NFS client or server of their own), the head serving /srv/home with the
+kernel's NFS server (storage.nfs_server: kernel; nfs-ganesha, the default, runs live in
+Molecule's storage scenario), and every node mounting it as /home with the kernel's NFS client.
+The login user is not root and its own home is under /home, as on most sites: the mount hides
+its keys, and root cannot write there.
 
 `provision apply --tags common,storage` runs the roles up to and including the shared storage and
 the homes on it (the users, sshd, the NFS server, the mounts), the part of site.yml that root
@@ -65,6 +67,7 @@ profiles:
     memory_gib: 1
     max_power_w: 50
 storage:
+  nfs_server: kernel
   exports:
     # squash: root, the default (root on a client is nobody here)
     - {{pool: head, path: /srv/home, clients: [{{pools: [head, cpu]}}]}}
@@ -90,6 +93,10 @@ ssh: {{user: {OPERATOR}, private_key_file: {ssh_key}}}
     # the server binds its own directory there, never an NFS mount of itself
     bound = head.ssh(ssh_key, "root", "findmnt -n -o FSTYPE,SOURCE /home").stdout.split()
     assert bound == ["ext4", "/dev/vda[/srv/home]"], bound
+    # the kernel's server, NFSv4 alone, exporting to the two nodes with root squash
+    served = head.ssh(ssh_key, "root", "cat /proc/fs/nfsd/versions; exportfs -v")
+    assert "-3" in served.stdout.split() and "+4.2" in served.stdout.split(), served
+    assert "root_squash" in served.stdout and "no_root_squash" not in served.stdout, served
     for vm in (head, cpu):
         # the login user's keys were under the home the mount hides: it still logs in
         again = vm.ssh(ssh_key, OPERATOR, "id -un; sudo -n id -u; pwd")

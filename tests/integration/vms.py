@@ -32,8 +32,7 @@ from provision.providers.lab.metal import qemu_command, tap_name
 # libnss-myhostname: a VM's name resolves before the cluster's /etc/hosts is written (sudo
 # looks it up); there is no DNS on the VMs' bridge
 PACKAGES = [
-    "linux-image-amd64", "libnss-myhostname", "nfs-common", "nfs-ganesha", "nfs-ganesha-vfs",
-    "chrony",
+    "linux-image-amd64", "libnss-myhostname", "nfs-common", "nfs-kernel-server", "chrony",
 ]  # fmt: skip
 RECIPE = """\
 FROM {base}

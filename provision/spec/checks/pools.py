@@ -275,6 +275,19 @@ def check_storage(spec: Spec) -> list[Problem]:
                     "by storage or head pools",
                 )
             )
+    pools = {p.name: p for p in spec.pools}
+    if spec.storage.nfs_server == "kernel":
+        served = [e.pool for e in spec.storage.exports if e.pool in pools]
+        if not served or all(pools[p].provider == "lab" for p in served):
+            problems.append(
+                (
+                    ("storage", "nfs_server"),
+                    "not supported yet on the lab: a lab's exports are podman volumes (its "
+                    "containers share this machine's kernel), served by no NFS server"
+                    if served
+                    else "the kernel's NFS server serves storage.exports: there are none",
+                )
+            )
     for i, mount in enumerate(spec.storage.mounts):
         # the source's form per fstype, and what its server exports: storage.check_storage_nodes
         for j, pool in enumerate(mount.pools or []):
