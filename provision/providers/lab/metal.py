@@ -11,6 +11,10 @@ machine (QEMU in software, booting from the network: it has no disk), Off stops 
 restarts it. Everything after that is the path real servers take: apply's boot phase tells
 each BMC to boot its machine from the network and powers it on (provision/boot.py).
 
+A machine whose profile has soft RoCE (lab-vm-roce) gets a second card per rail on the lab's
+fabric: QEMU's socket network on a multicast group of this machine's loopback, which the lab's
+machines alone join (no bridge, no address of this machine's), at the rail's rate.
+
 A machine's console (its serial port) is written to the state's consoles directory, where
 apply reads its last lines when the machine does not come up. podman's network plugin
 masquerades and forwards its containers' addresses alone (a rule per container), so a machine
