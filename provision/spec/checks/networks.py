@@ -10,7 +10,7 @@ from provision.burst.tunnel import SECRET_LIMIT, secret_size
 from provision.spec.checks.base import Problem
 from provision.spec.fabric import fabric_addresses, fabric_hcas
 from provision.spec.models import CLOUD_PROVIDERS, Spec
-from provision.spec.nodes import Loc, Node
+from provision.spec.nodes import Loc, Node, lab_container
 from provision.spec.profiles import load_profiles
 
 
@@ -209,7 +209,7 @@ def check_fabric(spec: Spec) -> list[Problem]:
                         "supported yet (their GID tables differ, and NCCL takes one index)",
                     )
                 )
-            if soft and pool.provider == "lab" and pool.boot != "network":
+            if soft and lab_container(pool):
                 problems.append(
                     (
                         ("pools", i, "profile"),
