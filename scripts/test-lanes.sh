@@ -3,9 +3,9 @@
 # CPU-bound, the integration tests mostly wait on lab nodes and Slurm, Molecule's scenarios are
 # Ansible runs. No two of them share containers, networks or addresses (each integration file
 # and each scenario has its own).
-#   lane 1: the unit tests, the bursting, two-head, VM storage, Kubernetes lab and static-host
-#           tests, then Molecule's nvidia, common, slurm and storage scenarios
-#   lane 2: the lab, lab image and metal lab tests, then Molecule's kubernetes and fabric
+#   lane 1: the unit tests, the bursting, two-head, VM storage and Kubernetes lab tests, then
+#           all six Molecule scenarios (kubernetes, nvidia, common, slurm, storage, fabric)
+#   lane 2: the lab, static-host, lab image and metal lab tests
 # Each line is printed as it comes, marked with its lane's part; every part runs even after
 # another failed, and the exit code is 1 if any did.
 set -uo pipefail
@@ -13,10 +13,9 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 PYTEST=(.venv/bin/pytest -q -p no:cacheprovider)
 INTEGRATION_1=(tests/integration/test_burst.py tests/integration/test_ha.py
-  tests/integration/test_vm_storage.py tests/integration/test_k8s_lab.py
-  tests/integration/test_static_apply.py)
-INTEGRATION_2=(tests/integration/test_lab.py tests/integration/test_lab_image_live.py
-  tests/integration/test_metal.py)
+  tests/integration/test_vm_storage.py tests/integration/test_k8s_lab.py)
+INTEGRATION_2=(tests/integration/test_lab.py tests/integration/test_static_apply.py
+  tests/integration/test_lab_image_live.py tests/integration/test_metal.py)
 
 # an integration file in no lane would never run: refuse to start without it in one
 for file in tests/integration/test_*.py; do
@@ -43,14 +42,13 @@ lane1() {
   local failed=0
   part unit "${PYTEST[@]}" --durations=10 --ignore=tests/integration || failed=1
   part integration-1 "${PYTEST[@]}" --durations=10 "${INTEGRATION_1[@]}" || failed=1
-  part molecule-1 scripts/molecule.sh nvidia common slurm storage || failed=1
+  part molecule scripts/molecule.sh kubernetes nvidia common slurm storage fabric || failed=1
   return "$failed"
 }
 
 lane2() {
   local failed=0
   part integration-2 "${PYTEST[@]}" --durations=15 "${INTEGRATION_2[@]}" || failed=1
-  part molecule-2 scripts/molecule.sh kubernetes fabric || failed=1
   return "$failed"
 }
 
