@@ -272,11 +272,27 @@ def count_event(result: RunResult, event: dict[str, Any]) -> None:
     result.hosts.setdefault(host, HostResult()).failure = failure_message(data)
 
 
+HIDDEN = "output hidden because the task handles secrets (no_log)"
+
+
 def failure_message(data: dict[str, Any]) -> str:
-    """One line saying which task failed and why (no_log results stay censored)."""
+    """One line saying which task failed and why (no_log results stay censored): a command's
+    own error where it printed one, and in a loop the first failed item's."""
     res = data.get("res") or {}
-    msg = res.get("msg") or res.get("stderr") or res.get("reason") or ""
-    if res.get("censored"):
-        msg = "output hidden because the task handles secrets (no_log)"
-    msg = " ".join(str(msg).split())
+    msg = _why(res)
+    failed = [r for r in res.get("results") or [] if isinstance(r, dict) and r.get("failed")]
+    if failed and not res.get("censored"):
+        first = failed[0]
+        label = first.get("_ansible_item_label", first.get("item"))
+        msg = f"{msg}; first {label}: {_why(first)}"
+    msg = " ".join(msg.split())
     return f"{data.get('task', '?')}: {msg[:300]}" if msg else str(data.get("task", "?"))
+
+
+def _why(res: dict[str, Any]) -> str:
+    if res.get("censored"):
+        return HIDDEN
+    msg, stderr = str(res.get("msg") or ""), str(res.get("stderr") or "")
+    if stderr and msg in ("", "non-zero return code"):  # the command's own words
+        return stderr
+    return msg or stderr or str(res.get("reason") or "")
