@@ -18,6 +18,7 @@ from .test_homes import _role_template
 from .test_nvidia_sources import _load, trust
 
 FIRST = PLAYBOOKS_DIR / "tasks" / "packages.yml"
+VARS = PLAYBOOKS_DIR / "vars" / "packages.yml"  # site.yml's and image.yml's
 # each role's install task on Debian and Ubuntu, whose packages the role's packages.yml adds
 INSTALL = {
     "munge": "Install munge",
@@ -25,6 +26,8 @@ INSTALL = {
     "(Debian, Ubuntu)",
     "node_exporter": "Install the node exporter",
     "monitoring": "Install Prometheus and Alertmanager",
+    "rdma": "Install the RDMA stack ({{ rdma_stack }})",
+    "ipoib": "Install {{ _ipoib_renderer }}",
 }
 
 
@@ -55,7 +58,9 @@ def _site_roles(host: dict[str, Any]) -> set[str]:
             continue
         entries = [(r["role"], r) for r in play.get("roles") or []]
         for task in play.get("tasks") or []:
-            include = task.get("ansible.builtin.include_role")
+            include = task.get("ansible.builtin.include_role") or task.get(
+                "ansible.builtin.import_role"
+            )
             if include and "tasks_from" not in include:
                 entries.append((include["name"], task))
         for name, entry in entries:
@@ -71,16 +76,23 @@ def _site_roles(host: dict[str, Any]) -> set[str]:
 
 def _hosts() -> list[dict[str, Any]]:
     hosts = []
-    for group, watcher, scheduler, monitoring in itertools.product(
+    for group, watcher, fabric, scheduler, monitoring in itertools.product(
         ("head", "compute", "login", "storage"),
+        (False, True),
         (False, True),
         ("slurm", "kubernetes"),
         (None, False, True),
     ):
         host: dict[str, Any] = {
-            "group_names": [group, *(["monitoring"] if watcher else [])],
+            "group_names": [
+                group,
+                *(["monitoring"] if watcher else []),
+                *(["fabric"] if fabric else []),
+            ],
             "provision_scheduler": scheduler,
         }
+        if fabric:  # its addresses on the fabric (ipoib), where the fabric has a subnet
+            host["provision_fabric_addresses"] = ["192.168.0.1/24"]
         if monitoring is not None:
             host["provision_monitoring"] = monitoring
         hosts.append(host)
@@ -102,7 +114,7 @@ def _include() -> dict[str, Any]:
 def test_the_first_transaction_gathers_the_roles_site_yml_runs_on_the_node(
     host: dict[str, Any],
 ) -> None:
-    gathered = _template(_include()["vars"]["_site_later_roles"], host)
+    gathered = _template(_load(VARS)["_site_later_roles"], host)
     assert len(gathered) == len(set(gathered))
     assert set(gathered) == _site_roles(host)
 
@@ -122,6 +134,7 @@ def test_the_transaction_installs_what_each_gathered_role_added_once() -> None:
         "_monitoring_first_packages": ["prometheus"],  # set, but not gathered on this node
     }
     host = {**added, "_site_later_roles": ["munge", "slurm", "node_exporter", "munge"]}
+    assert "vars" not in gather  # the roles come from vars/packages.yml, as image.yml has them
     names = _template(install["vars"]["_site_first_packages"], host)
     assert names == ["munge", "slurmd", "openmpi-bin", "runc", "prometheus-node-exporter"]
 
@@ -155,6 +168,7 @@ SLURM_NODES = {
 def test_each_role_adds_what_its_install_task_installs(role: str, node: str) -> None:
     variables = {
         "groups": {"head": ["h1", "h2"], "compute": ["c1"], "login": ["l1"]},
+        "ansible_facts": {"distribution": "Debian", "os_family": "Debian"},
         **SLURM_NODES[node],
     }
     added = _added(role, variables)
@@ -217,8 +231,9 @@ def test_the_firewalls_packages_come_with_chrony_where_it_runs_and_its_own_task_
         ((("all",), ["firewall"]), []),
         ((("common", "storage"), []), []),  # the firewall does not run: nothing of its own
     ]
+    assert _load(VARS)["_site_firewall_packages"] == packages
     for (run, skip), expected in cases:
-        host = {"ansible_run_tags": run, "ansible_skip_tags": skip}
+        host = {"ansible_run_tags": run, "ansible_skip_tags": skip, **_load(VARS)}
         assert _template(expr, host) == expected, (run, skip)
     time = yaml.safe_load((ROLES_DIR / "common" / "tasks" / "time.yml").read_text())
     (chrony,) = [t for t in time if t.get("name") == "Refresh the apt cache and install chrony"]
@@ -232,3 +247,22 @@ def test_the_firewalls_packages_come_with_chrony_where_it_runs_and_its_own_task_
     test = collection_plugin("test", "installed").installed
     assert test(packages, {"provision_packages": ["chrony", *packages]})
     assert not test(packages, {"provision_packages": ["chrony", "nftables"]})
+
+
+def test_a_pools_node_image_gets_what_a_nodes_first_converge_installs_before_its_roles() -> None:
+    """image.yml (a builder container per pool that boots from the network, boot.py): the same
+    list site.yml's first play installs on a new node, from the same variables file, so that a
+    node booted from the image finds each role's packages there."""
+    (play,) = yaml.safe_load((PLAYBOOKS_DIR / "image.yml").read_text())
+    first = yaml.safe_load((PLAYBOOKS_DIR / "site.yml").read_text())[0]
+    assert play["vars_files"] == first["vars_files"] == ["vars/packages.yml"]
+    base, later = play["tasks"]
+    module = base["gpu_provision.cluster.installed_packages"]
+    assert module["cache_valid_time"] > 0  # the layer keeps no lists: they are fetched first
+    # common's list where the firewall runs (what site.yml gives it in a full run)
+    common = _template(first["roles"][0]["vars"]["common_also_install"], {
+        "ansible_run_tags": ("all",), "ansible_skip_tags": [], **_load(VARS)
+    })  # fmt: skip
+    assert _template(module["install"], _load(VARS)) == ["chrony", *common]
+    assert later["ansible.builtin.include_tasks"] == _include()["ansible.builtin.include_tasks"]
+    assert "when" not in later  # every builder is a new node
