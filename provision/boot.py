@@ -15,12 +15,15 @@ changed: a rerun boots only the nodes still silent.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from provision.changes import inventory_document
 from provision.cluster import Cluster, compress
 from provision.errors import OperationError
 from provision.power import (
@@ -32,6 +35,7 @@ from provision.power import (
     power,
 )
 from provision.render.netboot import booted_nodes
+from provision.render.output import read_render
 from provision.spec.nodes import Node
 from provision.sshkeys import forget_host_key, public_key
 from provision.state import State
@@ -48,20 +52,127 @@ Say = Callable[[str], None]
 
 def images(cluster: Cluster, state: State, say: Say) -> dict[str, str]:
     """The image of each pool that boots from the network, by the pool's name: the lab's base
-    image with Debian's kernel and live-boot, root letting in the cluster's key (the same image
-    for every such pool: one OS, one key); built unless kept for the same inputs."""
+    image with Debian's kernel and live-boot, the packages the pool's roles install (Ansible
+    installs them in a builder container of the pool: image.yml) and root letting in the
+    cluster's key. A pool's packages are installed again when the inventory or the roles
+    change, its squashfs made again only when the packages do (netboot.build keeps it by them).
+    OperationError if a builder's run failed."""
     from provision.providers.lab import image, netboot  # podman: only where a pool boots so
 
     pools = [p.name for p in cluster.spec.pools if p.boot == "network"]
     if not pools:
         return {}
     base, _ = image.ensure_image(image.debian_mirror(), log=say)
-    started = time.monotonic()
-    built = netboot.build(base, public_key(cluster.spec, state) + "\n", log=say)
-    spent = time.monotonic() - started
-    if spent > 5:
-        say(f"netboot: image {built.tag} made in {spent:.0f} s")
-    return dict.fromkeys(pools, str(built.directory.resolve()))
+    layer = netboot.layer(base, log=say)
+    name = cluster.spec.name
+    inputs = {pool: _inputs(state, layer, pool) for pool in pools}
+    stale = [
+        p
+        for p in pools
+        if netboot.label(netboot.pool_image(name, p), netboot.INPUTS_LABEL) != inputs[p]
+    ]
+    if stale:
+        _install_packages(cluster, state, layer, {p: inputs[p] for p in stale}, say)
+    keys = public_key(cluster.spec, state) + "\n"
+    made = {}
+    for pool in pools:
+        started = time.monotonic()
+        built = netboot.build(netboot.pool_image(name, pool), keys, log=say)
+        spent = time.monotonic() - started
+        if spent > 5:
+            say(f"netboot: pool {pool}: image {built.tag} made in {spent:.0f} s")
+        made[pool] = str(built.directory.resolve())
+    return made
+
+
+IMAGE_INVENTORY = "netboot-image-hosts.yml"
+
+
+def _inputs(state: State, layer: str, pool: str) -> str:
+    """What a pool's packages follow from: the layer, the rendered inventory (its groups and
+    variables) and the collection (the roles and image.yml)."""
+    from provision import assets
+
+    h = hashlib.sha256(f"{layer}\n{pool}\n".encode())
+    for rel, content in sorted(read_render(state.build).items()):
+        if rel.startswith("inventory/"):
+            h.update(f"{rel}\n{content}\n".encode())
+    root = assets.collection_dir()
+    for path in assets.collection_files():
+        h.update(f"{path.relative_to(root)}\n".encode() + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _install_packages(
+    cluster: Cluster, state: State, layer: str, stale: dict[str, str], say: Say
+) -> None:
+    """A builder container per pool (named `image-POOL` in Ansible's run, in the groups of the
+    pool's first node, with its variables), image.yml run on them all at once, each committed as
+    its pool's image; the builders removed whatever happened."""
+    from provision.providers.lab import netboot
+    from provision.run.ansible import run_playbook
+
+    name = cluster.spec.name
+    groups = inventory_document((state.build / "inventory" / "hosts.yml").read_text())
+    children = (groups.get("all") or {}).get("children") or {}
+    hosts: dict[str, dict[str, object]] = {}
+    members: dict[str, dict[str, None]] = {}
+    views = {v.name: v for v in cluster.pools}
+    for pool in stale:
+        host, container = f"image-{pool}", netboot.builder_name(name, pool)
+        first = views[pool].nodes[0].name
+        own: dict[str, object] = {}  # its variables (its fabric addresses), not its connection's
+        for group, body in children.items():
+            listed = (body or {}).get("hosts") or {}
+            if first in listed:
+                members.setdefault(group, {})[host] = None
+                own.update((k, v) for k, v in (listed[first] or {}).items() if k[:8] != "ansible_")
+        hosts[host] = {
+            **own,
+            "ansible_connection": "containers.podman.podman",
+            "ansible_host": container,
+        }
+    path = state.build / "inventory" / IMAGE_INVENTORY
+    ok = False
+    try:
+        for pool in stale:
+            netboot.start_builder(layer, netboot.builder_name(name, pool), name)
+        doc = {"all": {"hosts": hosts, "children": {g: {"hosts": h} for g, h in members.items()}}}
+        path.write_text(json.dumps(doc, indent=1) + "\n")  # JSON is YAML
+        say(f"netboot: installing the packages of {compress(list(stale))}'s image (image.yml)")
+        started = time.monotonic()
+        result = run_playbook(
+            "image.yml", state, None, limit=",".join(hosts), extra_inventory=[path]
+        )
+        if result.rc != 0:
+            why = next((result.hosts[h].failure for h in result.failed_hosts), "")
+            raise OperationError(
+                f"the packages of {compress(list(stale))}'s image failed"
+                f"{f' ({why})' if why else ''} (log: {result.log_dir})"
+            )
+        say(f"netboot: packages installed in {time.monotonic() - started:.0f} s")
+        ok = True
+    finally:
+        for pool, inputs in stale.items():
+            netboot.finish_builder(
+                netboot.builder_name(name, pool), netboot.pool_image(name, pool), inputs, layer, ok
+            )
+        path.unlink(missing_ok=True)
+
+
+def remove_images(cluster: Cluster) -> list[str]:
+    """The pools' images (podman's, with their packages) that boot from the network, removed
+    (destroy); their squashfs stays in the cache, kept by its packages for the next cluster."""
+    from provision.providers.lab import netboot, podman
+
+    names = [netboot.pool_image(cluster.spec.name, p.name) for p in cluster.spec.pools]
+    try:
+        there = [n for n in names if podman.image_exists(n)]
+    except OperationError:  # no podman here: no image of ours either
+        return []
+    for name in there:
+        podman.podman("rmi", "-f", name, check=False)
+    return there
 
 
 def silent(cluster: Cluster, hosts: list[str]) -> list[Node]:

@@ -866,5 +866,7 @@ def destroy(
             removed += provider.destroy(nodes, state)
             if provider.destroy_note is not None:
                 say(provider.destroy_note)
+        if any(p.boot == "network" for p in spec.pools):
+            removed += boot.remove_images(cluster)
         state.remove()
     return removed

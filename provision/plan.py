@@ -182,7 +182,8 @@ def _boot(cluster: Cluster) -> str:
     names = compress([n.name for n in booted_nodes(cluster)])
     return (
         f"{names} boot from the network, served by {server.name} (DHCP for their MAC addresses, "
-        "iPXE, their pool's image run from memory); apply builds the image, converges "
+        "iPXE, their pool's image run from memory); apply builds the image (with the packages "
+        "its roles install), converges "
         f"{server.name} and powers each of them that does not answer SSH through its BMC (next "
         "boot from the network, then on, or a cycle where it is on), then waits for it"
     )

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -185,3 +187,72 @@ def test_silent_names_the_nodes_whose_ssh_port_does_not_answer(tmp_path: Path) -
         # cpu002 (127.0.0.1) answers on the port, cpu001 (127.0.0.21) does not
         assert [n.name for n in boot.silent(cluster, ["cpu001", "cpu002", "head001"])] == ["cpu001"]
         assert boot.silent(cluster, ["head001"]) == []
+
+
+def test_a_pools_image_gets_its_packages_from_a_builder_in_the_groups_of_its_first_node(
+    metal: tuple[Cluster, State, list[Emulator]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """images(): a builder per pool whose image was made from other inputs, in the rendered
+    groups of the pool's first node, image.yml run on it alone; the image kept while nothing it
+    follows from changes; a failed run named, its builder removed unkept."""
+    from provision.providers.lab import image, netboot
+    from provision.render import render
+    from provision.render.output import write_render
+    from provision.run import ansible
+
+    cluster, state, _ = metal
+    write_render(render(cluster), state.build)
+    labels: dict[str, str] = {}
+    events: list[tuple[object, ...]] = []
+    runs: list[tuple[str, str | None, dict[str, Any]]] = []
+    rc = [0]
+    monkeypatch.setattr(image, "ensure_image", lambda mirror, log: ("base", 0.0))
+    monkeypatch.setattr(image, "debian_mirror", lambda: "mirror")
+    monkeypatch.setattr(netboot, "layer", lambda base, log: "layer")
+    monkeypatch.setattr(netboot, "label", lambda name, key: labels.get(name))
+    monkeypatch.setattr(boot, "public_key", lambda spec, state: "ssh-ed25519 AAAA")
+    monkeypatch.setattr(
+        netboot, "start_builder", lambda layer, name, cluster: events.append(("start", name))
+    )
+
+    def finish(name: str, made: str, inputs: str, layer: str, ok: bool) -> None:
+        events.append(("finish", name, ok))
+        if ok:
+            labels[made] = inputs
+
+    def play(playbook: str, state: State, key: None, **kw: Any) -> ansible.RunResult:
+        (path,) = kw["extra_inventory"]
+        runs.append((playbook, kw["limit"], json.loads(path.read_text())))
+        failed = {"image-cpu": ansible.HostResult(failed=1, failure="apt-get install failed")}
+        return ansible.RunResult(
+            rc[0], "failed" if rc[0] else "successful", failed if rc[0] else {}
+        )
+
+    monkeypatch.setattr(netboot, "finish_builder", finish)
+    monkeypatch.setattr(ansible, "run_playbook", play)
+    monkeypatch.setattr(
+        netboot, "build", lambda made, keys, log: netboot.BootImage(tmp_path / made[-3:], "t")
+    )
+    said: list[str] = []
+    assert boot.images(cluster, state, said.append) == {"cpu": str((tmp_path / "cpu").resolve())}
+    builder = netboot.builder_name("metal", "cpu")
+    assert events == [("start", builder), ("finish", builder, True)]
+    ((playbook, limit, doc),) = runs
+    assert (playbook, limit) == ("image.yml", "image-cpu")
+    assert doc["all"]["hosts"] == {
+        "image-cpu": {"ansible_connection": "containers.podman.podman", "ansible_host": builder}
+    }
+    # cpu001's groups in the render: its role's, its pool's and its provider's
+    assert sorted(doc["all"]["children"]) == ["compute", "pool_cpu", "provider_static"]
+    assert not (state.build / "inventory" / boot.IMAGE_INVENTORY).exists()
+    # nothing it follows from changed: no builder
+    boot.images(cluster, state, said.append)
+    assert len(runs) == 1
+    # the inventory changes: the packages again; this time the run fails
+    hosts = state.build / "inventory" / "hosts.yml"
+    hosts.write_text(hosts.read_text() + "# another\n")
+    rc[0] = 2
+    with pytest.raises(OperationError, match=r"cpu's image failed \(apt-get install failed\)"):
+        boot.images(cluster, state, said.append)
+    assert events[-2:] == [("start", builder), ("finish", builder, False)]
+    assert not (state.build / "inventory" / boot.IMAGE_INVENTORY).exists()

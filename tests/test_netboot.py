@@ -102,7 +102,7 @@ def test_each_node_boots_its_own_image_by_its_mac() -> None:
     gpu = scripts["/srv/provision-boot/nodes/52-54-00-aa-00-02.ipxe"].splitlines()
     assert gpu == [
         "#!ipxe",
-        "kernel http://10.0.0.1:8069/gpu/vmlinuz initrd=initrd.img boot=live "
+        "kernel http://10.0.0.1:8069/gpu/vmlinuz initrd=initrd.img boot=live nonetworking "
         "fetch=http://10.0.0.1:8069/gpu/root.squashfs systemd.hostname=gpu001 "
         "console=ttyS0,115200 net.ifnames=0",
         "initrd http://10.0.0.1:8069/gpu/initrd.img",
@@ -241,8 +241,9 @@ def test_plan_says_which_nodes_boot_from_the_network_and_what_apply_does(tmp_pat
     said = " ".join(r.stdout.split())
     assert (
         "boot: cpu[001-002] boot from the network, served by head001 (DHCP for their MAC "
-        "addresses, iPXE, their pool's image run from memory); apply builds the image, converges "
-        "head001 and powers each of them that does not answer SSH through its BMC"
+        "addresses, iPXE, their pool's image run from memory); apply builds the image (with the "
+        "packages its roles install), converges head001 and powers each of them that does not "
+        "answer SSH through its BMC"
     ) in said, r.stdout
     r = run_provision("plan", str(spec), "--json", "--state-dir", str(tmp_path / "state"))
     assert json.loads(r.stdout)["network_boot"].startswith("cpu[001-002] boot from the network")

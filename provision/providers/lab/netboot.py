@@ -4,19 +4,23 @@ the root file system as one squashfs that the initramfs fetches over HTTP and mo
 writable overlay in RAM.
 
 It is built here from the lab's base image (debootstrap, the machine's own mirror) with podman,
-so it needs what the lab needs, and is kept by its inputs: the base image, this recipe and the
-keys let in. The boot server (the `netboot` role) serves it; iPXE loads the kernel and initramfs,
-and the kernel's command line names the squashfs:
+so it needs what the lab needs: a layer with the kernel and live-boot (this recipe, once for the
+base image), then a pool's packages installed on it by Ansible in a builder container
+(playbooks/image.yml; provision/boot.py runs it) and committed, then exported into a squashfs
+kept by the packages it holds and the keys let in. The boot server (the `netboot` role) serves
+it; iPXE loads the kernel and initramfs, and the kernel's command line names the squashfs:
 
-    boot=live fetch=http://SERVER:PORT/POOL/root.squashfs
+    boot=live nonetworking fetch=http://SERVER:PORT/POOL/root.squashfs
 
-Measured here (2 cores, QEMU in software): the build about 2 minutes (the package layer 76 s,
-the squashfs 40 s, 177 MB with zstd); power-on to SSH 112 s.
+Measured here (2 cores, QEMU in software): the kernel's layer 76 s once; a pool's packages and
+its squashfs about 90 s (240 MB with zstd for a compute pool on the fabric, 177 MB without
+the packages); power-on to SSH 110-125 s.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import provision.providers.lab.podman as podman
+from provision.burst.config import LAB_LABEL, lab_container_prefix
 from provision.errors import OperationError
 
 # the kernel, live-boot's initramfs hooks (they fetch the squashfs and mount the overlay), and
@@ -62,33 +67,115 @@ def cache_dir() -> Path:
     return Path(base) / "provision" / "netboot"
 
 
-def build(
-    base_image: str,
-    authorized_keys: str,
-    cache: Path | None = None,
-    log: Callable[[str], None] = print,
-) -> BootImage:
-    """The boot image from `base_image`, root letting in `authorized_keys` (public keys, one a
-    line); built unless one of the same inputs is kept in `cache`."""
-    mksquashfs = podman.require("mksquashfs")
+def layer(base_image: str, log: Callable[[str], None] = print) -> str:
+    """The image of the kernel and live-boot on `base_image` (built once for its inputs)."""
     base_id = podman.text("image", "inspect", "--format", "{{.Id}}", base_image)
     recipe = RECIPE.format(base=base_image, packages=" ".join(PACKAGES))
-    layer = hashlib.sha256(f"{base_id}\0{recipe}".encode()).hexdigest()[:16]
-    tag = hashlib.sha256(f"{layer}\0{authorized_keys}".encode()).hexdigest()[:16]
-    target = (cache or cache_dir()) / tag
-    if all((target / f).is_file() for f in FILES):
-        return BootImage(target, tag)
-    name = f"localhost/provision-netboot:{layer}"  # the packages, whatever keys go in
+    digest = hashlib.sha256(f"{base_id}\0{recipe}".encode()).hexdigest()[:16]
+    name = f"localhost/provision-netboot:{digest}"
     if not podman.image_exists(name):
         log(f"netboot: building {name} (the kernel and live-boot on the lab image, once)")
         with tempfile.TemporaryDirectory() as context:
             podman.podman("build", "-q", "-t", name, "-f", "-", context, stdin=recipe.encode())
+    return name
+
+
+# --- a pool's image: the layer with the packages its nodes' roles install ---------------------
+
+
+def pool_image(cluster: str, pool: str) -> str:
+    return f"localhost/provision-netboot-{cluster}-{pool}"
+
+
+def builder_name(cluster: str, pool: str) -> str:
+    return f"{lab_container_prefix(cluster)}netboot-{pool}"
+
+
+def label(image: str, key: str) -> str | None:
+    """A label of `image`; None where the image or the label is missing."""
+    if not podman.image_exists(image):
+        return None
+    out = podman.text("image", "inspect", image, "--format", "{{json .Labels}}")
+    labels = json.loads(out or "null") or {}
+    value = labels.get(key)
+    return value if isinstance(value, str) else None
+
+
+def start_builder(layer_image: str, container: str, cluster: str) -> None:
+    """A container of the layer that Ansible installs a pool's packages into (podman exec):
+    no init, and services kept from starting (a package's postinst would start them here)."""
+    podman.podman("rm", "-f", "-t", "0", container, check=False)
+    podman.podman(
+        "run", "-d", "--name", container, "--label", f"{LAB_LABEL}={cluster}", "--no-hosts",
+        layer_image, "sleep", "infinity",
+    )  # fmt: skip
+    podman.podman("exec", container, "sh", "-c", POLICY)
+
+
+# services stay stopped while the builder installs (Debian's invoke-rc.d asks policy-rc.d)
+POLICY = "printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d"
+# What the image must not carry, as a builder left it: the policy above, the munge key munge's
+# package made (the cluster's own reaches each node at its converge), apt's downloads. The
+# package lists stay: a node's converge installs what the image lacks without fetching them.
+SEAL = """set -e
+rm -f /usr/sbin/policy-rc.d /etc/munge/munge.key
+apt-get clean
+"""
+# the packages in the image, with their versions: what its squashfs is kept by
+LIST = ["dpkg-query", "--show", "--showformat=${db:Status-Status} ${Package}=${Version}\n"]
+
+
+def finish_builder(container: str, image: str, inputs: str, layer_image: str, ok: bool) -> None:
+    """The builder sealed and committed as `image` (labelled with its inputs and the hash of
+    its layer and packages) when Ansible's run went well; removed either way."""
+    try:
+        if ok:
+            podman.podman("exec", container, "sh", "-c", SEAL)
+            listed = podman.text("exec", container, *LIST)
+            installed = sorted(
+                line.split(" ", 1)[1]
+                for line in listed.splitlines()
+                if line.startswith("installed ")
+            )
+            held = "\n".join([layer_image, *installed])
+            packages = hashlib.sha256(held.encode()).hexdigest()[:16]
+            podman.podman(
+                "commit", "--quiet",
+                "--change", f"LABEL {INPUTS_LABEL}={inputs}",
+                "--change", f"LABEL {PACKAGES_LABEL}={packages}",
+                container, image,
+            )  # fmt: skip
+    finally:
+        podman.podman("rm", "-f", "-t", "0", container, check=False)
+
+
+INPUTS_LABEL = "provision.inputs"  # the hash of what Ansible made the pool's image from
+PACKAGES_LABEL = "provision.packages"  # the hash of the packages it holds
+
+
+def build(
+    image: str,
+    authorized_keys: str,
+    cache: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> BootImage:
+    """The boot image of `image` (a pool's, or the layer), root letting in `authorized_keys`
+    (public keys, one a line); made unless one of the same packages and keys is kept in
+    `cache`."""
+    mksquashfs = podman.require("mksquashfs")
+    held = label(image, PACKAGES_LABEL) or podman.text(
+        "image", "inspect", "--format", "{{.Id}}", image
+    )
+    tag = hashlib.sha256(f"{SQUASH}\0{held}\0{authorized_keys}".encode()).hexdigest()[:16]
+    target = (cache or cache_dir()) / tag
+    if all((target / f).is_file() for f in FILES):
+        return BootImage(target, tag)
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"{tag}.", dir=target.parent))
     try:
         root = work / "root"
         root.mkdir()
-        _export(name, root)
+        _export(image, root)
         _customise(root, authorized_keys)
         out = work / "out"
         out.mkdir()
@@ -109,6 +196,10 @@ def build(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return BootImage(target, tag)
+
+
+# how a root becomes a squashfs (_customise, EXCLUDE): a change here makes each image again
+SQUASH = "2"
 
 
 def _export(image: str, root: Path) -> None:
