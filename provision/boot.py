@@ -16,12 +16,13 @@ changed: a rerun boots only the nodes still silent.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+
+import yaml
 
 from provision.changes import inventory_document
 from provision.cluster import Cluster, compress
@@ -126,7 +127,11 @@ def _install_packages(
             listed = (body or {}).get("hosts") or {}
             if first in listed:
                 members.setdefault(group, {})[host] = None
-                own.update((k, v) for k, v in (listed[first] or {}).items() if k[:8] != "ansible_")
+                own.update(
+                    (k, _unsafe(v))
+                    for k, v in (listed[first] or {}).items()
+                    if not k.startswith("ansible_")
+                )
         hosts[host] = {
             **own,
             "ansible_connection": "containers.podman.podman",
@@ -138,7 +143,7 @@ def _install_packages(
         for pool in stale:
             netboot.start_builder(layer, netboot.builder_name(name, pool), name)
         doc = {"all": {"hosts": hosts, "children": {g: {"hosts": h} for g, h in members.items()}}}
-        path.write_text(json.dumps(doc, indent=1) + "\n")  # JSON is YAML
+        path.write_text(yaml.dump(doc, Dumper=_Dumper, sort_keys=False))
         say(f"netboot: installing the packages of {compress(list(stale))}'s image (image.yml)")
         started = time.monotonic()
         result = run_playbook(
@@ -158,6 +163,27 @@ def _install_packages(
                 netboot.builder_name(name, pool), netboot.pool_image(name, pool), inputs, layer, ok
             )
         path.unlink(missing_ok=True)
+
+
+class _Unsafe(str):
+    """A rendered value (spec data): written `!unsafe`, so that Ansible never templates it."""
+
+
+def _unsafe(value: object) -> object:
+    if isinstance(value, str):
+        return _Unsafe(value)
+    if isinstance(value, list):
+        return [_unsafe(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _unsafe(v) for k, v in value.items()}
+    return value
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(_Unsafe, lambda d, s: d.represent_scalar("!unsafe", str(s)))
 
 
 def remove_images(cluster: Cluster) -> list[str]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -189,6 +191,9 @@ def test_silent_names_the_nodes_whose_ssh_port_does_not_answer(tmp_path: Path) -
         assert boot.silent(cluster, ["head001"]) == []
 
 
+SPEC_DATA = "{{ lookup('pipe', 'id') }}/24"
+
+
 def test_a_pools_image_gets_its_packages_from_a_builder_in_the_groups_of_its_first_node(
     metal: tuple[Cluster, State, list[Emulator]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -202,6 +207,16 @@ def test_a_pools_image_gets_its_packages_from_a_builder_in_the_groups_of_its_fir
 
     cluster, state, _ = metal
     write_render(render(cluster), state.build)
+    # a host variable of the pool's first node, which the builder takes, as spec data (unsafe)
+    hosts = state.build / "inventory" / "hosts.yml"
+    text = hosts.read_text()
+    at = text.index("        cpu001:\n", text.index("    pool_cpu:"))
+    text = (
+        text[:at]
+        + f"        cpu001:\n          provision_fabric_addresses: [!unsafe {SPEC_DATA!r}]\n"
+        + (text[at + len("        cpu001:\n") :])
+    )
+    hosts.write_text(text)
     labels: dict[str, str] = {}
     events: list[tuple[object, ...]] = []
     runs: list[tuple[str, str | None, dict[str, Any]]] = []
@@ -222,7 +237,12 @@ def test_a_pools_image_gets_its_packages_from_a_builder_in_the_groups_of_its_fir
 
     def play(playbook: str, state: State, key: None, **kw: Any) -> ansible.RunResult:
         (path,) = kw["extra_inventory"]
-        runs.append((playbook, kw["limit"], json.loads(path.read_text())))
+        listed = subprocess.run(  # as Ansible reads the two
+            [str(Path(sys.executable).parent / "ansible-inventory"), "--list", "-i", str(hosts),
+             "-i", str(path)],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        runs.append((playbook, kw["limit"], json.loads(listed.stdout)))
         failed = {"image-cpu": ansible.HostResult(failed=1, failure="apt-get install failed")}
         return ansible.RunResult(
             rc[0], "failed" if rc[0] else "successful", failed if rc[0] else {}
@@ -239,17 +259,20 @@ def test_a_pools_image_gets_its_packages_from_a_builder_in_the_groups_of_its_fir
     assert events == [("start", builder), ("finish", builder, True)]
     ((playbook, limit, doc),) = runs
     assert (playbook, limit) == ("image.yml", "image-cpu")
-    assert doc["all"]["hosts"] == {
-        "image-cpu": {"ansible_connection": "containers.podman.podman", "ansible_host": builder}
-    }
-    # cpu001's groups in the render: its role's, its pool's and its provider's
-    assert sorted(doc["all"]["children"]) == ["compute", "pool_cpu", "provider_static"]
+    own = doc["_meta"]["hostvars"]["image-cpu"]
+    assert (own["ansible_connection"], own["ansible_host"]) == ("containers.podman.podman", builder)
+    # cpu001's groups in the render (its role's, its pool's and its provider's) and its own
+    # variables, still data Ansible never templates; not its address
+    assert [g for g in doc if "image-cpu" in (doc[g].get("hosts") or [])] == [
+        "compute", "pool_cpu", "provider_static"
+    ]  # fmt: skip
+    assert own["provision_fabric_addresses"] == [{"__ansible_unsafe": SPEC_DATA}]
+    assert doc["_meta"]["hostvars"]["cpu001"]["ansible_host"] != builder
     assert not (state.build / "inventory" / boot.IMAGE_INVENTORY).exists()
     # nothing it follows from changed: no builder
     boot.images(cluster, state, said.append)
     assert len(runs) == 1
     # the inventory changes: the packages again; this time the run fails
-    hosts = state.build / "inventory" / "hosts.yml"
     hosts.write_text(hosts.read_text() + "# another\n")
     rc[0] = 2
     with pytest.raises(OperationError, match=r"cpu's image failed \(apt-get install failed\)"):
