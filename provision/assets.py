@@ -11,6 +11,7 @@ beside the package; its .collections/ holds the link Ansible's collections path 
 
 from __future__ import annotations
 
+import hashlib
 from importlib.resources import files
 from pathlib import Path
 
@@ -60,6 +61,14 @@ def collection_files() -> list[Path]:
         path = root / part
         found += [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     return [p for p in found if "__pycache__" not in p.parts]
+
+
+def hash_collection(h: hashlib._Hash) -> None:
+    """Feed `h` every file of the collection, by its path in it (what an image built by its
+    roles follows from: a change to them makes it again)."""
+    root = collection_dir()
+    for path in collection_files():
+        h.update(f"{path.relative_to(root)}\n".encode() + path.read_bytes())
 
 
 def playbook(name: str) -> Path:

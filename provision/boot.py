@@ -58,7 +58,8 @@ def images(cluster: Cluster, state: State, say: Say) -> dict[str, str]:
     cluster's key. A pool's packages are installed again when the inventory or the roles
     change, its squashfs made again only when the packages do (netboot.build keeps it by them).
     OperationError if a builder's run failed."""
-    from provision.providers.lab import image, netboot  # podman: only where a pool boots so
+    from provision.providers.lab import image, netboot, podman  # only where a pool boots so
+    from provision.providers.lab.burst import INPUTS_LABEL
 
     pools = [p.name for p in cluster.spec.pools if p.boot == "network"]
     if not pools:
@@ -70,7 +71,7 @@ def images(cluster: Cluster, state: State, say: Say) -> dict[str, str]:
     stale = [
         p
         for p in pools
-        if netboot.label(netboot.pool_image(name, p), netboot.INPUTS_LABEL) != inputs[p]
+        if podman.image_label(netboot.pool_image(name, p), INPUTS_LABEL) != inputs[p]
     ]
     if stale:
         _install_packages(cluster, state, layer, {p: inputs[p] for p in stale}, say)
@@ -98,9 +99,7 @@ def _inputs(state: State, layer: str, pool: str) -> str:
     for rel, content in sorted(read_render(state.build).items()):
         if rel.startswith("inventory/"):
             h.update(f"{rel}\n{content}\n".encode())
-    root = assets.collection_dir()
-    for path in assets.collection_files():
-        h.update(f"{path.relative_to(root)}\n".encode() + path.read_bytes())
+    assets.hash_collection(h)
     return h.hexdigest()[:16]
 
 

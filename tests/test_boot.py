@@ -200,7 +200,7 @@ def test_a_pools_image_gets_its_packages_from_a_builder_in_the_groups_of_its_fir
     """images(): a builder per pool whose image was made from other inputs, in the rendered
     groups of the pool's first node, image.yml run on it alone; the image kept while nothing it
     follows from changes; a failed run named, its builder removed unkept."""
-    from provision.providers.lab import image, netboot
+    from provision.providers.lab import image, netboot, podman
     from provision.render import render
     from provision.render.output import write_render
     from provision.run import ansible
@@ -224,7 +224,7 @@ def test_a_pools_image_gets_its_packages_from_a_builder_in_the_groups_of_its_fir
     monkeypatch.setattr(image, "ensure_image", lambda mirror, log: ("base", 0.0))
     monkeypatch.setattr(image, "debian_mirror", lambda: "mirror")
     monkeypatch.setattr(netboot, "layer", lambda base, log: "layer")
-    monkeypatch.setattr(netboot, "label", lambda name, key: labels.get(name))
+    monkeypatch.setattr(podman, "image_label", lambda name, key: labels.get(name))
     monkeypatch.setattr(boot, "public_key", lambda spec, state: "ssh-ed25519 AAAA")
     monkeypatch.setattr(
         netboot, "start_builder", lambda layer, name, cluster: events.append(("start", name))

@@ -113,9 +113,7 @@ def pool_digest(files: dict[str, str], view: PoolView, source: str) -> str:
         parts[rel] = files.get(rel, "")
     for rel, text in sorted(parts.items()):
         h.update(f"{rel}\n{text}\n".encode())
-    root = assets.collection_dir()
-    for path in assets.collection_files():
-        h.update(f"{path.relative_to(root)}\n".encode() + path.read_bytes())
+    assets.hash_collection(h)
     for rel, data in _package_files():
         h.update(f"{rel}\n".encode() + data)
     return h.hexdigest()[:16]

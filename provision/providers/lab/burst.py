@@ -108,18 +108,8 @@ def _digest(cluster: Cluster, state: State, base_id: str, pool: str) -> str:
     for rel, content in sorted(read_render(state.build).items()):
         h.update(f"{rel}\n{content}\n".encode())
     # the collection whose roles made the image: a change to them makes it again
-    roles = assets.collection_dir()
-    for path in assets.collection_files():
-        h.update(f"{path.relative_to(roles)}\n".encode() + path.read_bytes())
+    assets.hash_collection(h)
     return h.hexdigest()[:16]
-
-
-def _image_digest(image: str) -> str | None:
-    if not podman.image_exists(image):
-        return None
-    out = podman.text("image", "inspect", image, "--format", "{{json .Labels}}")
-    labels = json.loads(out or "null") or {}
-    return labels.get(INPUTS_LABEL)
 
 
 def stale_images(
@@ -135,7 +125,7 @@ def stale_images(
             continue
         image = lab_image(cluster.spec.name, view.name)
         digest = _digest(cluster, state, base_id, view.name)
-        if pools is None and _image_digest(image) == digest:
+        if pools is None and podman.image_label(image, INPUTS_LABEL) == digest:
             continue
         container = f"{lab_container_prefix(cluster.spec.name)}image-{view.name}"
         builds.append(ImageBuild(view.name, view.nodes[0].name, container, image, digest))

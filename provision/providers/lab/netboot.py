@@ -20,7 +20,6 @@ the packages); power-on to SSH 110-125 s.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -32,6 +31,7 @@ from pathlib import Path
 import provision.providers.lab.podman as podman
 from provision.burst.config import LAB_LABEL, lab_container_prefix
 from provision.errors import OperationError
+from provision.providers.lab.burst import INPUTS_LABEL  # what Ansible made an image from
 
 # the kernel, live-boot's initramfs hooks (they fetch the squashfs and mount the overlay), and
 # the name service module that answers for the node's own name before /etc/hosts has it
@@ -91,16 +91,6 @@ def builder_name(cluster: str, pool: str) -> str:
     return f"{lab_container_prefix(cluster)}netboot-{pool}"
 
 
-def label(image: str, key: str) -> str | None:
-    """A label of `image`; None where the image or the label is missing."""
-    if not podman.image_exists(image):
-        return None
-    out = podman.text("image", "inspect", image, "--format", "{{json .Labels}}")
-    labels = json.loads(out or "null") or {}
-    value = labels.get(key)
-    return value if isinstance(value, str) else None
-
-
 def start_builder(layer_image: str, container: str, cluster: str) -> None:
     """A container of the layer that Ansible installs a pool's packages into (podman exec):
     no init, and services kept from starting (a package's postinst would start them here)."""
@@ -149,7 +139,6 @@ def finish_builder(container: str, image: str, inputs: str, layer_image: str, ok
         podman.podman("rm", "-f", "-t", "0", container, check=False)
 
 
-INPUTS_LABEL = "provision.inputs"  # the hash of what Ansible made the pool's image from
 PACKAGES_LABEL = "provision.packages"  # the hash of the packages it holds
 
 
@@ -163,7 +152,7 @@ def build(
     (public keys, one a line); made unless one of the same packages and keys is kept in
     `cache`."""
     mksquashfs = podman.require("mksquashfs")
-    held = label(image, PACKAGES_LABEL) or podman.text(
+    held = podman.image_label(image, PACKAGES_LABEL) or podman.text(
         "image", "inspect", "--format", "{{.Id}}", image
     )
     tag = hashlib.sha256(f"{SQUASH}\0{held}\0{authorized_keys}".encode()).hexdigest()[:16]

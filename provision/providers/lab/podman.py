@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -43,6 +44,16 @@ def text(*args: str, check: bool = True) -> str:
 
 def image_exists(name: str) -> bool:
     return podman("image", "exists", name, check=False).returncode == 0
+
+
+def image_label(image: str, key: str) -> str | None:
+    """A label of `image`; None where the image or the label is missing."""
+    if not image_exists(image):
+        return None
+    out = text("image", "inspect", image, "--format", "{{json .Labels}}")
+    labels = json.loads(out or "null") or {}
+    value = labels.get(key)
+    return value if isinstance(value, str) else None
 
 
 def network_exists(name: str) -> bool:
