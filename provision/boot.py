@@ -22,8 +22,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import yaml
-
 from provision.changes import inventory_document
 from provision.cluster import Cluster, compress
 from provision.errors import OperationError
@@ -37,6 +35,7 @@ from provision.power import (
 )
 from provision.render.netboot import booted_nodes
 from provision.render.output import read_render
+from provision.render.yamldata import Template, yaml_value
 from provision.spec.nodes import Node
 from provision.sshkeys import forget_host_key, public_key
 from provision.state import State
@@ -127,22 +126,27 @@ def _install_packages(
             if first in listed:
                 members.setdefault(group, {})[host] = None
                 own.update(
-                    (k, _unsafe(v))
-                    for k, v in (listed[first] or {}).items()
-                    if not k.startswith("ansible_")
+                    (k, v) for k, v in (listed[first] or {}).items() if not k.startswith("ansible_")
                 )
+        # how Ansible reaches the builder (ours, plain), then the node's variables (data)
         hosts[host] = {
+            "ansible_connection": Template("containers.podman.podman"),
+            "ansible_host": Template(container),
             **own,
-            "ansible_connection": "containers.podman.podman",
-            "ansible_host": container,
         }
     path = state.build / "inventory" / IMAGE_INVENTORY
     ok = False
     try:
         for pool in stale:
             netboot.start_builder(layer, netboot.builder_name(name, pool), name)
-        doc = {"all": {"hosts": hosts, "children": {g: {"hosts": h} for g, h in members.items()}}}
-        path.write_text(yaml.dump(doc, Dumper=_Dumper, sort_keys=False))
+        # each value as the renderer writes it: a string `!unsafe`, never a template
+        lines = ["all:", "  hosts:"]
+        for host, values in hosts.items():
+            lines += [f"    {host}:", *(f"      {k}: {yaml_value(v)}" for k, v in values.items())]
+        lines.append("  children:")
+        for group, names in members.items():
+            lines += [f"    {group}:", "      hosts:", *(f"        {h}:" for h in names)]
+        path.write_text("\n".join(lines) + "\n")
         say(f"netboot: installing the packages of {compress(list(stale))}'s image (image.yml)")
         started = time.monotonic()
         result = run_playbook(
@@ -162,27 +166,6 @@ def _install_packages(
                 netboot.builder_name(name, pool), netboot.pool_image(name, pool), inputs, layer, ok
             )
         path.unlink(missing_ok=True)
-
-
-class _Unsafe(str):
-    """A rendered value (spec data): written `!unsafe`, so that Ansible never templates it."""
-
-
-def _unsafe(value: object) -> object:
-    if isinstance(value, str):
-        return _Unsafe(value)
-    if isinstance(value, list):
-        return [_unsafe(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _unsafe(v) for k, v in value.items()}
-    return value
-
-
-class _Dumper(yaml.SafeDumper):
-    pass
-
-
-_Dumper.add_representer(_Unsafe, lambda d, s: d.represent_scalar("!unsafe", str(s)))
 
 
 def remove_images(cluster: Cluster) -> list[str]:
