@@ -11,7 +11,8 @@ parts, by name, so that plan can say what changed:
 - what each role is given as a pool's nodes see it (`pools`): the role's files, the inventory's
   variables it names (from group_vars/all.yml, `all` and every group a node of the pool is in),
   the rendered files it reads (its pool's, its nodes', the shared ones), its secrets, this
-  package where it installs the wheel, the groups it reads (members and addresses);
+  package where it installs the wheel, the groups it reads (members and addresses), and what
+  apply gives it beside the render that it reads (GIVEN: the images the boot server serves);
 - each node's own host variables and groups (`hosts`): every role's on that node.
 
 The next apply probes each recorded node (preflight's SSH session: sha1sum and systemctl,
@@ -114,9 +115,38 @@ PEERS_PART = "its pool's host variables"
 HOST_PART = "its host variables or groups"
 
 
-def prints(rendered: Mapping[str, str], secrets: Path) -> Prints:
+# What apply gives the roles beside the render that follows from more than the render: the
+# images of the pools that boot from the network (their packages, made by apply), for the boot
+# server to serve. Each is a part ("var NAME") of the roles that read it on the pool of the
+# nodes it is given to, so that a new image reaches the boot server at the next apply even when
+# nothing else of the head changed.
+GIVEN = ("netboot_images",)
+Given = Mapping[str, Mapping[str, str]]  # pool -> name -> digest
+
+
+def given_digests(extra_vars: Mapping[str, object], pool: str | None) -> dict[str, dict[str, str]]:
+    """The digests of what apply gives the roles of `pool`'s nodes beside the render (GIVEN)."""
+    digests = {name: _digest(_json(extra_vars[name])) for name in GIVEN if name in extra_vars}
+    return {pool: digests} if pool is not None and digests else {}
+
+
+def recorded_given(state: State) -> dict[str, dict[str, str]]:
+    """What the last converge recorded of GIVEN (plan: only apply knows whether it makes a new
+    image, once it made it)."""
+    record = load(state)
+    found: dict[str, dict[str, str]] = {}
+    for pool, roles in (record.pools if record is not None else {}).items():
+        for parts in roles.values():
+            for name in GIVEN:
+                if f"var {name}" in parts:
+                    found.setdefault(pool, {})[name] = parts[f"var {name}"]
+    return found
+
+
+def prints(rendered: Mapping[str, str], secrets: Path, given: Given | None = None) -> Prints:
     """The fingerprint of what Ansible gives each node's roles of the render (the module's
-    docstring): the render, this package, the secrets (their digests only are kept)."""
+    docstring): the render, this package, the secrets (their digests only are kept), and the
+    digests of what apply gives them beside it (`given`: GIVEN, by pool and name)."""
     doc = inventory_document(rendered.get(INVENTORY, ""))
     top: dict[str, Any] = _mapping(doc.get("all"))
     children = _mapping(top.get("children"))
@@ -233,6 +263,9 @@ def prints(rendered: Mapping[str, str], secrets: Path) -> Prints:
                     parts[f"secret {name}"] = digest
             if role.wheel:
                 parts[WHEEL_PART] = _package_digest()
+            for name, digest in (given or {}).get(pool, {}).items():
+                if name in role.words:
+                    parts[f"var {name}"] = digest
             if role.inventory:
                 named = {g for g in groups if g in role.words}
                 named |= {

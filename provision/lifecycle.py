@@ -302,12 +302,16 @@ def _apply(cluster: Cluster, applied: dict[str, str], run: _Run, verify: bool) -
     # preflight probes them, and Ansible runs only where something drifted
     known = inventory_nodes(applied.get(INVENTORY, ""))
     rolling = scope.batch is not None and bool(known)
-    stamp = converged.prints(made.files, made.secrets_dir)
+    # what the roles are given, the pools' images with it (made here): a new image is the boot
+    # server's to serve, whatever else changed
+    extra_vars, new_nodes, action = _converge_vars(made, applied, known, rolling, run)
+    server = boot_server(made.cluster)
+    given = converged.given_digests(extra_vars, server.pool if server is not None else None)
+    stamp = converged.prints(made.files, made.secrets_dir, given)
     decision = converged.Decision({}, dict.fromkeys(run.hosts), "")
     if not (scope.partial or rolling or scope.full):
         elastic = any(n.elastic for n in made.cluster.nodes)
         decision = converged.decide(state, stamp, run.hosts, elastic)
-    extra_vars, new_nodes, action = _converge_vars(made, applied, known, rolling, run)
     booted = _boot_phase(made, key, run, extra_vars)
     # each a new machine, idle: added to the very list extra_vars hands the roles as
     # provision_new_nodes and provision_drained

@@ -190,10 +190,12 @@ def _boot(cluster: Cluster) -> str:
 
 
 def _decide(cluster: Cluster, state: State, rendered: dict[str, str]) -> converged.Decision:
-    """What a plain apply would run on each node (converged.py), and why."""
+    """What a plain apply would run on each node (converged.py), and why: the pools' images
+    as the last converge served them (apply knows whether it makes new ones once it made them:
+    it says so)."""
     return converged.decide(
         state,
-        converged.prints(rendered, state.secrets),
+        converged.prints(rendered, state.secrets, converged.recorded_given(state)),
         [n.name for n in cluster.lasting_nodes],
         any(n.elastic for n in cluster.nodes),
     )

@@ -519,6 +519,36 @@ def test_on_the_lab_a_new_compute_node_runs_on_the_others_what_names_every_node(
     assert "monitoring" in (decision.roles[head] or ())
 
 
+def test_a_new_pool_image_runs_the_boot_servers_netboot_role_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """metal-lab.yaml converged with its compute pool's image: the same image again runs
+    nothing; a new one (new packages) runs the netboot role on the boot server alone, so that
+    it serves it even though nothing else of the head changed. plan takes the images as the
+    last converge recorded them."""
+    state = State(tmp_path, "metal")
+    state.ensure()
+    none = tmp_path / "none"
+    rendered = _render_example("metal-lab.yaml", tmp_path)
+    served = converged.given_digests({"netboot_images": {"cpu": "/cache/netboot/aaaa"}}, "head")
+    first = converged.prints(rendered, none, served)
+    converged.save(state, converged.after(None, first, {h: Left() for h in first.hosts}))
+    hosts = sorted(first.hosts)
+    assert converged.recorded_given(state) == served
+    same = converged.prints(rendered, none, converged.recorded_given(state))
+    assert _only(converged.decide(state, same, hosts, False).roles) == {}
+    made = converged.given_digests({"netboot_images": {"cpu": "/cache/netboot/bbbb"}}, "head")
+    decision = converged.decide(state, converged.prints(rendered, none, made), hosts, False)
+    assert _only(decision.roles) == {"head001": ("netboot",)}
+    assert "netboot (var netboot_images)" in decision.why
+    # without the images (an apply that made none: no pool boots from the network) no role has
+    # the part
+    bare = converged.prints(rendered, none)
+    assert not any(
+        "var netboot_images" in parts for r in bare.pools.values() for parts in r.values()
+    )
+
+
 def test_apply_runs_each_set_of_roles_once_the_servers_first_and_records_them_all(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
