@@ -101,6 +101,8 @@ def main() -> int:
         name: run(command, args.record, name)
         for name, command in gp.gpu_commands(want, all_reduce).items()
     }
+    if outputs[gp.QUERY_GPU][0] != 0:  # why nvidia-smi cannot reach the GPUs
+        outputs[gp.DRIVER_STATE] = run(gp.DRIVER_STATE_COMMAND, args.record, gp.DRIVER_STATE)
     if args.record:  # for reference beside the test data
         run("nvidia-smi -q", args.record, "nvidia-smi-q.txt")
         run("nvidia-smi topo -m", args.record, "topo-m.txt")

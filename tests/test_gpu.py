@@ -403,6 +403,85 @@ def test_verify_runs_the_gpu_checks_over_a_session() -> None:
     ]  # fmt: skip
 
 
+def test_why_nvidia_smi_cannot_reach_the_gpus_is_said_once() -> None:
+    """nvidia-smi failing says nothing of why: the driver's state (the PCI bus, the module for
+    the running kernel, whether it is loaded) makes one line of it, never a failure per check."""
+    from provision.parsers.gpu import DriverState, driver_finding, parse_driver_state
+
+    smi = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+    # recorded in a lab container: no GPU, no module for this machine's kernel
+    here = parse_driver_state(_read("driver-state-container-recorded.txt"))
+    assert here == DriverState("6.18.44-fc-v1300", 0, "", "", "", False)
+    assert driver_finding(H100, smi, here) == (
+        "gpu.count",
+        False,
+        "no NVIDIA GPU on the PCI bus (the profile promises 8); no NVIDIA kernel module is "
+        "installed for the running kernel (6.18.44-fc-v1300)",
+    )
+    # GPUs there, the module built by DKMS before a kernel upgrade whose headers were missing
+    stale = parse_driver_state(
+        "kernel 6.8.0-49-generic\npci 8\nmodule nvidia 550.90.07 6.8.0-45-generic\n"
+    )
+    assert driver_finding(H100, smi, stale) == (
+        "gpu.count",
+        False,
+        f"nvidia-smi failed: {smi}; the driver's module (nvidia 550.90.07) is built for "
+        "6.8.0-45-generic, not the running 6.8.0-49-generic: DKMS builds it for a kernel whose "
+        "headers are installed",
+    )
+    # the right module, not loaded
+    idle = parse_driver_state(
+        "kernel 6.8.0-49-generic\npci 8\nmodule nvidia 550.90.07 6.8.0-49-generic\n"
+    )
+    assert driver_finding(H100, smi, idle)[2].endswith(
+        "the driver's module (nvidia 550.90.07) is built for this kernel (6.8.0-49-generic), "
+        "but not loaded (modprobe nvidia)"
+    )
+    # not the command's output: nvidia-smi's own line alone
+    assert parse_driver_state("sh: 1: modinfo: not found\n") is None
+    assert driver_finding(H100, smi, None) == ("gpu.count", False, f"nvidia-smi failed: {smi}")
+
+
+def test_verify_asks_the_driver_state_once_nvidia_smi_failed() -> None:
+    from provision.cluster import Cluster
+    from provision.parsers.gpu import DRIVER_STATE_COMMAND, QUERY_GPU, gpu_commands
+    from provision.spec import load_spec
+    from provision.state import State
+    from provision.verify import VerifyContext
+    from provision.verify.gpu import check_gpus
+    from provision.verify.remote import Output
+
+    cluster = Cluster(load_spec(ROOT / "examples" / "dgx-superpod.yaml"))
+    node = next(n for n in cluster.nodes if n.name == "gpu001")
+    query = gpu_commands(H100)[QUERY_GPU]
+    ran = []
+
+    class Session:
+        def run(self, command: str, sudo: bool = False, timeout: float = 60.0) -> Output:
+            ran.append(command)
+            if command == query:
+                return Output(9, "", "NVIDIA-SMI has failed because it couldn't communicate\n")
+            assert command == DRIVER_STATE_COMMAND, command
+            return Output(0, _read("driver-state-container-recorded.txt"), "")
+
+    ctx = VerifyContext(cluster, State(Path("/nonexistent"), "superpod"), "")
+    results = check_gpus(ctx, node, Session())  # type: ignore[arg-type]
+    assert ran == [query, DRIVER_STATE_COMMAND]
+    assert [(r.check, r.passed) for r in results] == [("gpu.count", False)]
+    assert results[0].evidence.startswith("no NVIDIA GPU on the PCI bus (the profile promises 8)")
+
+
+def test_the_driver_state_command_runs_in_a_posix_shell() -> None:
+    """The real sh runs it here (no NVIDIA device, no module): its lines parse."""
+    from provision.parsers.gpu import DRIVER_STATE_COMMAND, parse_driver_state
+
+    done = subprocess.run(["sh", "-c", DRIVER_STATE_COMMAND], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    state = parse_driver_state(done.stdout)
+    assert state is not None and state.kernel == os.uname().release
+    assert state.pci_gpus is not None and not state.loaded
+
+
 # --- NCCL across two nodes: what catches NCCL fallen back to TCP sockets --------------------
 
 

@@ -119,6 +119,30 @@ def test_each_recorded_failure_fails_its_check(
     assert detail in failed[0].detail, failed
 
 
+def test_a_node_whose_gpus_nvidia_smi_cannot_reach_fails_once_saying_why() -> None:
+    """nvidia-smi failing: the driver's state asked after it (not before: a healthy node never
+    runs it), and one GPU failure that says why, not one per GPU check."""
+    from provision.parsers.gpu import DRIVER_STATE_COMMAND
+
+    config = _dgx_config()
+    config["disks"] = []
+    outputs = _healthy_outputs()
+    outputs["nvidia-smi --query-gpu"] = (9, "NVIDIA-SMI has failed because it couldn't\n")
+    outputs[DRIVER_STATE_COMMAND] = (NVIDIA / "driver-state-container-recorded.txt").read_text()
+    failed = [r for r in run_checks(config, _fake_run(outputs), "") if not r.ok]
+    assert [r.check for r in failed] == ["gpu.count"], failed
+    assert failed[0].detail.startswith("no NVIDIA GPU on the PCI bus (the profile promises 8)")
+    asked: list[str] = []
+    healthy = _fake_run(_healthy_outputs())
+
+    def run(command: str, timeout: float = 60) -> tuple[int, str]:
+        asked.append(command)
+        return healthy(command, timeout)
+
+    run_checks(config, run, "")
+    assert DRIVER_STATE_COMMAND not in asked
+
+
 def test_munge_time_disk_and_mount_failures() -> None:
     outputs = {
         "munge -n": (1, 'munge: Error: Failed to access "/run/munge/munge.socket.2"\n'),

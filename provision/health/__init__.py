@@ -28,7 +28,14 @@ from typing import Protocol
 
 from provision.parsers import fabric as fp
 from provision.parsers.dcgm import DIAG_TIMEOUT_S, LONG_DIAG_FROM, diag_command, parse_diag
-from provision.parsers.gpu import GpuExpect, findings_from, gpu_commands
+from provision.parsers.gpu import (
+    DRIVER_STATE,
+    DRIVER_STATE_COMMAND,
+    QUERY_GPU,
+    GpuExpect,
+    findings_from,
+    gpu_commands,
+)
 
 CONFIG = Path("/etc/provision/health.json")
 PREFIX = "health: "  # what the reason of a drain this program makes starts with
@@ -137,6 +144,8 @@ def check_gpus(want: GpuExpect, run: Run) -> list[Result]:
     """The GPU checks of verify, without the NCCL test: count, model and memory, driver pin,
     persistence, memory errors (ECC, pending retirement, row remapping), PCIe, NVLink."""
     outputs = {name: run(cmd) for name, cmd in gpu_commands(want, all_reduce=None).items()}
+    if outputs[QUERY_GPU][0] != 0:  # why nvidia-smi cannot reach the GPUs
+        outputs[DRIVER_STATE] = run(DRIVER_STATE_COMMAND)
     return [Result(c, ok, d) for c, ok, d in findings_from(want, outputs)]
 
 

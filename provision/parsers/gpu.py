@@ -281,6 +281,81 @@ REMAPPED_ROWS = "remapped-rows.csv"
 NVLINK_STATUS = "nvlink-status.txt"
 FABRICMANAGER = "fabricmanager.txt"
 ALL_REDUCE_OUT = "all-reduce.txt"
+DRIVER_STATE = "driver-state.txt"
+# What explains an nvidia-smi that cannot reach the GPUs, in one look (POSIX sh, sysfs and
+# kmod only): the running kernel, the NVIDIA display and 3D controllers on the PCI bus (vendor
+# 0x10de, class 0x03), the driver's module as modinfo knows it for that kernel (NVIDIA's
+# packages call it nvidia, Debian's own nvidia-current) and whether it is loaded.
+DRIVER_STATE_COMMAND = (
+    'k=$(uname -r); echo "kernel $k"; n=0; '
+    "for d in /sys/bus/pci/devices/*; do "
+    '[ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] && '
+    'case "$(cat "$d/class" 2>/dev/null)" in 0x03*) n=$((n+1));; esac; '
+    'done; echo "pci $n"; '
+    "for m in nvidia nvidia-current; do "
+    'v=$(modinfo -k "$k" -F version "$m" 2>/dev/null) || continue; '
+    'echo "module $m $v $(modinfo -k "$k" -F vermagic "$m" | cut -d" " -f1)"; break; done; '
+    "grep -q '^nvidia ' /proc/modules 2>/dev/null && echo loaded; true"
+)
+
+
+@dataclass(frozen=True)
+class DriverState:
+    kernel: str
+    pci_gpus: int | None  # NVIDIA display or 3D controllers on the PCI bus
+    module: str  # as modinfo knows it; "" where none is installed for the kernel
+    version: str
+    built_for: str  # the kernel of the module's vermagic
+    loaded: bool
+
+
+def parse_driver_state(text: str) -> DriverState | None:
+    """DRIVER_STATE_COMMAND's lines; None when they are not its (no kernel line)."""
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        key, _, rest = line.strip().partition(" ")
+        found.setdefault(key, rest.split())
+    if not found.get("kernel"):
+        return None
+    pci = found.get("pci") or [""]
+    module = (found.get("module") or []) + ["", "", ""]
+    return DriverState(
+        kernel=found["kernel"][0],
+        pci_gpus=int(pci[0]) if pci[0].isdigit() else None,
+        module=module[0],
+        version=module[1],
+        built_for=module[2],
+        loaded="loaded" in found,
+    )
+
+
+def driver_finding(want: GpuExpect, smi: str, state: DriverState | None) -> Finding:
+    """Why nvidia-smi cannot reach the GPUs (`smi`: its first line), said once: no GPU on the
+    PCI bus, no module for the running kernel, a module built for another, or one not loaded."""
+    said = f"nvidia-smi failed: {smi}"
+    if state is None:
+        return ("gpu.count", False, said)
+    module = (
+        f"the driver's module ({state.module} {state.version}) is built for this kernel "
+        f"({state.kernel})"
+        if state.module and state.built_for == state.kernel
+        else f"the driver's module ({state.module} {state.version}) is built for "
+        f"{state.built_for or 'no kernel'}, not the running {state.kernel}: DKMS builds it "
+        "for a kernel whose headers are installed"
+        if state.module
+        else f"no NVIDIA kernel module is installed for the running kernel ({state.kernel})"
+    )
+    if state.pci_gpus == 0:
+        why = (
+            f"no NVIDIA GPU on the PCI bus (the profile promises {want.count}): {module}, and "
+            "cannot load without one"
+            if state.module and state.built_for == state.kernel
+            else f"no NVIDIA GPU on the PCI bus (the profile promises {want.count}); {module}"
+        )
+        return ("gpu.count", False, why)
+    if state.module and state.built_for == state.kernel and not state.loaded:
+        return ("gpu.count", False, f"{said}; {module}, but not loaded (modprobe nvidia)")
+    return ("gpu.count", False, f"{said}; {module}")
 
 
 def gpu_commands(want: GpuExpect, all_reduce: str | None = ALL_REDUCE) -> dict[str, str]:
@@ -303,9 +378,18 @@ def gpu_commands(want: GpuExpect, all_reduce: str | None = ALL_REDUCE) -> dict[s
 def findings_from(want: GpuExpect, outputs: dict[str, tuple[int, str]]) -> list[Finding]:
     """The findings from the (exit code, output) of each command of `gpu_commands`."""
     rc, query = outputs[QUERY_GPU]
-    if rc != 0:
+    if (
+        rc != 0
+    ):  # why, from DRIVER_STATE where it was asked (run it only then: gpu_commands has not)
         first = query.strip().splitlines()[:1]
-        return [("gpu.count", False, f"nvidia-smi failed: {first[0] if first else rc}")]
+        code, state = outputs.get(DRIVER_STATE, (1, ""))
+        return [
+            driver_finding(
+                want,
+                first[0] if first else f"rc {rc}",
+                parse_driver_state(state) if code == 0 else None,
+            )
+        ]
 
     def text(name: str) -> str:
         code, out = outputs.get(name, (1, ""))

@@ -9,6 +9,8 @@ from provision.cluster import Cluster, PoolView
 from provision.parsers.gpu import (
     ALL_REDUCE,
     ALL_REDUCE_OUT,
+    DRIVER_STATE,
+    DRIVER_STATE_COMMAND,
     QUERY_GPU,
     findings_from,
     gpu_commands,
@@ -38,8 +40,10 @@ def check_gpus(ctx: VerifyContext, node: Node, remote: Remote) -> list[CheckResu
         timeout = ALL_REDUCE_TIMEOUT_S if name == ALL_REDUCE_OUT else 60.0
         out = remote.run(command, timeout=timeout)
         outputs[name] = (out.rc, out.stdout if out.rc == 0 else out.stdout + out.stderr)
-        if name == QUERY_GPU and out.rc != 0:
-            break  # nvidia-smi cannot reach the GPUs: nothing else can answer
+        if name == QUERY_GPU and out.rc != 0:  # nothing else can answer: why, said once
+            why = remote.run(DRIVER_STATE_COMMAND, timeout=60.0)
+            outputs[DRIVER_STATE] = (why.rc, why.stdout)
+            break
     results = [CheckResult(c, node.name, ok, ev) for c, ok, ev in findings_from(want, outputs)]
     if nccl and want.mig:
         results.append(
