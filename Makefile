@@ -72,6 +72,7 @@ bench: setup image
 	$(VENV)/python bench/faults.py
 	$(VENV)/python bench/users.py
 	$(VENV)/python bench/metal.py
+	$(VENV)/python bench/gpu_image.py
 
 clean:
 	rm -rf .venv .provision .pytest_cache .mypy_cache .ruff_cache .ansible dist .site .molecule-*.log

@@ -180,10 +180,17 @@ def _boot(cluster: Cluster) -> str:
     if server is None:
         return ""
     names = compress([n.name for n in booted_nodes(cluster)])
+    gpus = [v.name for v in cluster.pools if v.pool.boot == "network" and v.profile.gpu]
+    driver = (
+        f"; in that of pool(s) {compress(gpus)} the NVIDIA driver, its module built for the "
+        "image's kernel"
+        if gpus
+        else ""
+    )
     return (
         f"{names} boot from the network, served by {server.name} (DHCP for their MAC addresses, "
         "iPXE, their pool's image run from memory); apply builds the image (with the packages "
-        "its roles install), converges "
+        f"its roles install{driver}), converges "
         f"{server.name} and powers each of them that does not answer SSH through its BMC (next "
         "boot from the network, then on, or a cycle where it is on), then waits for it"
     )

@@ -253,8 +253,9 @@ def test_a_pools_node_image_gets_what_a_nodes_first_converge_installs_before_its
     """image.yml (a builder container per pool that boots from the network, boot.py): the same
     list site.yml's first play installs on a new node, from the same variables file, so that a
     node booted from the image finds each role's packages there."""
-    (play,) = yaml.safe_load((PLAYBOOKS_DIR / "image.yml").read_text())
-    first = yaml.safe_load((PLAYBOOKS_DIR / "site.yml").read_text())[0]
+    play, gpu = yaml.safe_load((PLAYBOOKS_DIR / "image.yml").read_text())
+    site = yaml.safe_load((PLAYBOOKS_DIR / "site.yml").read_text())
+    first = site[0]
     assert play["vars_files"] == first["vars_files"] == ["vars/packages.yml"]
     base, later = play["tasks"]
     module = base["gpu_provision.cluster.installed_packages"]
@@ -266,3 +267,13 @@ def test_a_pools_node_image_gets_what_a_nodes_first_converge_installs_before_its
     assert _template(module["install"], _load(VARS)) == ["chrony", *common]
     assert later["ansible.builtin.include_tasks"] == _include()["ansible.builtin.include_tasks"]
     assert "when" not in later  # every builder is a new node
+    # a GPU pool's image: the driver from the source site.yml's GPU play takes it from (its
+    # repositories role first), the driver role's image entry point
+    gpu_play = next(p for p in site if p["name"] == "GPU software")
+    assert gpu["hosts"] == gpu_play["hosts"] == "gpu"
+    roles = [t["ansible.builtin.import_role"] for t in gpu["tasks"]]
+    assert roles == [
+        gpu_play["tasks"][0]["ansible.builtin.import_role"],
+        {"name": "gpu_provision.cluster.nvidia_driver", "tasks_from": "image.yml"},
+    ]
+    assert gpu_play["tasks"][1]["ansible.builtin.import_role"]["name"] == roles[1]["name"]

@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROLES_DIR, ROOT, run_provision, unwrap_unsafe
+from provision.spec.loader import load_spec
+
+from .conftest import EXAMPLES, ROLES_DIR, ROOT, run_provision, unwrap_unsafe
 
 ROLE = ROLES_DIR / "netboot"
 NODES = [
@@ -251,3 +253,65 @@ def test_plan_says_which_nodes_boot_from_the_network_and_what_apply_does(tmp_pat
     plain = run_provision("plan", str(ROOT / "examples" / "lab.yaml"), "--json",
                           "--state-dir", str(tmp_path / "state"))  # fmt: skip
     assert json.loads(plain.stdout)["network_boot"] is None
+    # a GPU pool's image carries the driver, built for its kernel
+    gpus = run_provision("plan", str(ROOT / "examples" / "gpu-diskless.yaml"), "--json",
+                         "--state-dir", str(tmp_path / "state"))  # fmt: skip
+    assert gpus.returncode == 0, gpus.stderr
+    assert (
+        "apply builds the image (with the packages its roles install; in that of pool(s) gpu the "
+        "NVIDIA driver, its module built for the image's kernel), converges head01"
+    ) in json.loads(gpus.stdout)["network_boot"]
+
+
+BOOTING_EXAMPLES = [
+    p for p in EXAMPLES if any(pool.boot == "network" for pool in load_spec(p).pools)
+]
+
+
+@pytest.mark.parametrize("example", BOOTING_EXAMPLES, ids=lambda p: p.stem)
+def test_every_example_with_machines_that_boot_gets_a_dnsmasq_file_and_ipxe_scripts_that_hold(
+    example: Path, tmp_path: Path
+) -> None:
+    """The boot server's variables as the real ansible-inventory reads them from the example's
+    render, through the role's templates: dnsmasq's file passes the real `dnsmasq --test` and
+    answers each machine by its MAC with its address; each machine has its iPXE script, which
+    boots its pool's image under its own name."""
+    import sys
+
+    from provision.cluster import Cluster
+    from provision.render import render, write_render
+    from provision.render.netboot import booted_nodes
+    from provision.spec.nodes import lab_mac
+
+    cluster = Cluster(load_spec(example))
+    write_render(render(cluster), tmp_path / "out")
+    listed = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "--list", "-i",
+         str(tmp_path / "out" / "inventory" / "hosts.yml")],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    data = unwrap_unsafe(json.loads(listed.stdout))
+    (server,) = data["boot_server"]["hosts"]
+    given = {k: v for k, v in data["_meta"]["hostvars"][server].items() if k.startswith("netboot_")}
+    pools = sorted({n["image"] for n in given["netboot_nodes"]})
+    given["netboot_images"] = {pool: f"/cache/{pool}" for pool in pools}
+    conf = str(_template((ROLE / "templates" / "dnsmasq.conf.j2").read_text(), **given))
+    nodes = booted_nodes(cluster)
+    assert len(nodes) == len(given["netboot_nodes"]) > 0
+    # the spec's MAC addresses, as iPXE writes them; the metal lab's from their addresses
+    macs = {h.name: str(h.mac).lower() for p in cluster.spec.pools for h in p.hosts or [] if h.mac}
+    macs |= {n.name: lab_mac(n.address) for n in nodes if n.provider == "lab" and n.address}
+    hosts = [x for x in conf.splitlines() if x.startswith("dhcp-host=")]
+    assert hosts == [f"dhcp-host={macs[n.name]},{n.address},{n.name}" for n in nodes]
+    dnsmasq = shutil.which("dnsmasq") or shutil.which("dnsmasq", path="/usr/sbin")
+    assert dnsmasq is not None, "needs dnsmasq (scripts/setup.sh installs dnsmasq-base)"
+    path = tmp_path / "provision-boot.conf"
+    path.write_text(conf)
+    check = subprocess.run([dnsmasq, "--test", f"--conf-file={path}"], capture_output=True)
+    assert check.returncode == 0, check.stderr
+    scripts = {f["path"]: f["content"] for f in _template("{{ _netboot_scripts }}", **given)}
+    address = given["netboot_address"]
+    for node in nodes:
+        script = scripts[f"/srv/provision-boot/nodes/{macs[node.name].replace(':', '-')}.ipxe"]
+        assert f"kernel http://{address}:8069/{node.pool}/vmlinuz " in script
+        assert f" systemd.hostname={node.name} " in script

@@ -77,6 +77,8 @@ REPORT = [
         "{{ (_nvidia_driver_packages + "
         "(_nvidia_driver_dnf_exact if ansible_facts.os_family == 'RedHat' else [])) }}",
     ),
+    # the name modinfo knows it by (Debian's own packages: nvidia-current)
+    ("kernel module", "nvidia_driver", "{{ _nvidia_driver_module }}"),
     ("fabric manager", "nvidia_fabricmanager", "{{ _nvidia_fabricmanager_packages }}"),
     (
         "cuda",
@@ -685,3 +687,68 @@ def test_the_mig_script_turns_mig_on_or_off_and_makes_the_layout(
     assert calls.index("mig -dgi") < calls.index(modes[0])  # instances gone before the mode
     again = subprocess.run(["bash", script], env=env, capture_output=True, text=True)
     assert "already applied" in again.stdout and len(log.read_text().splitlines()) == len(calls)
+
+
+@pytest.mark.parametrize(
+    ("os_name", "source", "modules", "wanted"),
+    [
+        (
+            "debian12",
+            "distro",
+            "dkms",
+            [
+                "nvidia-kernel-dkms",
+                "firmware-nvidia-gsp",
+                "nvidia-smi",
+                "libnvidia-ml1",
+                "libcuda1",
+                "nvidia-persistenced",
+            ],
+        ),
+        (
+            "ubuntu24.04",
+            "nvidia",
+            "precompiled",
+            [
+                "linux-modules-nvidia-550-server-open-6.8.0-51-generic",
+                "linux-modules-nvidia-550-server-open-generic",
+                "nvidia-headless-no-dkms-550-server-open",
+                "nvidia-utils-550-server",
+            ],
+        ),
+    ],
+)
+def test_a_node_image_gets_the_modules_for_its_own_kernel(
+    os_name: str, source: str, modules: str, wanted: list[str]
+) -> None:
+    """In a builder container (tasks/image.yml) there is no GPU, and the running kernel is the
+    building machine's: the image still gets the kernel modules the spec asks for, built or
+    chosen for the kernel in the image's /lib/modules, with that kernel's headers."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    variables = _variables(os_name, source) | {
+        "nvidia_driver_modules": modules,
+        "_nvidia_driver_image_kernel": "6.8.0-51-generic"
+        if "ubuntu" in os_name
+        else "6.1.0-57-amd64",
+    }
+    if modules == "precompiled":
+        variables["nvidia_driver_version"] = "550"
+    variables["ansible_facts"] = {
+        **variables["ansible_facts"],
+        "kernel": "6.18.44-builder",  # the machine the builder runs on
+        "nvidia_hardware": False,
+    }
+    templar = Templar(loader=DataLoader(), variables=variables)
+    assert templar.template(trust_as_template("{{ _nvidia_driver_packages }}")) == wanted
+    kernel = variables["_nvidia_driver_image_kernel"]
+    headers = [f"linux-headers-{kernel}"] + (
+        ["linux-headers-amd64"] if os_name == "debian12" else []
+    )
+    assert templar.template(trust_as_template("{{ _nvidia_driver_headers }}")) == headers
+    assert templar.template(trust_as_template("{{ _nvidia_driver_gpus | bool }}")) is True
+    # the same node booted from the image, without a GPU on its bus: the userspace alone
+    del variables["_nvidia_driver_image_kernel"]
+    templar = Templar(loader=DataLoader(), variables=variables)
+    assert templar.template(trust_as_template("{{ _nvidia_driver_flavour }}")) == "userspace"

@@ -1,8 +1,9 @@
 """The GPU play's task lists as each supported OS would run them, without the OS: every role of
 the site playbook's "GPU software" play walked in order with the OS's facts (Ubuntu 22.04 and
 24.04, Debian 12, Rocky 9) on a DGX H100-like node, each task's `when` decided and its arguments
-rendered through Ansible's own templating, include_tasks and include_role followed. What the
-node would answer (registered results, loop items drawn from them) is left as the node's.
+rendered through Ansible's own templating, include_tasks, import_tasks and include_role
+followed. What the node would answer (registered results, loop items drawn from them) is left as
+the node's.
 
 It stands where check mode cannot run: there are no Ubuntu or Rocky archives here, and NVIDIA's
 repositories are out of reach. An undefined variable, a family file missing a name, or a
@@ -149,7 +150,7 @@ class Walk:
             module = next(k for k in task if k not in _TASK_KEYS)
             args = task[module]
             short = module.rsplit(".", 1)[-1]
-            if short == "include_tasks":
+            if short in ("include_tasks", "import_tasks"):
                 file = args["file"] if isinstance(args, dict) else args
                 rendered = str(self.render(file, extra))
                 self.role(role, rendered.removesuffix(".yml"), extra)
