@@ -12,7 +12,6 @@ image and the squashfs it made, unless `--keep`. About 6 minutes on two cores.
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -67,10 +66,8 @@ def main() -> int:
             )
             print("  what DKMS built:\n    " + "\n    ".join(built.strip().splitlines()))
         finally:
-            if not keep:
-                boot.remove_images(cluster)
-                for directory in made.values():
-                    shutil.rmtree(directory, ignore_errors=True)
+            if not keep:  # the pool's podman image and its squashfs
+                boot.remove_images(cluster, state)
     return 0
 
 

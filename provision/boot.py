@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from provision.changes import inventory_document
 from provision.cluster import Cluster, compress
-from provision.errors import OperationError
+from provision.errors import OperationError, UsageError
 from provision.power import (
     Action,
     Credentials,
@@ -168,9 +169,10 @@ def _install_packages(
         path.unlink(missing_ok=True)
 
 
-def remove_images(cluster: Cluster) -> list[str]:
-    """The pools' images (podman's, with their packages) that boot from the network, removed
-    (destroy); their squashfs stays in the cache, kept by its packages for the next cluster."""
+def remove_images(cluster: Cluster, state: State) -> list[str]:
+    """The pools' images that boot from the network, removed (destroy): podman's, with their
+    packages, and the squashfs made of each for the cluster's key (no other cluster's key lets
+    in the same root: none would take it)."""
     from provision.providers.lab import netboot, podman
 
     names = [netboot.pool_image(cluster.spec.name, p.name) for p in cluster.spec.pools]
@@ -178,9 +180,20 @@ def remove_images(cluster: Cluster) -> list[str]:
         there = [n for n in names if podman.image_exists(n)]
     except OperationError:  # no podman here: no image of ours either
         return []
+    own = cluster.spec.ssh.private_key_file is not None or (state.keys / "id_ed25519").exists()
+    try:
+        keys = public_key(cluster.spec, state) + "\n" if own else None
+    except UsageError:  # the spec's key is gone: its squashfs cannot be told apart
+        keys = None
+    removed = []
     for name in there:
+        kept = netboot.kept_at(name, keys) if keys is not None else None
+        if kept is not None and kept.is_dir():
+            shutil.rmtree(kept, ignore_errors=True)
+            removed.append(str(kept))
         podman.podman("rmi", "-f", name, check=False)
-    return there
+        removed.append(name)
+    return removed
 
 
 def silent(cluster: Cluster, hosts: list[str]) -> list[Node]:

@@ -871,6 +871,6 @@ def destroy(
             if provider.destroy_note is not None:
                 say(provider.destroy_note)
         if any(p.boot == "network" for p in spec.pools):
-            removed += boot.remove_images(cluster)
+            removed += boot.remove_images(cluster, state)
         state.remove()
     return removed

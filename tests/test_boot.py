@@ -279,3 +279,31 @@ def test_a_pools_image_gets_its_packages_from_a_builder_in_the_groups_of_its_fir
         boot.images(cluster, state, said.append)
     assert events[-2:] == [("start", builder), ("finish", builder, False)]
     assert not (state.build / "inventory" / boot.IMAGE_INVENTORY).exists()
+
+
+def test_destroy_removes_the_pools_images_and_their_squashfs_for_the_clusters_key(
+    metal: tuple[Cluster, State, list[Emulator]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """remove_images(): each pool image podman has, and the squashfs kept for it and the
+    cluster's key (where build put it); another key's squashfs of the same packages stays."""
+    from provision.providers.lab import netboot, podman
+    from provision.sshkeys import ensure_ssh_key, public_key
+
+    cluster, state, _ = metal
+    ensure_ssh_key(state)
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(netboot, "cache_dir", lambda: cache)
+    image = netboot.pool_image("metal", "cpu")
+    monkeypatch.setattr(podman, "image_exists", lambda name: name == image)
+    monkeypatch.setattr(podman, "image_label", lambda name, key: "packages-hash")
+    removed_images: list[str] = []
+    monkeypatch.setattr(podman, "podman", lambda *args, check=True: removed_images.append(args[-1]))
+    ours = netboot.kept_at(image, public_key(cluster.spec, state) + "\n")
+    theirs = netboot.kept_at(image, "ssh-ed25519 BBBB other\n")
+    for kept in (ours, theirs):
+        kept.mkdir(parents=True)
+        (kept / "root.squashfs").write_bytes(b"hsqs")
+    assert ours.parent == cache and ours != theirs
+    assert boot.remove_images(cluster, state) == [str(ours), image]
+    assert removed_images == [image]
+    assert not ours.exists() and (theirs / "root.squashfs").is_file()

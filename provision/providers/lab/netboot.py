@@ -152,11 +152,8 @@ def build(
     (public keys, one a line); made unless one of the same packages and keys is kept in
     `cache`."""
     mksquashfs = podman.require("mksquashfs")
-    held = podman.image_label(image, PACKAGES_LABEL) or podman.text(
-        "image", "inspect", "--format", "{{.Id}}", image
-    )
-    tag = hashlib.sha256(f"{SQUASH}\0{held}\0{authorized_keys}".encode()).hexdigest()[:16]
-    target = (cache or cache_dir()) / tag
+    target = kept_at(image, authorized_keys, cache)
+    tag = target.name
     if all((target / f).is_file() for f in FILES):
         return BootImage(target, tag)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -185,6 +182,16 @@ def build(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return BootImage(target, tag)
+
+
+def kept_at(image: str, authorized_keys: str, cache: Path | None = None) -> Path:
+    """Where the boot image of `image` for `authorized_keys` is kept (whether made or not): by
+    the packages it holds and the keys, under `cache`."""
+    held = podman.image_label(image, PACKAGES_LABEL) or podman.text(
+        "image", "inspect", "--format", "{{.Id}}", image
+    )
+    tag = hashlib.sha256(f"{SQUASH}\0{held}\0{authorized_keys}".encode()).hexdigest()[:16]
+    return (cache or cache_dir()) / tag
 
 
 # how a root becomes a squashfs (_customise, EXCLUDE): a change here makes each image again
