@@ -35,6 +35,18 @@ H100 = GpuExpect(
     nvswitch=True,
     busbw_gbs=450,
 )
+# examples/gpu-diskless.yaml's pool (l40s-pcie, Debian's own driver)
+L40S = GpuExpect(
+    count=4,
+    family="l40s",
+    memory_gib=48,
+    driver=None,
+    nvlink_links=0,
+    pcie_gen=4,
+    pcie_width=16,
+    nvswitch=False,
+    busbw_gbs=None,
+)
 
 
 def _read(name: str) -> str:
@@ -406,7 +418,12 @@ def test_verify_runs_the_gpu_checks_over_a_session() -> None:
 def test_why_nvidia_smi_cannot_reach_the_gpus_is_said_once() -> None:
     """nvidia-smi failing says nothing of why: the driver's state (the PCI bus, the module for
     the running kernel, whether it is loaded) makes one line of it, never a failure per check."""
-    from provision.parsers.gpu import DriverState, driver_finding, parse_driver_state
+    from provision.parsers.gpu import (
+        DriverState,
+        driver_finding,
+        findings_from,
+        parse_driver_state,
+    )
 
     smi = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
     # recorded in a lab container: no GPU, no module for this machine's kernel
@@ -418,6 +435,23 @@ def test_why_nvidia_smi_cannot_reach_the_gpus_is_said_once() -> None:
         "no NVIDIA GPU on the PCI bus (the profile promises 8); no NVIDIA kernel module is "
         "installed for the running kernel (6.18.44-fc-v1300)",
     )
+    # recorded on a QEMU machine booted from a GPU pool's image (examples/gpu-diskless.yaml's,
+    # Debian's own driver): DKMS built the module for the kernel it booted, no GPU to load it for
+    booted = parse_driver_state(_read("driver-state-qemu-no-gpu-recorded.txt"))
+    assert booted == DriverState(
+        "6.1.0-57-amd64", 0, "nvidia-current", "535.309.01", "6.1.0-57-amd64", False
+    )
+    failed = {"query-gpu.csv": (9, _read("query-gpu-qemu-no-gpu-recorded.txt"))}
+    failed["driver-state.txt"] = (0, _read("driver-state-qemu-no-gpu-recorded.txt"))
+    assert findings_from(L40S, failed) == [
+        (
+            "gpu.count",
+            False,
+            "no NVIDIA GPU on the PCI bus (the profile promises 4): the driver's module "
+            "(nvidia-current 535.309.01) is built for this kernel (6.1.0-57-amd64), and cannot "
+            "load without one",
+        )
+    ]
     # GPUs there, the module built by DKMS before a kernel upgrade whose headers were missing
     stale = parse_driver_state(
         "kernel 6.8.0-49-generic\npci 8\nmodule nvidia 550.90.07 6.8.0-45-generic\n"
