@@ -201,6 +201,7 @@ def sealed_image(base: str, folder: Path, tag: str) -> str:
     image = f"{tag}-sealed:{h.hexdigest()[:16]}"
     if podman.image_exists(image):
         return image
+    _drop_older(f"{tag}-sealed", image)
     container = f"{tag.rsplit('/', 1)[-1]}-sealer"
     podman.podman("rm", "-f", "-t", "0", container, check=False)
     podman.podman(
@@ -270,13 +271,27 @@ def build_image(sealed: str, folder: Path, gateway: str, ca: Path, tag: str) -> 
     digest = h.hexdigest()[:16]
     image = f"{tag}:{digest}"
     if not podman.image_exists(image):
+        _drop_older(tag, image, keep=f"{tag}:run")
         _build(folder, image, files, sealed, digest)
     trust = folder / "trust"
     trust.mkdir(exist_ok=True)
     (trust / "ca.crt").write_bytes(ca.read_bytes())
     (trust / "Containerfile").write_text(TRUST.format(image=image))
+    # the last run's goes first (it would be left nameless, its layers kept)
+    podman.podman("rmi", "-f", f"{tag}:run", check=False)
     podman.podman("build", "-q", "-t", f"{tag}:run", str(trust))
     return f"{tag}:run"
+
+
+def _drop_older(repository: str, image: str, keep: str = "") -> None:
+    """The repository's images made from other inputs (an earlier run's: each change to the
+    roles or the wheel makes a new one), removed before `image` is made, so that they do not
+    pile up on a machine that runs the tests again and again."""
+    tags = podman.text("images", "--format", "{{.Repository}}:{{.Tag}}", "--filter",
+                       f"reference={repository}")  # fmt: skip
+    for old in tags.split():
+        if old not in (image, keep) and old.rsplit(":", 1)[0] == repository:
+            podman.podman("rmi", "-f", old, check=False)
 
 
 def _build(folder: Path, image: str, files: dict[str, str], base: str, digest: str) -> None:
