@@ -149,27 +149,34 @@ security:
 """
 
 
-def test_the_first_head_serves_the_pools_that_boot_from_the_network(tmp_path: Path) -> None:
-    """The rendered inventory, read by the real ansible-inventory: head001 is the boot server
-    with each node by its MAC, address and pool; its firewall lets the booting nodes' DHCP
-    (from 0.0.0.0, to its address or the broadcast), TFTP and HTTP to its address in (another
-    head of its pool, which has the same rule set, takes none of it), and no other pool's
-    does."""
+def _inventory(files: dict[str, str], tmp_path: Path) -> dict[str, Any]:
+    """The render's inventory as the real ansible-inventory reads it (unsafe values unwrapped)."""
     import sys
 
-    from provision.cluster import Cluster
-    from provision.render import render, write_render
-    from provision.spec.loader import load_spec
+    from provision.render import write_render
 
-    (tmp_path / "metal.yaml").write_text(METAL)
-    files = render(Cluster(load_spec(tmp_path / "metal.yaml", unbuilt=True)))
     write_render(files, tmp_path / "out")
     listed = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-inventory"), "--list", "-i",
          str(tmp_path / "out" / "inventory" / "hosts.yml")],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
-    data = unwrap_unsafe(json.loads(listed.stdout))
+    data: dict[str, Any] = unwrap_unsafe(json.loads(listed.stdout))
+    return data
+
+
+def test_the_first_head_serves_the_pools_that_boot_from_the_network(tmp_path: Path) -> None:
+    """The rendered inventory, read by the real ansible-inventory: head001 is the boot server
+    with each node by its MAC, address and pool; its firewall lets the booting nodes' DHCP
+    (from 0.0.0.0, to its address or the broadcast), TFTP and HTTP to its address in (another
+    head of its pool, which has the same rule set, takes none of it), and no other pool's
+    does."""
+    from provision.cluster import Cluster
+    from provision.render import render
+
+    (tmp_path / "metal.yaml").write_text(METAL)
+    files = render(Cluster(load_spec(tmp_path / "metal.yaml", unbuilt=True)))
+    data = _inventory(files, tmp_path)
     assert data["boot_server"]["hosts"] == ["head001"]
     head = data["_meta"]["hostvars"]["head001"]
     assert (head["netboot_address"], head["netboot_network"], head["netboot_router"]) == (
@@ -276,21 +283,13 @@ def test_every_example_with_machines_that_boot_gets_a_dnsmasq_file_and_ipxe_scri
     render, through the role's templates: dnsmasq's file passes the real `dnsmasq --test` and
     answers each machine by its MAC with its address; each machine has its iPXE script, which
     boots its pool's image under its own name."""
-    import sys
-
     from provision.cluster import Cluster
-    from provision.render import render, write_render
+    from provision.render import render
     from provision.render.netboot import booted_nodes
     from provision.spec.nodes import lab_mac
 
     cluster = Cluster(load_spec(example))
-    write_render(render(cluster), tmp_path / "out")
-    listed = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-inventory"), "--list", "-i",
-         str(tmp_path / "out" / "inventory" / "hosts.yml")],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    data = unwrap_unsafe(json.loads(listed.stdout))
+    data = _inventory(render(cluster), tmp_path)
     (server,) = data["boot_server"]["hosts"]
     given = {k: v for k, v in data["_meta"]["hostvars"][server].items() if k.startswith("netboot_")}
     pools = sorted({n["image"] for n in given["netboot_nodes"]})
