@@ -378,9 +378,8 @@ def gpu_commands(want: GpuExpect, all_reduce: str | None = ALL_REDUCE) -> dict[s
 def findings_from(want: GpuExpect, outputs: dict[str, tuple[int, str]]) -> list[Finding]:
     """The findings from the (exit code, output) of each command of `gpu_commands`."""
     rc, query = outputs[QUERY_GPU]
-    if (
-        rc != 0
-    ):  # why, from DRIVER_STATE where it was asked (run it only then: gpu_commands has not)
+    if rc != 0:
+        # why, from DRIVER_STATE where it was asked (only then: gpu_commands has it not)
         first = query.strip().splitlines()[:1]
         code, state = outputs.get(DRIVER_STATE, (1, ""))
         return [
