@@ -75,7 +75,7 @@ def images(cluster: Cluster, state: State, say: Say) -> dict[str, str]:
     ]
     if stale:
         _install_packages(cluster, state, layer, {p: inputs[p] for p in stale}, say)
-    keys = public_key(cluster.spec, state) + "\n"
+    keys = _root_keys(cluster, state)
     made = {}
     for pool in pools:
         started = time.monotonic()
@@ -88,6 +88,12 @@ def images(cluster: Cluster, state: State, say: Say) -> dict[str, str]:
 
 
 IMAGE_INVENTORY = "netboot-image-hosts.yml"
+
+
+def _root_keys(cluster: Cluster, state: State) -> str:
+    """The keys root lets in on a pool's image (what its squashfs is kept by, with its
+    packages): the cluster's public key."""
+    return public_key(cluster.spec, state) + "\n"
 
 
 def _inputs(state: State, layer: str, pool: str) -> str:
@@ -181,8 +187,8 @@ def remove_images(cluster: Cluster, state: State) -> list[str]:
     except OperationError:  # no podman here: no image of ours either
         return []
     own = cluster.spec.ssh.private_key_file is not None or (state.keys / "id_ed25519").exists()
-    try:
-        keys = public_key(cluster.spec, state) + "\n" if own else None
+    try:  # never a key made here only to be removed with the state
+        keys = _root_keys(cluster, state) if own else None
     except UsageError:  # the spec's key is gone: its squashfs cannot be told apart
         keys = None
     removed = []

@@ -335,10 +335,11 @@ def driver_finding(want: GpuExpect, smi: str, state: DriverState | None) -> Find
     said = f"nvidia-smi failed: {smi}"
     if state is None:
         return ("gpu.count", False, said)
+    fits = bool(state.module) and state.built_for == state.kernel
     module = (
         f"the driver's module ({state.module} {state.version}) is built for this kernel "
         f"({state.kernel})"
-        if state.module and state.built_for == state.kernel
+        if fits
         else f"the driver's module ({state.module} {state.version}) is built for "
         f"{state.built_for or 'no kernel'}, not the running {state.kernel}: DKMS builds it "
         "for a kernel whose headers are installed"
@@ -349,11 +350,11 @@ def driver_finding(want: GpuExpect, smi: str, state: DriverState | None) -> Find
         why = (
             f"no NVIDIA GPU on the PCI bus (the profile promises {want.count}): {module}, and "
             "cannot load without one"
-            if state.module and state.built_for == state.kernel
+            if fits
             else f"no NVIDIA GPU on the PCI bus (the profile promises {want.count}); {module}"
         )
         return ("gpu.count", False, why)
-    if state.module and state.built_for == state.kernel and not state.loaded:
+    if fits and not state.loaded:
         return ("gpu.count", False, f"{said}; {module}, but not loaded (modprobe nvidia)")
     return ("gpu.count", False, f"{said}; {module}")
 
