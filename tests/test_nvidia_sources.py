@@ -752,3 +752,54 @@ def test_a_node_image_gets_the_modules_for_its_own_kernel(
     del variables["_nvidia_driver_image_kernel"]
     templar = Templar(loader=DataLoader(), variables=variables)
     assert templar.template(trust_as_template("{{ _nvidia_driver_flavour }}")) == "userspace"
+
+
+def _reboot_tasks(**facts: Any) -> tuple[bool, bool, str]:
+    """Whether the driver role's reboot task and its "reboot due" line run on a node new to
+    the cluster (one the reboot may take) whose module failed to load, and the line's text,
+    each `when` and the message through Ansible's templating."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    tasks = {
+        t["name"]: t
+        for t in _yaml.load((ROLES / "nvidia_driver" / "tasks" / "services.yml").read_text())
+    }
+    variables = _variables("debian12", "distro")
+    variables["ansible_facts"] = {
+        **variables["ansible_facts"],
+        "nvidia_loaded_driver": "535.183.01",
+        **facts,
+    }
+    variables |= {
+        "inventory_hostname": "gpu001",
+        "nvidia_driver_reboot": True,
+        "provision_drained": ["gpu001"],
+        "_nvidia_driver_modinfo": {"stdout": "535.216.01"},
+        "_nvidia_driver_reboot_due": True,
+    }
+    templar = Templar(loader=DataLoader(), variables=variables)
+
+    def runs(name: str) -> bool:
+        return all(
+            templar.template(trust_as_template("{{ " + str(c) + " }}")) in (True, "True")
+            for c in tasks[name]["when"]
+        )
+
+    said = templar.template(
+        trust_as_template(tasks["Say that a reboot is due"]["ansible.builtin.debug"]["msg"])
+    )
+    return runs("Reboot into the new module"), runs("Say that a reboot is due"), said
+
+
+def test_a_node_booted_from_its_pools_image_is_never_rebooted_by_the_role() -> None:
+    """A reboot brings a diskless node back as the image the boot server serves, unconverged
+    and with a new host key: the role leaves it to apply's boot (a rolling apply boots drained
+    batches into a new image) and says why. A node with its own disk reboots into the module."""
+    reboot, said, _ = _reboot_tasks(cmdline={"BOOT_IMAGE": "/vmlinuz", "root": "/dev/sda1"})
+    assert (reboot, said) == (True, False)
+    cmdline = {"boot": "live", "provision.image": "0c0c0c0c0c0c0c0c", "initrd": "initrd.img"}
+    reboot, said, line = _reboot_tasks(cmdline=cmdline)
+    assert (reboot, said) == (False, True)
+    assert line.startswith("gpu001: NVIDIA module 535.216.01 installed, 535.183.01 loaded: it ")
+    assert "runs from its pool's image" in line and "apply --batch N" in line, line
