@@ -20,8 +20,9 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import PurePath
 
 from provision.changes import inventory_document
 from provision.cluster import Cluster, compress
@@ -42,8 +43,10 @@ from provision.sshkeys import forget_host_key, public_key
 from provision.state import State
 from provision.verify.base import probe_ports
 
+IMAGE_ARG = "provision.image"  # the kernel's command line names the image a node booted
 BOOT_TIMEOUT_S = 900.0  # power-on to SSH: a server's firmware alone may take minutes
 POLL_S = 5.0
+DOWN_TIMEOUT_S = 300.0  # a running node's power cycle: until its SSH stops answering
 CONSOLES = "consoles"  # state/consoles/NODE.log: a machine's console, where one is kept
 CONSOLE_LINES = 12
 _NOT_TEXT = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x08\x0b-\x1f\x7f]")
@@ -210,14 +213,94 @@ def silent(cluster: Cluster, hosts: list[str]) -> list[Node]:
     return [n for n in nodes if states[(n, port)] != "open"]
 
 
+def wait_down(
+    argv: Callable[[str], list[str]], nodes: list[Node], timeout: float = DOWN_TIMEOUT_S
+) -> list[Node]:
+    """Wait until none of `nodes` answers SSH as itself any more, by the host key known for
+    it (a power cycle a BMC applies late: the machine before it must not be taken for the one
+    after, nor its key learned again); those still answering after `timeout`."""
+
+    def answers(node: Node) -> bool:
+        line = argv(node.name)
+        line[1:1] = ["-oStrictHostKeyChecking=yes"]  # ssh keeps an option's first value
+        try:
+            done = subprocess.run(line, capture_output=True, timeout=30, check=False)
+        except subprocess.TimeoutExpired:
+            return False
+        return done.returncode == 0
+
+    deadline = time.monotonic() + timeout
+    up = [n for n in nodes if answers(n)]
+    while up and time.monotonic() < deadline:
+        time.sleep(1)
+        up = [n for n in up if answers(n)]
+    return up
+
+
+def image_id(directory: str) -> str:
+    """A pool's image's id, as the netboot role names it on the kernel's command line: the name
+    of its directory (the hash its squashfs is kept by)."""
+    return PurePath(directory).name
+
+
+def booted_image(cmdline: str) -> str:
+    """The image a node's kernel command line names ("" where it names none: booted by an
+    older boot server, or not from the network)."""
+    found = re.search(rf"(?:^|\s){re.escape(IMAGE_ARG)}=(\S+)", cmdline)
+    return found[1] if found else ""
+
+
+def older(
+    cluster: Cluster,
+    hosts: list[str],
+    images: dict[str, str],
+    command: Callable[[str, list[str]], list[str]],
+) -> dict[str, str]:
+    """The nodes of `hosts` that boot from the network and run another image than the one their
+    pool's is now (`images`: apply's, by pool), read from each one's kernel command line over
+    SSH (`command(name, argv)`: the ssh command line); by name, the image each runs ("" where
+    its command line names none). A node that does not answer is left out (preflight names
+    it)."""
+    nodes = [n for n in booted_nodes(cluster) if n.name in hosts and n.pool in images]
+    if not nodes:
+        return {}
+
+    def ask(node: Node) -> str | None:
+        try:
+            done = subprocess.run(
+                command(node.name, ["cat", "/proc/cmdline"]),
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return None
+        return booted_image(done.stdout) if done.returncode == 0 else None
+
+    with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+        running = dict(zip(nodes, pool.map(ask, nodes), strict=True))
+    return {
+        n.name: found
+        for n, found in running.items()
+        if found is not None and found != image_id(images[n.pool])
+    }
+
+
 def power_on(
-    cluster: Cluster, state: State, nodes: list[Node], creds: Credentials, say: Say
+    cluster: Cluster,
+    state: State,
+    nodes: list[Node],
+    creds: Credentials,
+    say: Say,
+    forget: bool = True,
 ) -> list[PowerResult]:
     """Each node's next boot from the network, then its power on (a cycle where it is on); the
-    results of the nodes whose BMC refused or did not answer."""
+    results of the nodes whose BMC refused or did not answer. `forget`: each node's host key
+    forgotten first (not for a node still running: the caller forgets it once it is down)."""
     settings = bmc_settings(cluster.spec, state)
     assert settings is not None  # the spec's checks: a pool that boots so has BMCs
-    for node in nodes:  # a new machine at that address: new host keys
+    for node in nodes if forget else []:  # a new machine at that address: new host keys
         forget_host_key(state, str(node.login_address))
     told = power(nodes, "pxe", settings, creds)
     failed = [r for r in told if not r.ok]
@@ -287,9 +370,20 @@ def console_tail(state: State, node: str, lines: int = CONSOLE_LINES) -> list[st
     return [line for line in found if line.strip()][-lines:]
 
 
-def not_booted(state: State, failed: list[PowerResult], silent_nodes: list[Node]) -> str:
-    """Why apply stops: each node that did not come up, its BMC's word or its console's."""
+def not_booted(
+    state: State,
+    failed: list[PowerResult],
+    silent_nodes: list[Node],
+    stuck: Sequence[Node] = (),
+) -> str:
+    """Why apply stops: each node that did not come up, its BMC's word or its console's; those
+    whose SSH never stopped answering after their BMC took the power cycle."""
     parts = [f"{r.node}: its BMC: {r.state}" for r in failed]
+    parts += [
+        f"{n.name}: its BMC took the power cycle, but it still answered SSH "
+        f"{DOWN_TIMEOUT_S:.0f} s later"
+        for n in stuck
+    ]
     for node in silent_nodes:
         tail = console_tail(state, node.name)
         where = (
@@ -298,10 +392,12 @@ def not_booted(state: State, failed: list[PowerResult], silent_nodes: list[Node]
             else "no console is kept here (a server's serial console is on its BMC)"
         )
         parts.append(f"{node.name}: did not answer SSH after its power-on; {where}")
-    return (
-        "boot failed: " + "; ".join(parts) + "\nnothing else was changed; fix the cause and run "
-        "apply again: it boots the nodes still silent"
-    )
+    return "boot failed: " + "; ".join(parts)
+
+
+AGAIN = (
+    "\nnothing else was changed; fix the cause and run apply again: it boots the nodes still silent"
+)
 
 
 def boot(
@@ -318,9 +414,34 @@ def boot(
     creds = load_credentials(state)  # the command that saves it, where missing
     say(f"boot: {compress([n.name for n in nodes])} silent: the boot server first")
     serve()
-    failed = power_on(cluster, state, nodes, creds, say)
+    power_up(cluster, state, nodes, argv, say, timeout, creds)
+
+
+def power_up(
+    cluster: Cluster,
+    state: State,
+    nodes: list[Node],
+    argv: Callable[[str], list[str]],
+    say: Say,
+    timeout: float = BOOT_TIMEOUT_S,
+    creds: Credentials | None = None,
+    then: str = AGAIN,
+    running: bool = False,
+) -> None:
+    """Each of `nodes` booted from the network (power cycled where it is on) and waited for,
+    the boot server serving already; OperationError naming those that failed (and adding
+    `then`). `running`: the nodes answer SSH now (a reboot): each is waited for until it no
+    longer answers as itself before its host key is forgotten and the new one learned."""
+    creds = creds or load_credentials(state)
+    failed = power_on(cluster, state, nodes, creds, say, forget=not running)
     gone = {r.node for r in failed}
+    stuck = wait_down(argv, [n for n in nodes if n.name not in gone]) if running else []
+    if running:
+        for node in nodes:
+            if node.name not in gone and node not in stuck:
+                forget_host_key(state, str(node.login_address))
+    gone |= {n.name for n in stuck}
     waited = [n for n in nodes if n.name not in gone]
     late = wait_for_ssh(argv, waited, say, timeout) if waited else []
-    if failed or late:
-        raise OperationError(not_booted(state, failed, late))
+    if failed or late or stuck:
+        raise OperationError(not_booted(state, failed, late, stuck) + then)

@@ -317,6 +317,7 @@ def _apply(cluster: Cluster, applied: dict[str, str], run: _Run, verify: bool) -
     # provision_new_nodes and provision_drained
     new_nodes += [h for h in booted if h not in new_nodes]
     drift = _preflight_phase(made.cluster, key, decision.left, run)
+    older = _older_images(made, run, extra_vars, booted, rolling)
     for c in drift.values():
         if not c.passed:
             run.say(f"drift: {c.target}: {c.evidence}")
@@ -337,7 +338,7 @@ def _apply(cluster: Cluster, applied: dict[str, str], run: _Run, verify: bool) -
         run.say(f"converge: {decision.why}")
     if rolling:
         converged.forget(state)
-        _roll(made.cluster, key, run, extra_vars, new_nodes, action)
+        _roll(made.cluster, key, run, extra_vars, new_nodes, action, older)
     elif len(as_left) < len(run.hosts):
         everything = not as_left and all(r is None for r in roles.values())
         runs = _runs(made.cluster, roles, everything)
@@ -406,14 +407,47 @@ def _boot_phase(
         _preflight_phase(cluster, key, {}, run, only=[server.name])
         _play(key, run, [server.name], extra_vars)
 
-    def reach(name: str) -> list[str]:  # ssh that asks nothing and gives up soon
-        argv = run.head.argv(name, ["true"])
-        argv[1:1] = ["-oBatchMode=yes", "-oConnectTimeout=5"]
-        return argv
-
     with _Phase(run.report, "boot"):
-        boot.boot(cluster, run.state, nodes, reach, run.say, serve)
+        boot.boot(cluster, run.state, nodes, _reach(run), run.say, serve)
     return [n.name for n in nodes]
+
+
+def _ssh(run: _Run) -> Callable[[str, list[str]], list[str]]:
+    """The ssh command line that runs a command on a node, asking nothing and giving up soon
+    (a new node's host key learned)."""
+
+    def argv(name: str, command: list[str]) -> list[str]:
+        line = run.head.argv(name, command)
+        line[1:1] = ["-oBatchMode=yes", "-oConnectTimeout=5"]
+        return line
+
+    return argv
+
+
+def _reach(run: _Run) -> Callable[[str], list[str]]:
+    """The ssh command line that runs `true` on a node: whether it answers (boot.py)."""
+    ssh = _ssh(run)
+    return lambda name: ssh(name, ["true"])
+
+
+def _older_images(
+    made: _Made, run: _Run, extra_vars: dict[str, object], booted: list[str], rolling: bool
+) -> list[str]:
+    """The nodes that boot from the network and run an older image than their pool's (not
+    those booted now), said; a rolling apply boots them into it (_roll), a plain one leaves
+    them running."""
+    images = extra_vars.get("netboot_images")
+    if not isinstance(images, dict) or not images:
+        return []
+    hosts = [h for h in run.hosts if h not in booted]
+    older = boot.older(made.cluster, hosts, images, _ssh(run))
+    if older and not rolling:
+        run.say(
+            f"boot: {compress(list(older))}: an older image than the pool's runs there until "
+            "the node boots again; provision apply --batch N boots drained batches into the "
+            "new one"
+        )
+    return list(older)
 
 
 def _preflight_phase(
@@ -719,12 +753,15 @@ def _roll(
     extra_vars: dict[str, object],
     new_nodes: list[str],
     action: str,
+    older: list[str],
 ) -> None:
     """A rolling change: first the nodes no job runs on (heads, logins: the controller goes
     before the slurmds, as a Slurm upgrade needs; nodes new to the cluster), then the compute
     nodes the cluster already had, a batch at a time (provision/rolling.py). Under Kubernetes
     the heads go first (the control plane before any kubelet, as kubeadm's upgrade needs), then
-    the workers, compute and login, in drained batches."""
+    the workers, compute and login, in drained batches. A node of a batch that runs an older
+    image than its pool's (`older`) is booted into the new one once drained, then converged as
+    a new machine; one outside the batches (no drain protects its users) is left running it."""
     roles = {n.name: n.role for n in cluster.lasting_nodes}
     kubernetes = cluster.spec.scheduler == "kubernetes"
     # Kubernetes runs pods on the login nodes too (the workers' play)
@@ -738,9 +775,21 @@ def _roll(
         extra_vars = {**extra_vars, "slurm_config_change": "none"}
 
     say = run.say
+    if left := [h for h in older if h not in rolled]:
+        say(
+            f"boot: {compress(left)}: an older image than the pool's runs there, and no batch "
+            "drains it: left so (power the node off and apply to boot it into the new one)"
+        )
+    nodes = {n.name: n for n in cluster.nodes}
 
     def change(batch: list[str]) -> None:
-        _play(key, run, batch, {**extra_vars, "provision_drained": batch})
+        due = [h for h in batch if h in older]
+        if due:  # a machine from its image: every role, as a new one
+            say(f"boot: {compress(due)}: drained, booted into the pool's new image")
+            again = [nodes[h] for h in due]
+            boot.power_up(cluster, run.state, again, _reach(run), say, then="", running=True)
+        drained = {"provision_drained": batch, "provision_new_nodes": [*new_nodes, *due]}
+        _play(key, run, batch, {**extra_vars, **drained})
 
     with _Phase(run.report, "ansible"):
         if first:

@@ -307,3 +307,95 @@ def test_destroy_removes_the_pools_images_and_their_squashfs_for_the_clusters_ke
     assert boot.remove_images(cluster, state) == [str(ours), image]
     assert removed_images == [image]
     assert not ours.exists() and (theirs / "root.squashfs").is_file()
+
+
+def test_a_node_on_another_image_than_its_pools_is_named_with_the_one_it_runs(
+    metal: tuple[Cluster, State, list[Emulator]],
+) -> None:
+    """Each node's kernel command line names the image it booted (the netboot role's iPXE
+    script): those that name another than their pool's image now, or none, are the older ones;
+    one that does not answer is left to preflight."""
+    cluster, _state, _bmcs = metal
+    lines = {
+        "cpu001": "BOOT_IMAGE=vmlinuz boot=live provision.image=0c0c0c0c0c0c0c0c quiet",
+        "cpu002": "boot=live fetch=http://10.92.0.11:8069/cpu/root.squashfs quiet",
+        "head001": "BOOT_IMAGE=/boot/vmlinuz root=/dev/sda1",
+    }
+    asked: list[str] = []
+
+    def command(name: str, argv: list[str]) -> list[str]:
+        asked.append(name)
+        assert argv == ["cat", "/proc/cmdline"]
+        return ["echo", lines[name]]
+
+    images = {"cpu": "/cache/9a9a9a9a9a9a9a9a"}
+    every = ["head001", "cpu001", "cpu002"]
+    assert boot.older(cluster, every, images, command) == {
+        "cpu001": "0c0c0c0c0c0c0c0c",
+        "cpu002": "",
+    }
+    assert sorted(asked) == ["cpu001", "cpu002"]  # the head boots from its disk: not asked
+    lines["cpu001"] = lines["cpu001"].replace("0c0c0c0c0c0c0c0c", "9a9a9a9a9a9a9a9a")
+    assert boot.older(cluster, every, images, command) == {"cpu002": ""}
+    # a node left out of the run, or one that does not answer: not named
+    assert boot.older(cluster, ["cpu001"], images, command) == {}
+    assert boot.older(cluster, every, images, lambda n, a: ["false"]) == {}
+    assert boot.booted_image("provision.image=abc") == "abc"
+    assert boot.booted_image("xprovision.image=abc") == ""
+
+
+def test_a_running_node_is_cycled_and_taken_back_only_once_it_went_down(
+    metal: tuple[Cluster, State, list[Emulator]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A reboot into a new image (a rolling apply's): cpu002 is on and answers as itself. Its
+    BMC takes the cycle 1-11 s late, so the machine that answers just after the cycle is the
+    old one: power_up waits until it no longer answers by its known host key, and only then
+    forgets that key and waits for the new machine."""
+    import threading
+
+    cluster, state, bmcs = metal
+    monkeypatch.setattr(boot, "POLL_S", 0.5)
+    state.ensure()
+    state.known_hosts.write_text("10.92.0.22 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOld0ne\n")
+    machine = tmp_path / "cpu002.machine"  # old (answering as itself), down, new
+    machine.write_text("old")
+    calls = tmp_path / "calls"
+    ssh = tmp_path / "ssh"
+    ssh.write_text(
+        "#!/bin/sh\n"
+        f'now=$(cat {machine}); strict=no; for a; do [ "$a" = -oStrictHostKeyChecking=yes ] '
+        "&& strict=yes; done\n"
+        f'echo "$strict $now $(cat {state.known_hosts} 2>/dev/null | wc -l)" >> {calls}\n'
+        '[ "$strict" = yes ] && exec test "$now" = old\n'
+        'exec test "$now" = new\n'
+    )  # fmt: skip
+    ssh.chmod(0o755)
+    done = threading.Event()
+
+    def machine_follows_its_bmc() -> None:  # QEMU as the lab's daemon runs it
+        while not done.is_set():
+            if bmcs[1].resets() > 0:
+                on = bmcs[1].get()["PowerState"] == "On"
+                machine.write_text("new" if on else "down")
+            done.wait(0.2)
+
+    follower = threading.Thread(target=machine_follows_its_bmc)
+    follower.start()
+    said: list[str] = []
+    try:
+        cpu002 = [n for n in _nodes(cluster) if n.name == "cpu002"]
+        boot.power_up(cluster, state, cpu002, lambda n: [str(ssh)], said.append, 60, running=True)
+    finally:
+        done.set()
+        follower.join()
+    seen = [line.split() for line in calls.read_text().splitlines()]
+    # asked strictly while it was the old machine (its key still known), then not
+    strict = [s for s in seen if s[0] == "yes"]
+    assert strict and strict[0][1:] == ["old", "1"] and strict[-1][1] != "old", seen
+    learning = [s for s in seen if s[0] == "no"]
+    assert learning and all(s[2] == "0" for s in learning), seen  # the old key gone by then
+    assert seen.index(strict[-1]) < seen.index(learning[0])
+    assert learning[-1][1] == "new" and bmcs[1].resets() == 1
+    assert "boot: cpu002: power cycled (next boot from the network)" in said

@@ -37,7 +37,7 @@ def _variables(**values: Any) -> dict[str, Any]:
         "netboot_address": "10.0.0.1",
         "netboot_network": "10.0.0.0/24",
         "netboot_router": "10.0.0.254",
-        "netboot_images": {"compute": "/images/compute", "gpu": "/images/gpu"},
+        "netboot_images": {"compute": "/cache/0c0c0c0c0c0c0c0c", "gpu": "/cache/9a9a9a9a9a9a9a9a"},
         "netboot_nodes": NODES,
         "ansible_managed": "Managed by Ansible",
     }
@@ -106,12 +106,14 @@ def test_each_node_boots_its_own_image_by_its_mac() -> None:
         "#!ipxe",
         "kernel http://10.0.0.1:8069/gpu/vmlinuz initrd=initrd.img boot=live nonetworking "
         "fetch=http://10.0.0.1:8069/gpu/root.squashfs systemd.hostname=gpu001 "
-        "console=ttyS0,115200 net.ifnames=0",
+        "provision.image=9a9a9a9a9a9a9a9a console=ttyS0,115200 net.ifnames=0",
         "initrd http://10.0.0.1:8069/gpu/initrd.img",
         "boot",
     ]
-    # iPXE writes a MAC in lower case: an upper-case one in the input still matches
-    assert "/srv/provision-boot/nodes/52-54-00-aa-00-01.ipxe" in scripts
+    # iPXE writes a MAC in lower case: an upper-case one in the input still matches; each
+    # node's kernel is told its own pool's image (the directory's name: its id)
+    compute = scripts["/srv/provision-boot/nodes/52-54-00-aa-00-01.ipxe"]
+    assert " provision.image=0c0c0c0c0c0c0c0c " in compute
     assert len(scripts) == 3
     dirs = [d["path"] for d in _template("{{ _netboot_dirs }}")]
     assert dirs == [

@@ -286,7 +286,7 @@ def test_a_kubernetes_roll_upgrades_the_heads_then_drained_worker_batches(
         lifecycle.Scope(batch="1"),
         hosts,
     )
-    lifecycle._roll(cluster, None, run, {"provision_drained": []}, [], "restart")
+    lifecycle._roll(cluster, None, run, {"provision_drained": []}, [], "restart", [])
     assert made == [("1.33.5", 300, True)]
     assert plays == [
         (["cp001", "cp002", "cp003"], []),
@@ -299,3 +299,109 @@ def test_a_kubernetes_roll_upgrades_the_heads_then_drained_worker_batches(
         (["verify", "worker002"], None),
         (["resume", "worker002"], None),
     ]
+
+
+def _metal_run(tmp_path: Path, batch: str | None) -> tuple[object, object, list[str]]:
+    """examples/metal-lab.yaml's cluster, and a run of apply on it that records what it says."""
+    from provision import lifecycle
+    from provision.cluster import Cluster
+    from provision.head import Handle
+    from provision.spec import load_spec
+    from provision.state import State
+
+    spec_path = ROOT / "examples" / "metal-lab.yaml"
+    cluster = Cluster(load_spec(spec_path))
+    said: list[str] = []
+    run = lifecycle._Run(
+        Handle(spec_path, cluster.spec, cluster, State(tmp_path, cluster.spec.name)),
+        said.append,
+        lifecycle.ApplyReport(),
+        lifecycle.Leaving(timeout=300, force=False),
+        lifecycle.Scope(batch=batch),
+        [n.name for n in cluster.lasting_nodes],
+    )
+    return cluster, run, said
+
+
+def test_a_node_on_an_older_image_is_booted_into_the_new_one_in_its_drained_batch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """apply --batch 1 on the metal lab, cpu002 on an older image: the head first, then cpu001
+    as any batch, then cpu002 drained, booted into its pool's image through its BMC (a running
+    machine: waited for until it goes down), converged as a new node, checked and resumed."""
+    from provision import boot, lifecycle
+
+    cluster, run, said = _metal_run(tmp_path, "1")
+    steps: list[object] = []
+    monkeypatch.setattr(
+        lifecycle,
+        "_play",
+        lambda _k, _r, limit, extra, *_a, **_kw: steps.append(
+            ("play", limit, extra.get("provision_drained"), extra.get("provision_new_nodes"))
+        ),
+    )
+    monkeypatch.setattr(
+        boot,
+        "power_up",
+        lambda _c, _s, nodes, _argv, _say, then, running: steps.append(
+            ("power_up", [n.name for n in nodes], then, running)
+        ),
+    )
+
+    class Steps:
+        def __init__(self, head, change, say, drain_timeout, requeue) -> None:  # type: ignore[no-untyped-def]
+            self.change = change
+
+        def drain(self, batch: list[str]) -> list[str]:
+            steps.append(("drain", batch))
+            return batch
+
+        def verify(self, batch: list[str]) -> None:
+            steps.append(("verify", batch))
+
+        def resume(self, nodes: list[str]) -> None:
+            steps.append(("resume", nodes))
+
+    monkeypatch.setattr(drain, "SlurmBatchSteps", Steps)
+    lifecycle._roll(cluster, None, run, {}, [], "none", ["cpu002"])  # type: ignore[arg-type]
+    assert steps == [
+        ("play", ["head001"], None, None),
+        ("drain", ["cpu001"]),
+        ("play", ["cpu001"], ["cpu001"], []),
+        ("verify", ["cpu001"]),
+        ("resume", ["cpu001"]),
+        ("drain", ["cpu002"]),
+        ("power_up", ["cpu002"], "", True),
+        ("play", ["cpu002"], ["cpu002"], ["cpu002"]),
+        ("verify", ["cpu002"]),
+        ("resume", ["cpu002"]),
+    ]
+    assert "boot: cpu002: drained, booted into the pool's new image" in said
+
+
+@pytest.mark.parametrize("batch", [None, "1"])
+def test_a_plain_apply_names_the_nodes_on_an_older_image_and_leaves_them(
+    batch: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from provision import boot, lifecycle
+
+    cluster, run, said = _metal_run(tmp_path, batch)
+    asked: list[list[str]] = []
+
+    def older(_c, hosts, images, _command):  # type: ignore[no-untyped-def]
+        asked.append(hosts)
+        assert images == {"cpu": "/cache/9a9a9a9a9a9a9a9a"}
+        return {"cpu002": "0c0c0c0c0c0c0c0c"}
+
+    monkeypatch.setattr(boot, "older", older)
+    made = lifecycle._Made(cluster, {}, tmp_path)  # type: ignore[arg-type]
+    images = {"netboot_images": {"cpu": "/cache/9a9a9a9a9a9a9a9a"}}
+    rolling = batch is not None
+    found = lifecycle._older_images(made, run, images, ["cpu001"], rolling)  # type: ignore[arg-type]
+    assert found == ["cpu002"]
+    assert asked == [["head001", "cpu002"]]  # not cpu001, booted by this apply
+    line = "boot: cpu002: an older image than the pool's runs there until the node boots again"
+    assert any(s.startswith(line) for s in said) is not rolling, said
+    # no pool boots from the network: nobody asked
+    assert lifecycle._older_images(made, run, {}, [], rolling) == []  # type: ignore[arg-type]
+    assert len(asked) == 1

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from provision import boot
 from provision.power import load_credentials
 from provision.providers.lab import metal, podman
 from provision.state import State
@@ -38,6 +39,7 @@ from .vms import VM
 NAME = "metaltest"
 PREFIX = "10.95.0"
 NODE, ADDRESS, BMC = "cpu001", f"{PREFIX}.21", "127.0.95.21"
+STEPS = ("boot:", "rolling:", "resume:", "drain", "apply:")  # apply's lines of its own
 OTHER = "cpu002"  # its fabric peer (soft RoCE), at .22
 
 SPEC = """\
@@ -204,3 +206,45 @@ def test_a_node_powered_off_through_its_bmc_is_booted_again(
     assert report["hosts"].get(OTHER, {}).get("changed", 0) == 0, report["hosts"]
     # the new machine's soft RoCE made again, and the write between the two passes again
     assert re.search(rf"PASS ib_write_bw {NODE}->{OTHER} rxe0 {NODE}", r.stdout), r.stdout
+
+
+def test_a_rolling_apply_boots_a_node_on_an_older_image_into_its_pools(
+    metal_lab: tuple[Path, Path, State],
+) -> None:
+    """A node that runs an older image than its pool's (its kernel command line names
+    another): a plain apply names it and leaves it; `apply --batch 1` drains it in its batch,
+    boots it into the pool's image through its BMC, converges it as a new machine and resumes
+    it, while the other machine is only converged in its own batch."""
+    spec, work, state = metal_lab
+
+    def on(node: str, command: str) -> str:
+        done = provision("ssh", "-f", str(spec), node, "--", command, cwd=work)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    current = boot.booted_image(on(NODE, "cat /proc/cmdline"))
+    assert re.fullmatch(r"[0-9a-f]{16}", current), current
+    # OTHER stands for a node booted from an older image: what its kernel's command line shows
+    # names another one (a second image for real costs a build CI has no room for); the
+    # reboot takes the stand-in away with it
+    on(OTHER, "sed 's/provision.image=[^ ]*/provision.image=0123456789abcdef/' /proc/cmdline"
+              " > /run/older-cmdline && mount --bind /run/older-cmdline /proc/cmdline")  # fmt: skip
+    started = len(_daemon_log(state))
+    started_at = time.monotonic()
+    r = provision("apply", str(spec), "--batch", "1", cwd=work, timeout=2400)
+    print(f"apply --batch 1: {time.monotonic() - started_at:.0f} s")
+    print("\n".join(line for line in r.stdout.splitlines() if line.startswith(STEPS)))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr
+    out = r.stdout
+    assert f"boot: {OTHER}: drained, booted into the pool's new image" in out, out
+    assert f"boot: {NODE}:" not in out  # on the pool's image: converged in its batch alone
+    assert out.index(f"rolling: batch 1/2: {NODE}") < out.index(f"rolling: batch 2/2: {OTHER}")
+    assert f"rolling: batch 2/2: {OTHER} changed and serving" in out
+    # its BMC powered it again (a cycle), the other machine's did not
+    power = [line.split(" (")[0] for line in _daemon_log(state)[started:]]
+    assert power[:2] == [f"{OTHER}: stopped", f"{OTHER}: started"], power
+    assert not any(line.startswith(NODE) for line in power), power
+    assert boot.booted_image(on(OTHER, "cat /proc/cmdline")) == current
+    # and it takes jobs again: resumed, its slurmd back from the reboot
+    job = on("head001", f"srun -w {OTHER} -t 1 hostname")
+    assert job.strip() == OTHER
