@@ -192,7 +192,9 @@ def _boot(cluster: Cluster) -> str:
         "iPXE, their pool's image run from memory); apply builds the image (with the packages "
         f"its roles install{driver}), converges "
         f"{server.name} and powers each of them that does not answer SSH through its BMC (next "
-        "boot from the network, then on, or a cycle where it is on), then waits for it"
+        "boot from the network, then on, or a cycle where it is on), then waits for it; a "
+        "running node on an older image than its pool's keeps it, and apply --batch N boots it "
+        "into the new one in its drained batch"
     )
 
 

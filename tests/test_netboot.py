@@ -256,6 +256,10 @@ def test_plan_says_which_nodes_boot_from_the_network_and_what_apply_does(tmp_pat
         "packages its roles install), converges head001 and powers each of them that does not "
         "answer SSH through its BMC"
     ) in said, r.stdout
+    assert (  # running nodes are booted into a new image only in drained batches
+        "then waits for it; a running node on an older image than its pool's keeps it, and "
+        "apply --batch N boots it into the new one in its drained batch"
+    ) in said, r.stdout
     r = run_provision("plan", str(spec), "--json", "--state-dir", str(tmp_path / "state"))
     assert json.loads(r.stdout)["network_boot"].startswith("cpu[001-002] boot from the network")
     # a cluster without such a pool: nothing said
