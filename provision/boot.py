@@ -47,6 +47,7 @@ IMAGE_ARG = "provision.image"  # the kernel's command line names the image a nod
 BOOT_TIMEOUT_S = 900.0  # power-on to SSH: a server's firmware alone may take minutes
 POLL_S = 5.0
 DOWN_TIMEOUT_S = 300.0  # a running node's power cycle: until its SSH stops answering
+DOWN_TRIES = 3
 CONSOLES = "consoles"  # state/consoles/NODE.log: a machine's console, where one is kept
 CONSOLE_LINES = 12
 _NOT_TEXT = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x08\x0b-\x1f\x7f]")
@@ -217,8 +218,9 @@ def wait_down(
     argv: Callable[[str], list[str]], nodes: list[Node], timeout: float = DOWN_TIMEOUT_S
 ) -> list[Node]:
     """Wait until none of `nodes` answers SSH as itself any more, by the host key known for
-    it (a power cycle a BMC applies late: the machine before it must not be taken for the one
-    after, nor its key learned again); those still answering after `timeout`."""
+    it, DOWN_TRIES times in a row, a second apart (a power cycle a BMC applies late: the machine
+    before it must not be taken for the one after, nor its key learned again, for one
+    connection that failed by chance); those still answering after `timeout`."""
 
     def answers(node: Node) -> bool:
         line = argv(node.name)
@@ -230,11 +232,15 @@ def wait_down(
         return done.returncode == 0
 
     deadline = time.monotonic() + timeout
-    up = [n for n in nodes if answers(n)]
-    while up and time.monotonic() < deadline:
+    silent = dict.fromkeys((n.name for n in nodes), 0)  # failed tries in a row
+    while True:
+        for node in nodes:
+            if silent[node.name] < DOWN_TRIES:
+                silent[node.name] = 0 if answers(node) else silent[node.name] + 1
+        up = [n for n in nodes if silent[n.name] < DOWN_TRIES]
+        if not up or time.monotonic() >= deadline:
+            return up
         time.sleep(1)
-        up = [n for n in up if answers(n)]
-    return up
 
 
 def image_id(directory: str) -> str:
