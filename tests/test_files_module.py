@@ -128,6 +128,26 @@ def test_check_mode_changes_nothing(tmp_path: Path) -> None:
     assert path.read_text() == "x\n" and _mode(path) == 0o644
 
 
+def test_a_directory_another_node_makes_at_the_same_moment_is_taken_as_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two heads make the Slurm state directory on their shared file system at once: the
+    other's mkdir lands between this one's look and its own (a run failed "File exists")."""
+    state = tmp_path / "shared" / "slurm" / "state"
+    looked = os.path.isdir
+
+    def other_head_first(path: Any) -> bool:
+        found = looked(path)
+        if str(path) == str(state) and not found:
+            state.mkdir(parents=True, mode=0o700)  # the other head, between the look and mkdir
+        return found
+
+    monkeypatch.setattr(files.os.path, "isdir", other_head_first)
+    results = _make([{"path": str(state), "state": "directory", "mode": "0755"}])
+    assert [r["changed"] for r in results] == [True]
+    assert _mode(state) == 0o755
+
+
 def test_a_link_is_pointed_again(tmp_path: Path) -> None:
     link = tmp_path / "libpmix.so"
     link.symlink_to("libpmix.so.1")

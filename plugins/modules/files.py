@@ -171,7 +171,9 @@ def _directory(entry: dict[str, Any], uid: int, gid: int, check: bool) -> bool:
     if not os.path.isdir(path):
         if check:
             return True
-        os.makedirs(path, mode=0o755)
+        # another node may make it at the same moment on a shared file system (two heads'
+        # Slurm state on its NFS or lab volume)
+        os.makedirs(path, mode=0o755, exist_ok=True)
         _attributes(path, uid, gid, mode, check)
         return True
     return _attributes(path, uid, gid, _asked_mode(entry), check)
